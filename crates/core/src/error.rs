@@ -1,0 +1,66 @@
+use std::path::PathBuf;
+
+/// Errors of `fedfuse-core`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoreError {
+    /// A tensor's data length does not match its shape.
+    #[error("tensor `{name}`: shape {shape:?} needs {expected} values but {actual} were given")]
+    ShapeMismatch {
+        /// Tensor name.
+        name: String,
+        /// Declared shape.
+        shape: Vec<usize>,
+        /// Values the shape needs.
+        expected: usize,
+        /// Values given.
+        actual: usize,
+    },
+    /// Two parameter sets do not have the same layout.
+    #[error("parameter layout differs: {0}")]
+    LayoutMismatch(String),
+    /// A tensor name appears twice.
+    #[error("tensor `{0}` appears twice")]
+    DuplicateTensor(String),
+    /// A tensor that was asked for is absent.
+    #[error("tensor `{0}` is missing")]
+    MissingTensor(String),
+    /// A tensor holds NaN or infinite values.
+    #[error("tensor `{name}` holds {count} non-finite value(s) (NaN or Inf)")]
+    NonFinite {
+        /// Tensor name.
+        name: String,
+        /// How many values are not finite.
+        count: usize,
+    },
+    /// A record or safetensors buffer could not be decoded.
+    #[error("cannot decode {what}: {reason}")]
+    Decode {
+        /// What was being decoded.
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A tensor has a dtype fedfuse does not read.
+    #[error("tensor `{name}` has dtype {dtype}; fedfuse reads F32, F16, BF16 and F64 tensors")]
+    UnsupportedDtype {
+        /// Tensor name.
+        name: String,
+        /// The dtype found.
+        dtype: String,
+    },
+    /// A model specification is invalid.
+    #[error("invalid model: {0}")]
+    InvalidSpec(String),
+    /// File I/O failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// Result with [`CoreError`].
+pub type Result<T> = std::result::Result<T, CoreError>;

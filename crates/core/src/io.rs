@@ -1,0 +1,195 @@
+//! safetensors encoding of [`Params`]: the format of model files and of [`crate::Record`]s.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, SafeTensors, View};
+
+use crate::{CoreError, Params, Result};
+
+/// Metadata key holding tensor order (safetensors itself sorts tensors by name).
+const ORDER_KEY: &str = "fedfuse.order";
+
+struct F32View<'a>(&'a crate::Tensor);
+
+impl View for F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Owned(self.0.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+    fn data_len(&self) -> usize {
+        self.0.data.len() * 4
+    }
+}
+
+/// Encodes `params` as safetensors bytes (little-endian f32), with `metadata` in the header.
+pub fn params_to_safetensors(
+    params: &Params,
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>> {
+    let mut metadata = metadata;
+    let order = serde_json::to_string(params.names()).map_err(|e| CoreError::Decode {
+        what: "tensor names".into(),
+        reason: e.to_string(),
+    })?;
+    metadata.insert(ORDER_KEY.to_string(), order);
+    let views = params.iter().map(|(n, t)| (n.to_string(), F32View(t)));
+    safetensors::serialize(views, Some(metadata)).map_err(|e| CoreError::Decode {
+        what: "parameters".into(),
+        reason: e.to_string(),
+    })
+}
+
+/// Decodes safetensors bytes into [`Params`] and the header's metadata.
+///
+/// Tensors keep the order fedfuse wrote them in; files from elsewhere (PyTorch) are ordered
+/// by name with numbers compared as numbers (`layers.2` before `layers.10`). F16, BF16 and F64
+/// tensors are converted to f32.
+pub fn params_from_safetensors(bytes: &[u8]) -> Result<(Params, HashMap<String, String>)> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| CoreError::Decode {
+        what: "safetensors buffer".into(),
+        reason: e.to_string(),
+    })?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| CoreError::Decode {
+        what: "safetensors header".into(),
+        reason: e.to_string(),
+    })?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    let mut names: Vec<String> = match metadata.get(ORDER_KEY) {
+        Some(json) => serde_json::from_str(json).map_err(|e| CoreError::Decode {
+            what: format!("`{ORDER_KEY}` metadata"),
+            reason: e.to_string(),
+        })?,
+        None => st.names().into_iter().map(str::to_string).collect(),
+    };
+    if !metadata.contains_key(ORDER_KEY) {
+        names.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+    }
+    let mut params = Params::new();
+    for name in names {
+        let view = st.tensor(&name).map_err(|e| CoreError::Decode {
+            what: format!("tensor `{name}`"),
+            reason: e.to_string(),
+        })?;
+        let data = to_f32(&name, view.dtype(), view.data())?;
+        params.push(name, view.shape().to_vec(), data)?;
+    }
+    let user_meta = metadata
+        .into_iter()
+        .filter(|(k, _)| k != ORDER_KEY)
+        .collect();
+    Ok((params, user_meta))
+}
+
+fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+    let out = match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                f64::from_le_bytes(b) as f32
+            })
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        other => {
+            return Err(CoreError::UnsupportedDtype {
+                name: name.to_string(),
+                dtype: format!("{other:?}"),
+            });
+        }
+    };
+    Ok(out)
+}
+
+/// Sort key comparing digit runs as numbers.
+fn natural_key(s: &str) -> Vec<(u64, String)> {
+    let mut key = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 {
+            let (d, r) = rest.split_at(digits);
+            key.push((d.parse().unwrap_or(u64::MAX), String::new()));
+            rest = r;
+        } else {
+            let text = rest.len() - rest.trim_start_matches(|c: char| !c.is_ascii_digit()).len();
+            let (t, r) = rest.split_at(text);
+            key.push((0, t.to_string()));
+            rest = r;
+        }
+    }
+    key
+}
+
+/// Writes `params` to a safetensors file (readable by `safetensors.torch.load_file`).
+pub fn save_safetensors(params: &Params, path: &Path) -> Result<()> {
+    let bytes = params_to_safetensors(params, HashMap::new())?;
+    std::fs::write(path, bytes).map_err(|source| CoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads [`Params`] from a safetensors file.
+pub fn load_safetensors(path: &Path) -> Result<Params> {
+    let bytes = std::fs::read(path).map_err(|source| CoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    params_from_safetensors(&bytes)
+        .map(|(p, _)| p)
+        .map_err(|e| match e {
+            CoreError::Decode { what, reason } => CoreError::Decode {
+                what: format!("{what} in {}", path.display()),
+                reason,
+            },
+            other => other,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_order() {
+        let mut v = vec!["layers.10.weight", "layers.2.bias", "layers.2.weight", "layers.1.weight"];
+        v.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+        assert_eq!(v, vec!["layers.1.weight", "layers.2.bias", "layers.2.weight", "layers.10.weight"]);
+    }
+
+    #[test]
+    fn round_trip_keeps_order_and_values() {
+        let mut p = Params::new();
+        p.push("z", vec![2], vec![1.5, -2.0]).unwrap();
+        p.push("a", vec![1, 3], vec![0.1, 0.2, 0.3]).unwrap();
+        let bytes = params_to_safetensors(&p, HashMap::new()).unwrap();
+        let (back, meta) = params_from_safetensors(&bytes).unwrap();
+        assert_eq!(back, p);
+        assert!(meta.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(params_from_safetensors(b"not a safetensors file").is_err());
+        assert!(params_from_safetensors(&[]).is_err());
+    }
+}

@@ -1,0 +1,34 @@
+//! Core types of fedfuse: the interface every other crate speaks.
+//!
+//! - [`ModelSpec`]: an architecture (layer kinds and widths) and the parameter layout it implies.
+//! - [`Params`]: ordered, named f32 tensors with shapes, PyTorch naming (`layers.0.weight` is
+//!   `[out, in]`).
+//! - [`Record`]: the unit of traffic between a client and the server (arrays + config + metrics +
+//!   `num_examples`), with a wire encoding whose length is the traffic figure.
+//! - safetensors file I/O for [`Params`].
+//!
+//! ```
+//! use fedfuse_core::{ModelSpec, Params, Record};
+//! let spec = ModelSpec::mlp(4, &[3], 2);
+//! let params = Params::zeros(&spec.param_shapes());
+//! assert_eq!(params.num_values(), 4 * 3 + 3 + 3 * 2 + 2);
+//! let record = Record::from_params(params.clone()).with_num_examples(10);
+//! let bytes = record.encode()?;
+//! let back = Record::decode(&bytes)?;
+//! assert_eq!(back.params, params);
+//! assert_eq!(back.num_examples, 10);
+//! # Ok::<(), fedfuse_core::CoreError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+mod io;
+mod params;
+mod record;
+mod spec;
+
+pub use error::{CoreError, Result};
+pub use io::{load_safetensors, params_from_safetensors, params_to_safetensors, save_safetensors};
+pub use params::{Params, Tensor};
+pub use record::{ConfigValue, Record};
+pub use spec::{Activation, ModelSpec, ParamShape};

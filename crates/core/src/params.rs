@@ -1,0 +1,236 @@
+use crate::{CoreError, ParamShape, Result};
+
+/// A dense f32 tensor: shape and row-major (C order) values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    /// Shape, PyTorch layout.
+    pub shape: Vec<usize>,
+    /// Values, row-major.
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    /// A tensor, checking that `data` fills `shape`.
+    pub fn new(name: &str, shape: Vec<usize>, data: Vec<f32>) -> Result<Self> {
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(CoreError::ShapeMismatch {
+                name: name.to_string(),
+                shape,
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(Self { shape, data })
+    }
+
+    /// Rows of a matrix view: the first axis (output units for weights).
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(1)
+    }
+
+    /// Values per row: the product of all axes but the first.
+    pub fn row_len(&self) -> usize {
+        self.shape.iter().skip(1).product()
+    }
+}
+
+/// Ordered, named parameter tensors (a PyTorch `state_dict` of f32).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Params {
+    names: Vec<String>,
+    tensors: Vec<Tensor>,
+}
+
+impl Params {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Zeros in the given layout.
+    pub fn zeros(layout: &[ParamShape]) -> Self {
+        let mut p = Self::new();
+        for s in layout {
+            let n = s.shape.iter().product();
+            p.names.push(s.name.clone());
+            p.tensors.push(Tensor {
+                shape: s.shape.clone(),
+                data: vec![0.0; n],
+            });
+        }
+        p
+    }
+
+    /// Appends a tensor; its name must be new and its data must fill its shape.
+    pub fn push(&mut self, name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Result<()> {
+        let name = name.into();
+        if self.names.contains(&name) {
+            return Err(CoreError::DuplicateTensor(name));
+        }
+        let t = Tensor::new(&name, shape, data)?;
+        self.names.push(name);
+        self.tensors.push(t);
+        Ok(())
+    }
+
+    /// The tensor called `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| &self.tensors[i])
+    }
+
+    /// The tensor called `name`, or an error naming it.
+    pub fn require(&self, name: &str) -> Result<&Tensor> {
+        self.get(name)
+            .ok_or_else(|| CoreError::MissingTensor(name.to_string()))
+    }
+
+    /// Mutable access to the tensor called `name`.
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
+        self.names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| &mut self.tensors[i])
+    }
+
+    /// Tensors in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Tensor)> {
+        self.names.iter().map(String::as_str).zip(self.tensors.iter())
+    }
+
+    /// Tensors in order, mutable values.
+    pub fn iter_mut(&mut self) -> impl ExactSizeIterator<Item = (&str, &mut Tensor)> {
+        self.names
+            .iter()
+            .map(String::as_str)
+            .zip(self.tensors.iter_mut())
+    }
+
+    /// The i-th tensor in order.
+    pub fn tensor_at(&self, i: usize) -> Option<&Tensor> {
+        self.tensors.get(i)
+    }
+
+    /// Names in order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when there are no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Total number of scalar values.
+    pub fn num_values(&self) -> usize {
+        self.tensors.iter().map(|t| t.data.len()).sum()
+    }
+
+    /// The layout (names and shapes) of this set.
+    pub fn layout(&self) -> Vec<ParamShape> {
+        self.iter()
+            .map(|(name, t)| ParamShape {
+                name: name.to_string(),
+                shape: t.shape.clone(),
+            })
+            .collect()
+    }
+
+    /// Checks that this set has exactly `layout` (same names, order and shapes).
+    pub fn check_layout(&self, layout: &[ParamShape]) -> Result<()> {
+        if self.len() != layout.len() {
+            return Err(CoreError::LayoutMismatch(format!(
+                "{} tensors where {} were expected ({})",
+                self.len(),
+                layout.len(),
+                layout
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        for ((name, t), want) in self.iter().zip(layout) {
+            if name != want.name || t.shape != want.shape {
+                return Err(CoreError::LayoutMismatch(format!(
+                    "tensor `{name}` {:?} where `{}` {:?} was expected",
+                    t.shape, want.name, want.shape
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that every value is finite, naming the first tensor that is not.
+    pub fn check_finite(&self) -> Result<()> {
+        for (name, t) in self.iter() {
+            let count = t.data.iter().filter(|v| !v.is_finite()).count();
+            if count > 0 {
+                return Err(CoreError::NonFinite {
+                    name: name.to_string(),
+                    count,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Squared Euclidean distance to `other` (same layout assumed; extra tensors ignored).
+    pub fn sq_distance(&self, other: &Params) -> f64 {
+        self.tensors
+            .iter()
+            .zip(&other.tensors)
+            .flat_map(|(a, b)| a.data.iter().zip(&b.data))
+            .map(|(x, y)| {
+                let d = f64::from(*x) - f64::from(*y);
+                d * d
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_checks_shape_and_duplicates() {
+        let mut p = Params::new();
+        assert!(p.push("a", vec![2, 2], vec![0.0; 4]).is_ok());
+        assert!(matches!(
+            p.push("b", vec![2, 3], vec![0.0; 4]),
+            Err(CoreError::ShapeMismatch { expected: 6, .. })
+        ));
+        assert!(matches!(
+            p.push("a", vec![1], vec![0.0]),
+            Err(CoreError::DuplicateTensor(_))
+        ));
+    }
+
+    #[test]
+    fn finite_check_names_tensor() {
+        let mut p = Params::new();
+        p.push("w", vec![3], vec![1.0, f32::NAN, f32::INFINITY])
+            .unwrap();
+        let err = p.check_finite().unwrap_err().to_string();
+        assert!(err.contains("`w`") && err.contains('2'), "{err}");
+    }
+
+    #[test]
+    fn layout_check_names_offender() {
+        let spec = crate::ModelSpec::mlp(3, &[2], 2);
+        let mut p = Params::zeros(&spec.param_shapes());
+        assert!(p.check_layout(&spec.param_shapes()).is_ok());
+        p.get_mut("layers.1.weight").unwrap().shape = vec![4, 1];
+        let err = p.check_layout(&spec.param_shapes()).unwrap_err().to_string();
+        assert!(err.contains("layers.1.weight"), "{err}");
+    }
+}

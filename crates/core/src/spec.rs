@@ -1,0 +1,201 @@
+use serde::{Deserialize, Serialize};
+
+use crate::{CoreError, Result};
+
+/// Hidden-layer activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// max(0, x)
+    #[default]
+    Relu,
+}
+
+/// A network architecture: enough to build it and to know its parameter layout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ModelSpec {
+    /// Fully connected network `input -> hidden[0] -> ... -> classes`, ReLU between layers.
+    /// Parameters `layers.{i}.weight` `[out, in]` and `layers.{i}.bias` `[out]`.
+    Mlp {
+        /// Input width (flattened sample).
+        input: usize,
+        /// Hidden widths, possibly none (logistic regression).
+        hidden: Vec<usize>,
+        /// Output classes.
+        classes: usize,
+    },
+    /// LeNet-5 (conv 6@5x5, max-pool 2, conv 16@5x5, max-pool 2, 120, 84, classes) for square
+    /// 28x28 (first convolution padded by 2) or 32x32 inputs.
+    #[serde(rename = "lenet5")]
+    LeNet5 {
+        /// Input channels (1 for MNIST, 3 for CIFAR-10).
+        channels: usize,
+        /// Input side in pixels: 28 or 32.
+        side: usize,
+        /// Output classes.
+        classes: usize,
+    },
+}
+
+/// Name and shape of one parameter tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamShape {
+    /// PyTorch-style name, e.g. `layers.0.weight`.
+    pub name: String,
+    /// Shape, PyTorch layout (`[out, in]` for linear weights).
+    pub shape: Vec<usize>,
+}
+
+impl ParamShape {
+    fn new(name: impl Into<String>, shape: &[usize]) -> Self {
+        Self {
+            name: name.into(),
+            shape: shape.to_vec(),
+        }
+    }
+}
+
+impl ModelSpec {
+    /// An MLP spec.
+    pub fn mlp(input: usize, hidden: &[usize], classes: usize) -> Self {
+        Self::Mlp {
+            input,
+            hidden: hidden.to_vec(),
+            classes,
+        }
+    }
+
+    /// Checks widths and sizes; every constructor of a network calls this first.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Self::Mlp {
+                input,
+                hidden,
+                classes,
+            } => {
+                if *input == 0 || *classes == 0 || hidden.contains(&0) {
+                    return Err(CoreError::InvalidSpec(format!(
+                        "MLP widths must be positive (input {input}, hidden {hidden:?}, classes {classes})"
+                    )));
+                }
+            }
+            Self::LeNet5 {
+                channels,
+                side,
+                classes,
+            } => {
+                if *channels == 0 || *classes == 0 || !matches!(side, 28 | 32) {
+                    return Err(CoreError::InvalidSpec(format!(
+                        "LeNet-5 takes 28x28 or 32x32 inputs with at least one channel \
+                         (got {channels} channel(s), side {side}, {classes} classes)"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of output classes.
+    pub fn classes(&self) -> usize {
+        match self {
+            Self::Mlp { classes, .. } | Self::LeNet5 { classes, .. } => *classes,
+        }
+    }
+
+    /// Number of input values per sample.
+    pub fn input_len(&self) -> usize {
+        match self {
+            Self::Mlp { input, .. } => *input,
+            Self::LeNet5 { channels, side, .. } => channels * side * side,
+        }
+    }
+
+    /// Widths of the fully connected layers, input first, classes last (MLP only).
+    pub fn mlp_widths(&self) -> Option<Vec<usize>> {
+        match self {
+            Self::Mlp {
+                input,
+                hidden,
+                classes,
+            } => {
+                let mut w = Vec::with_capacity(hidden.len() + 2);
+                w.push(*input);
+                w.extend_from_slice(hidden);
+                w.push(*classes);
+                Some(w)
+            }
+            Self::LeNet5 { .. } => None,
+        }
+    }
+
+    /// The parameter layout, in forward order, PyTorch names and shapes.
+    pub fn param_shapes(&self) -> Vec<ParamShape> {
+        match self {
+            Self::Mlp { .. } => {
+                let widths = self.mlp_widths().unwrap_or_default();
+                let mut out = Vec::with_capacity(2 * widths.len());
+                for (i, pair) in widths.windows(2).enumerate() {
+                    out.push(ParamShape::new(format!("layers.{i}.weight"), &[pair[1], pair[0]]));
+                    out.push(ParamShape::new(format!("layers.{i}.bias"), &[pair[1]]));
+                }
+                out
+            }
+            Self::LeNet5 {
+                channels, classes, ..
+            } => vec![
+                ParamShape::new("conv1.weight", &[6, *channels, 5, 5]),
+                ParamShape::new("conv1.bias", &[6]),
+                ParamShape::new("conv2.weight", &[16, 6, 5, 5]),
+                ParamShape::new("conv2.bias", &[16]),
+                ParamShape::new("fc1.weight", &[120, 16 * 5 * 5]),
+                ParamShape::new("fc1.bias", &[120]),
+                ParamShape::new("fc2.weight", &[84, 120]),
+                ParamShape::new("fc2.bias", &[84]),
+                ParamShape::new("fc3.weight", &[*classes, 84]),
+                ParamShape::new("fc3.bias", &[*classes]),
+            ],
+        }
+    }
+
+    /// Total number of parameters.
+    pub fn num_params(&self) -> usize {
+        self.param_shapes()
+            .iter()
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mlp_layout_is_pytorch() {
+        let s = ModelSpec::mlp(784, &[100], 10);
+        let shapes = s.param_shapes();
+        assert_eq!(shapes[0].name, "layers.0.weight");
+        assert_eq!(shapes[0].shape, vec![100, 784]);
+        assert_eq!(shapes[3].name, "layers.1.bias");
+        assert_eq!(s.num_params(), 784 * 100 + 100 + 100 * 10 + 10);
+    }
+
+    #[test]
+    fn lenet_has_61706_params_on_mnist() {
+        // The classic count for LeNet-5 with 10 classes on 28x28x1 (padded) inputs.
+        let s = ModelSpec::LeNet5 {
+            channels: 1,
+            side: 28,
+            classes: 10,
+        };
+        assert_eq!(s.num_params(), 61_706);
+        assert!(s.validate().is_ok());
+        let bad = ModelSpec::LeNet5 {
+            channels: 1,
+            side: 30,
+            classes: 10,
+        };
+        assert!(bad.validate().is_err());
+    }
+}

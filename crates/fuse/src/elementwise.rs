@@ -1,0 +1,185 @@
+//! Coordinate-wise aggregators: weighted mean (FedAvg), median (FedMedian), trimmed mean
+//! (FedTrimmedAvg).
+
+use fedfuse_core::Params;
+
+use crate::{FuseError, Result};
+
+/// Weighted mean of equally long vectors; weights need not sum to one.
+///
+/// Accumulates in f64 so that thousands of clients do not lose precision.
+pub fn weighted_mean(items: &[(&[f32], f64)]) -> Vec<f32> {
+    let Some((first, _)) = items.first() else {
+        return Vec::new();
+    };
+    let total: f64 = items.iter().map(|(_, w)| w).sum();
+    let mut acc = vec![0f64; first.len()];
+    for (v, w) in items {
+        let scale = w / total;
+        for (a, x) in acc.iter_mut().zip(v.iter()) {
+            *a += scale * f64::from(*x);
+        }
+    }
+    acc.into_iter().map(|a| a as f32).collect()
+}
+
+/// Coordinate-wise median (mean of the two middle values for an even count, as numpy).
+pub fn median(items: &[&[f32]]) -> Vec<f32> {
+    per_coordinate(items, |column| {
+        let n = column.len();
+        let mid = n / 2;
+        let (_, upper, _) = column.select_nth_unstable_by(mid, f32::total_cmp);
+        let upper = *upper;
+        if n % 2 == 1 {
+            upper
+        } else {
+            let lower = column[..mid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            (lower + upper) / 2.0
+        }
+    })
+}
+
+/// Coordinate-wise mean after dropping the `floor(beta * n)` smallest and largest values
+/// (Flower's `FedTrimmedAvg`, scipy's `trim_mean`).
+pub fn trimmed_mean(items: &[&[f32]], beta: f64) -> Result<Vec<f32>> {
+    if !(0.0..0.5).contains(&beta) {
+        return Err(FuseError::InvalidSetting {
+            field: "method.beta",
+            reason: format!("{beta} is not in [0, 0.5)"),
+        });
+    }
+    let cut = (beta * items.len() as f64).floor() as usize;
+    Ok(per_coordinate(items, |column| {
+        column.sort_unstable_by(f32::total_cmp);
+        let kept = &column[cut..column.len() - cut];
+        (kept.iter().map(|v| f64::from(*v)).sum::<f64>() / kept.len() as f64) as f32
+    }))
+}
+
+fn per_coordinate(items: &[&[f32]], mut f: impl FnMut(&mut [f32]) -> f32) -> Vec<f32> {
+    let Some(first) = items.first() else {
+        return Vec::new();
+    };
+    let mut column = vec![0f32; items.len()];
+    (0..first.len())
+        .map(|j| {
+            for (c, v) in column.iter_mut().zip(items) {
+                *c = v[j];
+            }
+            f(&mut column)
+        })
+        .collect()
+}
+
+/// Applies a vector aggregator tensor by tensor; all inputs must share the first's layout.
+fn per_tensor(
+    models: &[&Params],
+    mut f: impl FnMut(&[&[f32]]) -> Result<Vec<f32>>,
+) -> Result<Params> {
+    let first = models.first().ok_or(FuseError::Empty)?;
+    let layout = first.layout();
+    for m in models {
+        m.check_layout(&layout)?;
+    }
+    let mut out = Params::new();
+    for (i, (name, t)) in first.iter().enumerate() {
+        let columns: Vec<&[f32]> = models
+            .iter()
+            .filter_map(|m| m.tensor_at(i).map(|t| t.data.as_slice()))
+            .collect();
+        out.push(name, t.shape.clone(), f(&columns)?)?;
+    }
+    Ok(out)
+}
+
+/// [`weighted_mean`] over whole models (FedAvg with weights = examples).
+pub fn weighted_mean_params(models: &[(&Params, f64)]) -> Result<Params> {
+    let weights: Vec<f64> = models.iter().map(|(_, w)| *w).collect();
+    if weights.iter().any(|w| !(w.is_finite() && *w >= 0.0)) || weights.iter().sum::<f64>() <= 0.0
+    {
+        return Err(FuseError::InvalidSetting {
+            field: "num_examples",
+            reason: "weights must be non-negative and not all zero".into(),
+        });
+    }
+    let refs: Vec<&Params> = models.iter().map(|(p, _)| *p).collect();
+    per_tensor(&refs, |cols| {
+        let items: Vec<(&[f32], f64)> = cols.iter().copied().zip(weights.iter().copied()).collect();
+        Ok(weighted_mean(&items))
+    })
+}
+
+/// [`median`] over whole models (FedMedian).
+pub fn median_params(models: &[&Params]) -> Result<Params> {
+    per_tensor(models, |cols| Ok(median(cols)))
+}
+
+/// [`trimmed_mean`] over whole models (FedTrimmedAvg).
+pub fn trimmed_mean_params(models: &[&Params], beta: f64) -> Result<Params> {
+    per_tensor(models, |cols| trimmed_mean(cols, beta))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn median_matches_numpy() {
+        // np.median([[1, 9], [5, 2], [3, 4]], axis=0) -> [3., 4.]
+        // np.median([[1, 9], [5, 2], [3, 4], [10, 0]], axis=0) -> [4., 3.]
+        let (a, b, c, d) = ([1.0, 9.0], [5.0, 2.0], [3.0, 4.0], [10.0, 0.0]);
+        assert_eq!(median(&[&a, &b, &c]), vec![3.0, 4.0]);
+        assert_eq!(median(&[&a, &b, &c, &d]), vec![4.0, 3.0]);
+    }
+
+    #[test]
+    fn trimmed_mean_matches_scipy() {
+        // scipy.stats.trim_mean([1, 2, 3, 4, 100], 0.2) -> 3.0
+        let vals = [[1.0f32], [2.0], [3.0], [4.0], [100.0]];
+        let items: Vec<&[f32]> = vals.iter().map(|v| v.as_slice()).collect();
+        assert_eq!(trimmed_mean(&items, 0.2).unwrap(), vec![3.0]);
+        assert_eq!(trimmed_mean(&items, 0.0).unwrap(), vec![22.0]);
+        assert!(trimmed_mean(&items, 0.5).is_err());
+    }
+
+    #[test]
+    fn weighted_mean_by_hand() {
+        let (a, b) = ([0.0f32, 10.0], [4.0f32, 2.0]);
+        // (1*0 + 3*4)/4 = 3, (1*10 + 3*2)/4 = 4
+        assert_eq!(weighted_mean(&[(&a, 1.0), (&b, 3.0)]), vec![3.0, 4.0]);
+    }
+
+    #[test]
+    fn layouts_must_agree() {
+        let mut p = Params::new();
+        p.push("w", vec![2], vec![1.0, 2.0]).unwrap();
+        let mut q = Params::new();
+        q.push("w", vec![1, 2], vec![1.0, 2.0]).unwrap();
+        assert!(median_params(&[&p, &q]).is_err());
+        assert!(matches!(median_params(&[]), Err(FuseError::Empty)));
+    }
+
+    proptest! {
+        #[test]
+        fn aggregators_are_order_free_and_bounded(
+            rows in proptest::collection::vec(proptest::collection::vec(-1e3f32..1e3, 5), 1..9),
+            w in proptest::collection::vec(0.1f64..10.0, 9),
+        ) {
+            let items: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+            let mut rev = items.clone();
+            rev.reverse();
+            prop_assert_eq!(median(&items), median(&rev));
+            let weighted: Vec<(&[f32], f64)> = items.iter().copied().zip(w.iter().copied()).collect();
+            let m = weighted_mean(&weighted);
+            let t = trimmed_mean(&items, 0.2).unwrap();
+            for j in 0..5 {
+                let lo = rows.iter().map(|r| r[j]).fold(f32::INFINITY, f32::min);
+                let hi = rows.iter().map(|r| r[j]).fold(f32::NEG_INFINITY, f32::max);
+                for v in [m[j], median(&items)[j], t[j]] {
+                    prop_assert!(v >= lo - 1e-2 && v <= hi + 1e-2);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+/// Errors of `fedfuse-fuse`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FuseError {
+    /// Nothing to aggregate.
+    #[error("no client models to aggregate")]
+    Empty,
+    /// Inputs disagree in layout.
+    #[error(transparent)]
+    Layout(#[from] fedfuse_core::CoreError),
+    /// A parameter is out of its range.
+    #[error("invalid aggregation setting `{field}`: {reason}")]
+    InvalidSetting {
+        /// The setting (`method.beta`, ...).
+        field: &'static str,
+        /// Why, and what is valid.
+        reason: String,
+    },
+}
+
+/// Result with [`FuseError`].
+pub type Result<T> = std::result::Result<T, FuseError>;

@@ -1,0 +1,19 @@
+//! Aggregation maths of fedfuse on plain f32 slices and [`Params`](fedfuse_core::Params).
+//!
+//! Pure functions: no I/O, no tensor library. Each method of `fedfuse-fed` wraps one of them.
+//!
+//! ```
+//! use fedfuse_fuse::weighted_mean;
+//! let a = [1.0f32, 2.0];
+//! let b = [3.0f32, 6.0];
+//! assert_eq!(weighted_mean(&[(&a, 1.0), (&b, 3.0)]), vec![2.5, 5.0]);
+//! ```
+#![deny(missing_docs)]
+
+mod elementwise;
+mod error;
+
+pub use elementwise::{
+    median, median_params, trimmed_mean, trimmed_mean_params, weighted_mean, weighted_mean_params,
+};
+pub use error::{FuseError, Result};

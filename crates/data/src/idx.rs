@@ -1,0 +1,162 @@
+//! IDX files (the MNIST format), raw or gzip-compressed, and small file helpers.
+
+use std::io::Read;
+use std::path::Path;
+
+use crate::error::{DataError, Result};
+
+const IMAGES_MAGIC: u32 = 0x0000_0803;
+const LABELS_MAGIC: u32 = 0x0000_0801;
+
+/// Reads a whole file, transparently decompressing it when it starts with the gzip magic
+/// bytes `1f 8b`.
+pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path).map_err(|e| DataError::io("could not read", path, e))?;
+    maybe_gunzip(raw, path)
+}
+
+/// Decompresses `raw` if it is gzip data; `path` is only used in error messages.
+pub(crate) fn maybe_gunzip(raw: Vec<u8>, path: &Path) -> Result<Vec<u8>> {
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::with_capacity(raw.len() * 4);
+        flate2::read::MultiGzDecoder::new(raw.as_slice()).read_to_end(&mut out).map_err(|e| {
+            DataError::format(
+                path,
+                format!(
+                    "corrupt or truncated gzip data ({e}); delete the file and download it again"
+                ),
+            )
+        })?;
+        Ok(out)
+    } else {
+        Ok(raw)
+    }
+}
+
+/// Parses an IDX header: checks the magic number and returns the dimensions and the payload.
+fn parse_idx<'a>(
+    bytes: &'a [u8],
+    path: &Path,
+    magic: u32,
+    what: &str,
+) -> Result<(Vec<usize>, &'a [u8])> {
+    let ndims = (magic & 0xff) as usize;
+    let header_len = 4 + 4 * ndims;
+    let word = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    if bytes.len() < 4 {
+        return Err(DataError::format(
+            path,
+            format!(
+                "file is {} bytes long, too short to be an IDX {what} file",
+                bytes.len()
+            ),
+        ));
+    }
+    let found = word(0);
+    if found != magic {
+        let hint = match found {
+            IMAGES_MAGIC => {
+                " (this is an IDX images file; did you swap the images and labels files?)"
+            }
+            LABELS_MAGIC => {
+                " (this is an IDX labels file; did you swap the images and labels files?)"
+            }
+            _ => " (not an IDX file of this kind; check that the file is the right one)",
+        };
+        return Err(DataError::format(
+            path,
+            format!("bad magic number 0x{found:08x}, expected 0x{magic:08x} for IDX {what}{hint}"),
+        ));
+    }
+    if bytes.len() < header_len {
+        return Err(DataError::format(
+            path,
+            format!(
+                "truncated IDX {what} header: {} of {header_len} bytes",
+                bytes.len()
+            ),
+        ));
+    }
+    let dims: Vec<usize> = (0..ndims).map(|k| word(4 + 4 * k) as usize).collect();
+    let payload = &bytes[header_len..];
+    let expected = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    match expected {
+        Some(e) if e == payload.len() => Ok((dims, payload)),
+        Some(e) if e > payload.len() => Err(DataError::format(
+            path,
+            format!(
+                "truncated IDX {what} file: header promises {dims:?} = {e} bytes of data but only {} \
+                 are present; delete the file and download it again",
+                payload.len()
+            ),
+        )),
+        Some(e) => Err(DataError::format(
+            path,
+            format!(
+                "IDX {what} file has {} bytes of data after the header but its dimensions {dims:?} \
+                 need {e}",
+                payload.len()
+            ),
+        )),
+        None => Err(DataError::format(
+            path,
+            format!("IDX {what} dimensions {dims:?} overflow"),
+        )),
+    }
+}
+
+/// Reads an IDX image file (magic `0x00000803`), raw or gzip-compressed.
+///
+/// Returns `(n, rows, cols, pixels)` with `pixels.len() == n * rows * cols`, row-major.
+pub fn read_idx_images(path: &Path) -> Result<(usize, usize, usize, Vec<u8>)> {
+    let bytes = read_maybe_gz(path)?;
+    let (dims, payload) = parse_idx(&bytes, path, IMAGES_MAGIC, "images")?;
+    Ok((dims[0], dims[1], dims[2], payload.to_vec()))
+}
+
+/// Reads an IDX label file (magic `0x00000801`), raw or gzip-compressed.
+pub fn read_idx_labels(path: &Path) -> Result<Vec<u8>> {
+    let bytes = read_maybe_gz(path)?;
+    let (_, payload) = parse_idx(&bytes, path, LABELS_MAGIC, "labels")?;
+    Ok(payload.to_vec())
+}
+
+/// Encodes an IDX file in memory (used by tests and by tools that write MNIST-like data).
+///
+/// `dims` are the dimensions (1 for labels, 3 for images); `data.len()` must equal their product.
+pub fn write_idx(dims: &[u32], data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 4 * dims.len() + data.len());
+    out.extend_from_slice(&[0, 0, 0x08, dims.len() as u8]);
+    for d in dims {
+        out.extend_from_slice(&d.to_be_bytes());
+    }
+    out.extend_from_slice(data);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        std::fs::write(
+            &p,
+            write_idx(&[2, 2, 3], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+        )
+        .unwrap();
+        let (n, r, c, px) = read_idx_images(&p).unwrap();
+        assert_eq!((n, r, c), (2, 2, 3));
+        assert_eq!(px[11], 12);
+        // the same file is not a labels file
+        let e = read_idx_labels(&p).unwrap_err().to_string();
+        assert!(e.contains("magic") && e.contains("img"), "{e}");
+        std::fs::write(&p, write_idx(&[3], &[1, 2])).unwrap();
+        let e = read_idx_labels(&p).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
+        std::fs::write(&p, [0u8, 0]).unwrap();
+        assert!(read_idx_labels(&p).is_err());
+    }
+}

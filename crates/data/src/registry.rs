@@ -1,0 +1,392 @@
+//! Named datasets: where they come from, where they are cached, how they are loaded.
+
+use std::path::{Path, PathBuf};
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use crate::cifar::{extract_tar, read_cifar10_batch};
+use crate::csv::{CsvOptions, LabelColumn, parse_csv};
+use crate::dataset::{Dataset, TrainTest};
+use crate::error::{DataError, Result};
+use crate::idx::{read_idx_images, read_idx_labels};
+
+/// One file of a downloadable dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteFile {
+    /// File name, both on the mirrors and on disk.
+    pub name: &'static str,
+    /// Expected sha256 of the file, lower-case hex.
+    pub sha256: &'static str,
+}
+
+/// A named dataset that [`load_dataset`] knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatasetInfo {
+    /// Name used by [`load_dataset`], [`crate::download`] and `fedfuse data get NAME`.
+    pub name: &'static str,
+    /// Files to download (empty for bundled datasets).
+    pub files: &'static [RemoteFile],
+    /// Base URLs, tried in order; a file's URL is the mirror followed by its name.
+    pub mirrors: &'static [&'static str],
+    /// One-line description.
+    pub description: &'static str,
+    /// Who to cite, and the licence.
+    pub citation: &'static str,
+}
+
+const MNIST_FILES: &[RemoteFile] = &[
+    RemoteFile {
+        name: "train-images-idx3-ubyte.gz",
+        sha256: "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    },
+    RemoteFile {
+        name: "train-labels-idx1-ubyte.gz",
+        sha256: "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    },
+    RemoteFile {
+        name: "t10k-images-idx3-ubyte.gz",
+        sha256: "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    },
+    RemoteFile {
+        name: "t10k-labels-idx1-ubyte.gz",
+        sha256: "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+    },
+];
+
+const FASHION_FILES: &[RemoteFile] = &[
+    RemoteFile {
+        name: "train-images-idx3-ubyte.gz",
+        sha256: "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+    },
+    RemoteFile {
+        name: "train-labels-idx1-ubyte.gz",
+        sha256: "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+    },
+    RemoteFile {
+        name: "t10k-images-idx3-ubyte.gz",
+        sha256: "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+    },
+    RemoteFile {
+        name: "t10k-labels-idx1-ubyte.gz",
+        sha256: "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+    },
+];
+
+const CIFAR10_ARCHIVE: &str = "cifar-10-binary.tar.gz";
+const CIFAR10_FILES: &[RemoteFile] = &[RemoteFile {
+    name: CIFAR10_ARCHIVE,
+    sha256: "c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd",
+}];
+const CIFAR10_BATCHES: &[&str] = &[
+    "data_batch_1.bin",
+    "data_batch_2.bin",
+    "data_batch_3.bin",
+    "data_batch_4.bin",
+    "data_batch_5.bin",
+    "test_batch.bin",
+];
+
+static DATASETS: &[DatasetInfo] = &[
+    DatasetInfo {
+        name: "digits",
+        files: &[],
+        mirrors: &[],
+        description: "UCI optical recognition of handwritten digits: 1,797 8x8 images, 10 classes \
+                      (bundled, works offline)",
+        citation: "E. Alpaydin and C. Kaynak, Optical Recognition of Handwritten Digits, UCI \
+                   Machine Learning Repository, 1998, doi:10.24432/C50P49. CC BY 4.0",
+    },
+    DatasetInfo {
+        name: "mnist",
+        files: MNIST_FILES,
+        mirrors: &[
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+        ],
+        description: "MNIST handwritten digits: 60,000 + 10,000 28x28 grey images, 10 classes",
+        citation: "Y. LeCun, C. Cortes and C. J. C. Burges, The MNIST database of handwritten \
+                   digits. CC BY-SA 3.0",
+    },
+    DatasetInfo {
+        name: "fashion-mnist",
+        files: FASHION_FILES,
+        mirrors: &["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
+        description: "Fashion-MNIST Zalando article images: 60,000 + 10,000 28x28 grey images, \
+                      10 classes",
+        citation: "H. Xiao, K. Rasul and R. Vollgraf, Fashion-MNIST: a Novel Image Dataset for \
+                   Benchmarking Machine Learning Algorithms, arXiv:1708.07747, 2017. MIT licence",
+    },
+    DatasetInfo {
+        name: "cifar10",
+        files: CIFAR10_FILES,
+        mirrors: &["https://www.cs.toronto.edu/~kriz/"],
+        description: "CIFAR-10: 50,000 + 10,000 32x32 colour images, 10 classes (binary version)",
+        citation: "A. Krizhevsky, Learning Multiple Layers of Features from Tiny Images, \
+                   technical report, University of Toronto, 2009",
+    },
+];
+
+/// Every dataset [`load_dataset`] knows, bundled ones included.
+pub fn known_datasets() -> &'static [DatasetInfo] {
+    DATASETS
+}
+
+/// Looks a dataset up by name (`"digits"`, `"mnist"`, `"fashion-mnist"`, `"cifar10"`).
+pub fn dataset_info(name: &str) -> Result<&'static DatasetInfo> {
+    DATASETS
+        .iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| DataError::UnknownDataset {
+            name: name.to_string(),
+            known: DATASETS
+                .iter()
+                .map(|d| d.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+/// Where downloaded datasets live: `$FEDFUSE_DATA` if set, else `$XDG_CACHE_HOME/fedfuse`, else
+/// `$HOME/.cache/fedfuse`, else `.fedfuse-cache` in the current directory.
+pub fn cache_dir() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(p) = var("FEDFUSE_DATA") {
+        p
+    } else if let Some(p) = var("XDG_CACHE_HOME") {
+        p.join("fedfuse")
+    } else if let Some(p) = var("HOME") {
+        p.join(".cache").join("fedfuse")
+    } else {
+        PathBuf::from(".fedfuse-cache")
+    }
+}
+
+/// The folder `fedfuse data get NAME` downloads into: `cache_dir()/NAME`.
+pub fn default_dataset_dir(name: &str) -> PathBuf {
+    cache_dir().join(name)
+}
+
+/// Loads a named dataset's train and test splits.
+///
+/// * `"digits"` is bundled: 1,797 samples of 64 features scaled to `[0, 1]`
+///   (`sample_shape [64]`), 10 classes, split by a fixed shuffle (seed 0) with the last 20 %
+///   as the test set. `data_dir` is ignored.
+/// * `"mnist"` and `"fashion-mnist"` read the four IDX files (`.gz` or uncompressed) from
+///   `data_dir`, or from `data_dir/NAME`, or from [`default_dataset_dir`] when `data_dir` is
+///   `None`. Pixels are scaled to `[0, 1]`; `sample_shape` is `[1, 28, 28]`.
+/// * `"cifar10"` reads `data_batch_1..5.bin` and `test_batch.bin` from the same places (or their
+///   `cifar-10-batches-bin/` subfolder), unpacking `cifar-10-binary.tar.gz` first if only the
+///   archive is there. `sample_shape` is `[3, 32, 32]`.
+///
+/// Missing files give [`DataError::MissingFiles`], whose message names the folder and the
+/// `fedfuse data get NAME` command.
+pub fn load_dataset(name: &str, data_dir: Option<&Path>) -> Result<TrainTest> {
+    let info = dataset_info(name)?;
+    match info.name {
+        "digits" => load_digits(),
+        "mnist" | "fashion-mnist" => {
+            let dir = find_dir(info, data_dir, &[info.files[0].name])?;
+            let file = |i: usize| locate(&dir, info.files[i].name);
+            Ok(TrainTest {
+                train: idx_dataset(&file(0), &file(1))?,
+                test: idx_dataset(&file(2), &file(3))?,
+            })
+        }
+        "cifar10" => load_cifar10(info, data_dir),
+        _ => Err(DataError::UnknownDataset {
+            name: name.to_string(),
+            known: DATASETS
+                .iter()
+                .map(|d| d.name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// A file, or its uncompressed twin if only that exists.
+fn locate(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    match name.strip_suffix(".gz") {
+        Some(raw) if !p.exists() && dir.join(raw).exists() => dir.join(raw),
+        _ => p,
+    }
+}
+
+/// Picks the directory holding a dataset: `data_dir`, `data_dir/NAME` or the cache; errors
+/// naming the directory and the fetch command when none has all the `probe` files.
+fn find_dir(info: &DatasetInfo, data_dir: Option<&Path>, probe: &[&str]) -> Result<PathBuf> {
+    let candidates: Vec<PathBuf> = match data_dir {
+        Some(d) => vec![d.to_path_buf(), d.join(info.name)],
+        None => vec![default_dataset_dir(info.name)],
+    };
+    let has_all = |d: &Path| probe.iter().all(|f| locate(d, f).is_file());
+    if let Some(d) = candidates
+        .iter()
+        .find(|d| has_all(d) && info.files.iter().all(|f| locate(d, f.name).is_file()))
+    {
+        return Ok(d.clone());
+    }
+    if let Some(d) = candidates.iter().find(|d| has_all(d)) {
+        return Ok(d.clone());
+    }
+    let dir = candidates[0].clone();
+    let missing: Vec<&str> = info
+        .files
+        .iter()
+        .map(|f| f.name)
+        .filter(|f| !locate(&dir, f).is_file())
+        .collect();
+    Err(DataError::MissingFiles {
+        name: info.name.to_string(),
+        dir,
+        missing: if missing.is_empty() {
+            probe.join(", ")
+        } else {
+            missing.join(", ")
+        },
+    })
+}
+
+/// Reads an IDX image file and its label file into a dataset with pixels in `[0, 1]`.
+fn idx_dataset(images: &Path, labels: &Path) -> Result<Dataset> {
+    let (n, rows, cols, px) = read_idx_images(images)?;
+    let y = read_idx_labels(labels)?;
+    if y.len() != n {
+        return Err(DataError::format(
+            labels,
+            format!(
+                "{} labels but {} has {n} images; the files do not belong together",
+                y.len(),
+                images.display()
+            ),
+        ));
+    }
+    if let Some(bad) = y.iter().find(|&&l| l > 9) {
+        return Err(DataError::format(
+            labels,
+            format!("label {bad} is outside 0..=9"),
+        ));
+    }
+    let x = px.iter().map(|&p| f32::from(p) / 255.0).collect();
+    Dataset::new(
+        x,
+        y.into_iter().map(u32::from).collect(),
+        vec![1, rows, cols],
+        10,
+    )
+}
+
+fn load_cifar10(info: &DatasetInfo, data_dir: Option<&Path>) -> Result<TrainTest> {
+    let roots: Vec<PathBuf> = match data_dir {
+        Some(d) => vec![d.to_path_buf(), d.join(info.name)],
+        None => vec![default_dataset_dir(info.name)],
+    };
+    let sub = "cifar-10-batches-bin";
+    let complete = |d: &Path| CIFAR10_BATCHES.iter().all(|f| d.join(f).is_file());
+    let mut found = roots
+        .iter()
+        .flat_map(|r| [r.clone(), r.join(sub)])
+        .find(|d| complete(d));
+    if found.is_none()
+        && let Some(root) = roots.iter().find(|r| r.join(CIFAR10_ARCHIVE).is_file())
+    {
+        let dest = root.join(sub);
+        std::fs::create_dir_all(&dest).map_err(|e| DataError::io("could not create", &dest, e))?;
+        extract_tar(&root.join(CIFAR10_ARCHIVE), &dest, CIFAR10_BATCHES)?;
+        found = Some(dest).filter(|d| complete(d));
+    }
+    let Some(dir) = found else {
+        return Err(DataError::MissingFiles {
+            name: info.name.to_string(),
+            dir: roots[0].clone(),
+            missing: format!(
+                "{CIFAR10_ARCHIVE} (or {sub}/{})",
+                CIFAR10_BATCHES.join(", ")
+            ),
+        });
+    };
+    let mut train = read_cifar10_batch(&dir.join(CIFAR10_BATCHES[0]))?;
+    for f in &CIFAR10_BATCHES[1..5] {
+        train.extend(&read_cifar10_batch(&dir.join(f))?)?;
+    }
+    let test = read_cifar10_batch(&dir.join(CIFAR10_BATCHES[5]))?;
+    Ok(TrainTest { train, test })
+}
+
+/// The bundled UCI digits file (1,797 rows: 64 features in 0..=16, then the label).
+static DIGITS_CSV_GZ: &[u8] = include_bytes!("../assets/digits.csv.gz");
+
+/// The bundled digits dataset, all 1,797 samples, features scaled to `[0, 1]`.
+pub fn digits() -> Result<Dataset> {
+    let opts = CsvOptions {
+        has_header: false,
+        label_column: LabelColumn::Last,
+        ..CsvOptions::default()
+    };
+    let mut ds = parse_csv(DIGITS_CSV_GZ, Path::new("<bundled digits.csv.gz>"), &opts)?.dataset;
+    if ds.dim() != 64 || ds.num_classes != 10 {
+        return Err(DataError::InvalidDataset(format!(
+            "bundled digits file has {} features and {} classes, expected 64 and 10",
+            ds.dim(),
+            ds.num_classes
+        )));
+    }
+    ds.x.iter_mut().for_each(|v| *v /= 16.0);
+    Ok(ds)
+}
+
+fn load_digits() -> Result<TrainTest> {
+    let ds = digits()?;
+    let mut perm: Vec<usize> = (0..ds.len()).collect();
+    perm.shuffle(&mut StdRng::seed_from_u64(0));
+    let n_test = ds.len() / 5;
+    let (train_idx, test_idx) = perm.split_at(ds.len() - n_test);
+    Ok(TrainTest {
+        train: ds.subset(train_idx),
+        test: ds.subset(test_idx),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry() {
+        assert_eq!(dataset_info("mnist").unwrap().files.len(), 4);
+        let e = dataset_info("imagenet").unwrap_err().to_string();
+        assert!(e.contains("fashion-mnist"), "{e}");
+        for d in known_datasets() {
+            for f in d.files {
+                assert_eq!(f.sha256.len(), 64);
+                assert!(
+                    f.sha256
+                        .chars()
+                        .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+                );
+            }
+            assert!(d.mirrors.iter().all(|m| m.ends_with('/')));
+        }
+    }
+
+    #[test]
+    fn missing_files_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = load_dataset("fashion-mnist", Some(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&dir.path().display().to_string()), "{e}");
+        assert!(e.contains("fedfuse data get fashion-mnist"), "{e}");
+        let e = load_dataset("cifar10", Some(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fedfuse data get cifar10"), "{e}");
+    }
+}

@@ -1,0 +1,357 @@
+//! The experiment config: TOML with `deny_unknown_fields`, `--set` overrides, one `check()`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use fedfuse_core::ModelSpec;
+use fedfuse_data::PartitionSpec;
+use fedfuse_fed::{ClientsPerRound, MethodConfig};
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
+use serde::{Deserialize, Serialize};
+
+/// A whole experiment, as written in `CONFIG.toml`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Seed of every random choice.
+    #[serde(default)]
+    pub seed: u64,
+    /// Communication rounds.
+    pub rounds: usize,
+    /// Number of clients the data is split into.
+    pub clients: usize,
+    /// Clients per round: an integer count or a fraction in (0, 1].
+    #[serde(default = "all_clients")]
+    pub clients_per_round: ClientsPerRound,
+    /// Folder holding the dataset's files (overrides the cache; `--data-dir` overrides this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Evaluate the global model on every client's local test split each round.
+    #[serde(default = "yes")]
+    pub local_eval: bool,
+    /// The dataset.
+    pub dataset: DatasetSection,
+    /// How the training set is split among clients.
+    #[serde(default = "iid")]
+    pub partition: PartitionSpec,
+    /// The federated method and its parameters.
+    pub method: MethodConfig,
+    /// The network.
+    pub model: ModelSection,
+    /// Local training.
+    #[serde(default)]
+    pub train: TrainSection,
+}
+
+fn all_clients() -> ClientsPerRound {
+    ClientsPerRound::Fraction(1.0)
+}
+fn yes() -> bool {
+    true
+}
+fn iid() -> PartitionSpec {
+    PartitionSpec::Iid
+}
+
+/// `[dataset]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSection {
+    /// `digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`.
+    pub name: String,
+    /// Fraction of each client's partition kept as its local test split.
+    #[serde(default = "test_fraction")]
+    pub local_test_fraction: f64,
+}
+
+fn test_fraction() -> f64 {
+    0.2
+}
+
+/// Network kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Fully connected, ReLU.
+    Mlp,
+    /// LeNet-5.
+    Lenet5,
+}
+
+/// `[model]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// `mlp` or `lenet5`.
+    pub kind: ModelKind,
+    /// Hidden widths (MLP only).
+    #[serde(default)]
+    pub hidden: Vec<usize>,
+    /// Initialisation: `default` (PyTorch's) or `pfnm` (N(0, 0.1) weights, 0.1 biases).
+    #[serde(default)]
+    pub init: Init,
+}
+
+/// Optimizer names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    /// SGD with optional momentum.
+    #[default]
+    Sgd,
+    /// Adam.
+    Adam,
+    /// AMSGrad.
+    Amsgrad,
+}
+
+/// `[train]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    /// `sgd`, `adam` or `amsgrad`.
+    #[serde(default)]
+    pub optimizer: OptimizerName,
+    /// Learning rate.
+    #[serde(default = "lr")]
+    pub lr: f64,
+    /// Local epochs per round.
+    #[serde(default = "one")]
+    pub epochs: usize,
+    /// Mini-batch size.
+    #[serde(default = "batch")]
+    pub batch_size: usize,
+    /// SGD momentum.
+    #[serde(default)]
+    pub momentum: f64,
+    /// L2 weight decay.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Adam beta1.
+    #[serde(default = "b1")]
+    pub beta1: f64,
+    /// Adam beta2.
+    #[serde(default = "b2")]
+    pub beta2: f64,
+    /// Adam epsilon.
+    #[serde(default = "eps")]
+    pub eps: f64,
+}
+
+fn lr() -> f64 {
+    0.01
+}
+fn one() -> usize {
+    1
+}
+fn batch() -> usize {
+    32
+}
+fn b1() -> f64 {
+    0.9
+}
+fn b2() -> f64 {
+    0.999
+}
+fn eps() -> f64 {
+    1e-8
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerName::Sgd,
+            lr: lr(),
+            epochs: one(),
+            batch_size: batch(),
+            momentum: 0.0,
+            weight_decay: 0.0,
+            beta1: b1(),
+            beta2: b2(),
+            eps: eps(),
+        }
+    }
+}
+
+impl TrainSection {
+    /// The trainer's typed settings.
+    pub fn to_train_config(&self) -> TrainConfig {
+        let optimizer = match self.optimizer {
+            OptimizerName::Sgd => OptimizerConfig::Sgd {
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+            },
+            OptimizerName::Adam | OptimizerName::Amsgrad => OptimizerConfig::Adam {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+                amsgrad: self.optimizer == OptimizerName::Amsgrad,
+            },
+        };
+        TrainConfig {
+            optimizer,
+            lr: self.lr,
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+        }
+    }
+}
+
+impl ModelSection {
+    /// The architecture for samples of `sample_shape` and `classes` classes.
+    pub fn spec(&self, sample_shape: &[usize], classes: usize) -> Result<ModelSpec> {
+        let spec = match self.kind {
+            ModelKind::Mlp => ModelSpec::mlp(sample_shape.iter().product(), &self.hidden, classes),
+            ModelKind::Lenet5 => {
+                let [c, h, w] = sample_shape else {
+                    bail!(
+                        "model.kind = \"lenet5\" needs image samples [channels, height, width]; \
+                         this dataset's samples have shape {sample_shape:?}: use model.kind = \"mlp\""
+                    );
+                };
+                if h != w {
+                    bail!("model.kind = \"lenet5\" needs square images, got {h}x{w}");
+                }
+                if !self.hidden.is_empty() {
+                    bail!("model.hidden applies to `mlp` only; remove it for `lenet5`");
+                }
+                ModelSpec::LeNet5 {
+                    channels: *c,
+                    side: *h,
+                    classes,
+                }
+            }
+        };
+        spec.validate().context("model")?;
+        Ok(spec)
+    }
+}
+
+impl Config {
+    /// Reads `path`, applies `--set key.path=value` overrides, and checks the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        Self::parse(&text, overrides).with_context(|| format!("config {}", path.display()))
+    }
+
+    /// Parses TOML text with overrides.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Self> {
+        let mut value: toml::Table = toml::from_str(text)?;
+        for o in overrides {
+            apply_override(&mut value, o)?;
+        }
+        let cfg: Config = toml::Value::Table(value).try_into()?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// Range checks that serde cannot express; everything after trusts them.
+    pub fn check(&self) -> Result<()> {
+        if self.rounds == 0 {
+            bail!("`rounds` must be at least 1");
+        }
+        if self.clients == 0 {
+            bail!("`clients` must be at least 1");
+        }
+        if !(0.0..1.0).contains(&self.dataset.local_test_fraction) {
+            bail!(
+                "`dataset.local_test_fraction` = {} must lie in [0, 1)",
+                self.dataset.local_test_fraction
+            );
+        }
+        self.train
+            .to_train_config()
+            .check()
+            .map_err(anyhow::Error::from)?;
+        self.method.build().map_err(anyhow::Error::from)?;
+        Ok(())
+    }
+}
+
+/// Sets `key.path` to `value` (parsed as TOML, else taken as a string).
+fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
+    let Some((path, raw)) = assignment.split_once('=') else {
+        bail!("--set `{assignment}`: expected key.path=value");
+    };
+    let keys: Vec<&str> = path.trim().split('.').collect();
+    if keys.iter().any(|k| k.is_empty()) {
+        bail!("--set `{assignment}`: empty key in `{path}`");
+    }
+    let raw = raw.trim();
+    let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let (last, parents) = keys.split_last().context("empty --set key")?;
+    let mut table = root;
+    for k in parents {
+        let entry = table
+            .entry(k.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            _ => bail!("--set `{assignment}`: `{k}` is not a table"),
+        };
+    }
+    table.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+seed = 1
+rounds = 2
+clients = 4
+[dataset]
+name = "digits"
+[partition]
+kind = "iid"
+[method]
+name = "fedavg"
+[model]
+kind = "mlp"
+hidden = [16]
+"#;
+
+    #[test]
+    fn overrides_reach_nested_keys() {
+        let cfg = Config::parse(
+            BASE,
+            &[
+                "partition.kind=dirichlet".into(),
+                "partition.alpha=0.1".into(),
+                "rounds=3".into(),
+                "method.name=fedprox".into(),
+                "method.mu=0.5".into(),
+                "clients_per_round=2".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.rounds, 3);
+        assert!(matches!(cfg.partition, PartitionSpec::Dirichlet { alpha, .. } if alpha == 0.1));
+        assert_eq!(cfg.method, MethodConfig::FedProx { mu: 0.5 });
+        assert_eq!(cfg.clients_per_round, ClientsPerRound::Count(2));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = Config::parse(BASE, &["train.learning_rate=0.1".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("learning_rate"), "{err:#}");
+        let err = Config::parse(BASE, &["method.mu=0.1".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("mu"), "{err:#}");
+        let err = Config::parse(&format!("{BASE}\nbogus = 1\n"), &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("bogus"), "{err:#}");
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        assert!(Config::parse(BASE, &["rounds=0".into()]).is_err());
+        assert!(Config::parse(BASE, &["train.lr=-1".into()]).is_err());
+        assert!(Config::parse(BASE, &["method.name=fedtrimmedavg".into(), "method.beta=0.7".into()]).is_err());
+    }
+}

@@ -1,0 +1,66 @@
+//! `fedfuse data get|verify|info`.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use fedfuse_data::{DownloadEvent, VerifyStatus, dataset_info, default_dataset_dir, known_datasets};
+
+use crate::cli::DataCommand;
+
+/// Runs a `data` subcommand.
+pub fn run(cmd: DataCommand) -> Result<ExitCode> {
+    match cmd {
+        DataCommand::Get { name, dir } => {
+            let dir = dir.unwrap_or_else(|| default_dataset_dir(&name));
+            dataset_info(&name)?;
+            fedfuse_data::download(&name, &dir, &mut |e| print_event(&e))?;
+            eprintln!("{name}: all files present and verified in {}", dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCommand::Verify { name, dir } => {
+            let dir = dir.unwrap_or_else(|| default_dataset_dir(&name));
+            let statuses = fedfuse_data::verify(&name, &dir)?;
+            let mut ok = true;
+            for (file, status) in &statuses {
+                match status {
+                    VerifyStatus::Ok => println!("ok        {file}"),
+                    VerifyStatus::Missing => {
+                        ok = false;
+                        println!("missing   {file}");
+                    }
+                    VerifyStatus::Mismatch { actual } => {
+                        ok = false;
+                        println!("mismatch  {file} (sha256 {actual})");
+                    }
+                }
+            }
+            if !ok {
+                bail!(
+                    "{name} in {} is incomplete or corrupt: run `fedfuse data get {name}`",
+                    dir.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DataCommand::Info { name } => {
+            let infos: Vec<_> = match name {
+                Some(n) => vec![dataset_info(&n)?],
+                None => known_datasets().iter().collect(),
+            };
+            println!("digits: bundled UCI optical digits (1,797 8x8 images), offline");
+            for info in infos {
+                println!(
+                    "{}: {} files, cached in {}",
+                    info.name,
+                    info.files.len(),
+                    default_dataset_dir(info.name).display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn print_event(e: &DownloadEvent) {
+    eprintln!("{e:?}");
+}

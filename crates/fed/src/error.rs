@@ -1,0 +1,33 @@
+/// Errors of `fedfuse-fed`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FedError {
+    /// Training failed.
+    #[error(transparent)]
+    Train(#[from] fedfuse_train::TrainError),
+    /// Aggregation failed.
+    #[error(transparent)]
+    Fuse(#[from] fedfuse_fuse::FuseError),
+    /// A record or parameter set was malformed.
+    #[error(transparent)]
+    Core(#[from] fedfuse_core::CoreError),
+    /// A setting is invalid.
+    #[error("invalid setting `{field}`: {reason}")]
+    InvalidSetting {
+        /// The config key.
+        field: &'static str,
+        /// Why, and what would be valid.
+        reason: String,
+    },
+    /// A client's reply cannot be used.
+    #[error("client {client}: {reason}")]
+    BadReply {
+        /// The client id.
+        client: usize,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// Result with [`FedError`].
+pub type Result<T> = std::result::Result<T, FedError>;

@@ -1,0 +1,31 @@
+//! Federation for fedfuse: the [`Method`] contract, the round loop and the in-process simulator.
+//!
+//! A method's client half ([`Method::fit`]) and server half ([`Method::aggregate`]) talk only
+//! through encoded [`Record`](fedfuse_core::Record)s, so the traffic the simulator reports is the
+//! size of real messages, and a network transport can replace the simulator without touching
+//! a method.
+//!
+//! ```no_run
+//! use fedfuse_fed::{MethodConfig, SimConfig, simulate};
+//! # fn demo(clients: &[fedfuse_data::ClientData], test: &fedfuse_data::Dataset,
+//! #         trainer: &fedfuse_train::Trainer, init: fedfuse_core::Params) -> fedfuse_fed::Result<()> {
+//! let mut method = MethodConfig::FedAvg.build()?;
+//! let run = simulate(method.as_mut(), trainer, clients, test, init, &SimConfig::default(), &|_| {})?;
+//! println!("final accuracy {:.3}", run.rounds.last().map_or(0.0, |r| r.global_accuracy));
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+mod method;
+mod methods;
+mod seed;
+mod simulator;
+
+pub use error::{FedError, Result};
+pub use method::{Aggregate, ClientContext, Method, Reply, standard_fit};
+pub use methods::{FedAvg, FedMedian, FedProx, FedTrimmedAvg, MethodConfig};
+pub use seed::derive_seed;
+pub use simulator::{
+    ClientsPerRound, Progress, Rejection, RoundMetrics, RunResult, SimConfig, simulate,
+};

@@ -1,0 +1,88 @@
+use fedfuse_core::{ConfigValue, Params, Record};
+use fedfuse_data::ClientData;
+use fedfuse_train::{TrainConfig, Trainer};
+
+use crate::Result;
+
+/// What a client has when it runs a method's local procedure.
+pub struct ClientContext<'a> {
+    /// Client id (index into the partition).
+    pub id: usize,
+    /// The client's own data.
+    pub data: &'a ClientData,
+    /// Builds, trains and evaluates the model.
+    pub trainer: &'a Trainer,
+    /// Local training settings.
+    pub train: &'a TrainConfig,
+    /// Seed for this client in this round.
+    pub seed: u64,
+}
+
+/// A client's decoded reply.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    /// Client id.
+    pub client: usize,
+    /// What it sent.
+    pub record: Record,
+}
+
+/// The server step's outcome.
+#[derive(Clone, Debug)]
+pub enum Aggregate {
+    /// The next global model.
+    Replace(Params),
+    /// Keep the global model as it is (e.g. no usable reply).
+    Keep,
+}
+
+/// Config key for the proximal coefficient a server sends (Flower's `proximal-mu`).
+pub const PROXIMAL_MU: &str = "proximal_mu";
+/// Config key for the round number a server sends (Flower's `server-round`).
+pub const SERVER_ROUND: &str = "server_round";
+
+/// A federated method: a client procedure and a server aggregator that exchange [`Record`]s.
+///
+/// Only [`Method::aggregate`] is required; the client half defaults to "train from the received
+/// model" ([`standard_fit`]).
+pub trait Method: Send + Sync {
+    /// The method's name as written in configs (`fedavg`, ...).
+    fn name(&self) -> &'static str;
+
+    /// What `client` receives in `round`: by default the global model and the round number.
+    fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
+        Ok(Record::from_params(global.clone())
+            .with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
+    }
+
+    /// The local procedure, run on the client.
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        standard_fit(instruction, ctx)
+    }
+
+    /// Checks a reply before aggregation; by default it must have the global model's layout
+    /// and finite values.
+    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
+        reply.params.check_layout(&global.layout())?;
+        reply.params.check_finite()?;
+        Ok(())
+    }
+
+    /// The server step over the accepted replies (never empty).
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate>;
+}
+
+/// Trains from the received parameters on the client's training split, adding the proximal
+/// term when the instruction carries `proximal_mu`; replies with the trained parameters,
+/// `num_examples` and `train_loss`.
+pub fn standard_fit(instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+    let mu = instruction.config_f64(PROXIMAL_MU).unwrap_or(0.0);
+    let start = &instruction.params;
+    let prox = (mu > 0.0).then_some((start, mu));
+    let fitted = ctx
+        .trainer
+        .fit_with(start, &ctx.data.train, ctx.train, prox, ctx.seed)?;
+    let mut reply = Record::from_params(fitted.params).with_num_examples(fitted.examples as u64);
+    reply.metrics.insert("train_loss".into(), fitted.loss);
+    Ok(reply)
+}

@@ -1,0 +1,31 @@
+//! FedProx (Li et al. 2020): the server sends `proximal_mu`, each client adds
+//! `mu/2 ||w - w_global||^2` to its loss ([`crate::standard_fit`] reads it); the server step is
+//! FedAvg's.
+
+use fedfuse_core::{ConfigValue, Params, Record};
+
+use super::fedavg::example_weighted_mean;
+use crate::method::PROXIMAL_MU;
+use crate::{Aggregate, Method, Reply, Result};
+
+/// FedProx with coefficient `mu`.
+#[derive(Clone, Copy, Debug)]
+pub struct FedProx {
+    /// Proximal coefficient.
+    pub mu: f64,
+}
+
+impl Method for FedProx {
+    fn name(&self) -> &'static str {
+        "fedprox"
+    }
+
+    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
+        let base = super::FedAvg.instruct(round, client, global)?;
+        Ok(base.with_config(PROXIMAL_MU, ConfigValue::Float(self.mu)))
+    }
+
+    fn aggregate(&mut self, _round: usize, _global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        example_weighted_mean(replies)
+    }
+}

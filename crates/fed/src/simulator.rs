@@ -1,0 +1,277 @@
+//! The round loop, once: sample clients, instruct, fit in parallel, check, aggregate, evaluate.
+
+use std::time::Instant;
+
+use fedfuse_core::{Params, Record};
+use fedfuse_data::{ClientData, Dataset};
+use fedfuse_train::{TrainConfig, Trainer};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
+
+/// How many clients take part in a round.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClientsPerRound {
+    /// Exactly this many (at most all).
+    Count(usize),
+    /// This fraction of all clients, at least one (Flower's `fraction_train`).
+    Fraction(f64),
+}
+
+/// Simulation settings.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Communication rounds.
+    pub rounds: usize,
+    /// Clients per round.
+    pub clients_per_round: ClientsPerRound,
+    /// Seed of every random choice (client sampling, batches).
+    pub seed: u64,
+    /// Local training.
+    pub train: TrainConfig,
+    /// Evaluate the global model on every client's local test split each round.
+    pub local_eval: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            rounds: 5,
+            clients_per_round: ClientsPerRound::Fraction(1.0),
+            seed: 0,
+            train: TrainConfig::default(),
+            local_eval: true,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Clients sampled per round out of `n`, checking the setting.
+    pub fn sample_size(&self, n: usize) -> Result<usize> {
+        let bad = |reason: String| FedError::InvalidSetting {
+            field: "clients_per_round",
+            reason,
+        };
+        match self.clients_per_round {
+            ClientsPerRound::Count(0) => Err(bad("must be at least 1".into())),
+            ClientsPerRound::Count(c) => Ok(c.min(n)),
+            ClientsPerRound::Fraction(f) if f > 0.0 && f <= 1.0 => {
+                Ok(((f * n as f64).floor() as usize).clamp(1, n))
+            }
+            ClientsPerRound::Fraction(f) => Err(bad(format!(
+                "{f} is neither a count (integer) nor a fraction in (0, 1]"
+            ))),
+        }
+    }
+}
+
+/// A reply left out of the aggregate, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rejection {
+    /// Client id.
+    pub client: usize,
+    /// What was wrong.
+    pub reason: String,
+}
+
+/// What one round measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundMetrics {
+    /// Round, from 1.
+    pub round: usize,
+    /// Accuracy of the global model on the global test set.
+    pub global_accuracy: f64,
+    /// Mean cross-entropy of the global model on the global test set.
+    pub global_loss: f64,
+    /// Mean over clients of the global model's accuracy on each client's own test split
+    /// (NaN when local evaluation is off).
+    pub local_accuracy_mean: f64,
+    /// Mean training loss reported by the accepted clients, weighted by examples.
+    pub train_loss: f64,
+    /// Bytes of encoded replies (client to server).
+    pub bytes_up: u64,
+    /// Bytes of encoded instructions (server to client).
+    pub bytes_down: u64,
+    /// Parameters in the global model after the round.
+    pub global_params: usize,
+    /// Clients sampled.
+    pub clients: usize,
+    /// Replies left out of the aggregate.
+    pub rejected: Vec<Rejection>,
+    /// Wall time of the round in seconds.
+    pub seconds: f64,
+}
+
+/// A finished simulation.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// Per-round metrics.
+    pub rounds: Vec<RoundMetrics>,
+    /// The final global model.
+    pub params: Params,
+}
+
+/// Progress events, for a progress bar.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    /// A round starts with this many clients.
+    RoundStart {
+        /// Round, from 1.
+        round: usize,
+        /// Clients sampled.
+        clients: usize,
+    },
+    /// One client of the round finished.
+    ClientDone {
+        /// Round, from 1.
+        round: usize,
+    },
+    /// A round ended.
+    RoundEnd(&'a RoundMetrics),
+}
+
+/// One client's task: receive, fit, reply. Returns (bytes down, encoded reply).
+fn client_task(
+    method: &dyn Method,
+    round: usize,
+    id: usize,
+    global: &Params,
+    ctx: (&ClientData, &Trainer, &TrainConfig, u64),
+) -> Result<(usize, Vec<u8>)> {
+    let down = method.instruct(round, id, global)?.encode()?;
+    let received = Record::decode(&down)?;
+    let (data, trainer, train, seed) = ctx;
+    let ctx = ClientContext {
+        id,
+        data,
+        trainer,
+        train,
+        seed,
+    };
+    let up = method.fit(received, &ctx)?.encode()?;
+    Ok((down.len(), up))
+}
+
+/// Runs `cfg.rounds` rounds of `method` over `clients` from the global model `init`.
+///
+/// A client whose procedure fails, or whose reply is malformed (wrong layout, NaN/Inf), is
+/// left out of that round's aggregate and listed in [`RoundMetrics::rejected`]; the round goes
+/// on. When no reply is usable the global model is kept.
+pub fn simulate(
+    method: &mut dyn Method,
+    trainer: &Trainer,
+    clients: &[ClientData],
+    test: &Dataset,
+    init: Params,
+    cfg: &SimConfig,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+) -> Result<RunResult> {
+    cfg.train.check()?;
+    if clients.is_empty() {
+        return Err(FedError::InvalidSetting {
+            field: "clients",
+            reason: "no clients to federate".into(),
+        });
+    }
+    let k = cfg.sample_size(clients.len())?;
+    let mut global = init;
+    let mut rounds = Vec::with_capacity(cfg.rounds);
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    for round in 1..=cfg.rounds {
+        let started = Instant::now();
+        let mut sampled = rand::seq::index::sample(&mut rng, clients.len(), k).into_vec();
+        sampled.sort_unstable();
+        progress(Progress::RoundStart {
+            round,
+            clients: sampled.len(),
+        });
+
+        let shared: &dyn Method = method;
+        let outcomes: Vec<(usize, Result<(usize, Vec<u8>)>)> = sampled
+            .par_iter()
+            .map(|&id| {
+                let seed = derive_seed(cfg.seed, round, id);
+                let out = client_task(
+                    shared,
+                    round,
+                    id,
+                    &global,
+                    (&clients[id], trainer, &cfg.train, seed),
+                );
+                progress(Progress::ClientDone { round });
+                (id, out)
+            })
+            .collect();
+
+        let (mut bytes_up, mut bytes_down) = (0u64, 0u64);
+        let mut replies = Vec::with_capacity(outcomes.len());
+        let mut rejected = Vec::new();
+        for (client, out) in outcomes {
+            let checked = out.and_then(|(down, up)| {
+                bytes_down += down as u64;
+                bytes_up += up.len() as u64;
+                let record = Record::decode(&up)?;
+                method.check_reply(&global, &record)?;
+                Ok(record)
+            });
+            match checked {
+                Ok(record) => replies.push(Reply { client, record }),
+                Err(e) => rejected.push(Rejection {
+                    client,
+                    reason: e.to_string(),
+                }),
+            }
+        }
+
+        let examples: f64 = replies.iter().map(|r| r.record.num_examples as f64).sum();
+        let train_loss = replies
+            .iter()
+            .filter_map(|r| {
+                let loss = r.record.metrics.get("train_loss")?;
+                Some(loss * r.record.num_examples as f64)
+            })
+            .sum::<f64>()
+            / examples.max(1.0);
+        if !replies.is_empty()
+            && let Aggregate::Replace(next) = method.aggregate(round, &global, &replies)?
+        {
+            global = next;
+        }
+        drop(replies);
+
+        let eval = trainer.evaluate(&global, test)?;
+        let local_accuracy_mean = if cfg.local_eval {
+            let accs = clients
+                .par_iter()
+                .filter(|c| !c.test.is_empty())
+                .map(|c| trainer.evaluate(&global, &c.test).map(|e| e.accuracy))
+                .collect::<std::result::Result<Vec<f64>, _>>()?;
+            accs.iter().sum::<f64>() / accs.len().max(1) as f64
+        } else {
+            f64::NAN
+        };
+        let metrics = RoundMetrics {
+            round,
+            global_accuracy: eval.accuracy,
+            global_loss: eval.loss,
+            local_accuracy_mean,
+            train_loss,
+            bytes_up,
+            bytes_down,
+            global_params: global.num_values(),
+            clients: sampled.len(),
+            rejected,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        progress(Progress::RoundEnd(&metrics));
+        rounds.push(metrics);
+    }
+    Ok(RunResult {
+        rounds,
+        params: global,
+    })
+}

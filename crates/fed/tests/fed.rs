@@ -1,0 +1,157 @@
+//! Federation on real data (the bundled UCI digits): robustness, rejection, determinism.
+
+use fedfuse_core::{ModelSpec, Params, Record};
+use fedfuse_data::{ClientData, PartitionSpec, TrainTest, client_splits, load_dataset, partition};
+use fedfuse_fed::{
+    Aggregate, ClientContext, FedAvg, FedMedian, FedProx, Method, MethodConfig, Reply, Result,
+    SimConfig, simulate,
+};
+use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+fn setup(clients: usize) -> (TrainTest, Vec<ClientData>, Trainer, Params) {
+    let data = load_dataset("digits", None).unwrap();
+    let mut rng = StdRng::seed_from_u64(3);
+    let parts = partition(&data.train.y, 10, clients, &PartitionSpec::Iid, &mut rng).unwrap();
+    let splits = client_splits(&data.train, &parts, 0.2, &mut rng).unwrap();
+    let spec = ModelSpec::mlp(64, &[32], 10);
+    let init = init_params(&spec, Init::Default, 11);
+    (data, splits, Trainer::new(spec).unwrap(), init)
+}
+
+fn sim(rounds: usize) -> SimConfig {
+    SimConfig {
+        rounds,
+        seed: 5,
+        train: TrainConfig {
+            lr: 0.05,
+            epochs: 2,
+            batch_size: 16,
+            optimizer: fedfuse_train::OptimizerConfig::Sgd {
+                momentum: 0.9,
+                weight_decay: 0.0,
+            },
+        },
+        ..SimConfig::default()
+    }
+}
+
+/// Wraps a method; client `bad` replies with `corrupt(params)` instead of its real update.
+struct Faulty<M> {
+    inner: M,
+    bad: usize,
+    corrupt: fn(&mut Params),
+}
+
+impl<M: Method> Method for Faulty<M> {
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
+        self.inner.instruct(round, client, global)
+    }
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        let mut reply = self.inner.fit(instruction, ctx)?;
+        if ctx.id == self.bad {
+            (self.corrupt)(&mut reply.params);
+        }
+        Ok(reply)
+    }
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        self.inner.aggregate(round, global, replies)
+    }
+}
+
+fn blow_up(p: &mut Params) {
+    for (_, t) in p.iter_mut() {
+        t.data.iter_mut().for_each(|v| *v = 1e4);
+    }
+}
+
+fn nan(p: &mut Params) {
+    if let Some((_, t)) = p.iter_mut().next() {
+        t.data[0] = f32::NAN;
+    }
+}
+
+#[test]
+fn fedmedian_ignores_one_wild_client_where_fedavg_does_not() {
+    let (data, clients, trainer, init) = setup(7);
+    let cfg = sim(3);
+    let run = |method: &mut dyn Method| {
+        simulate(method, &trainer, &clients, &data.test, init.clone(), &cfg, &|_| {})
+            .unwrap()
+            .rounds
+            .last()
+            .unwrap()
+            .global_accuracy
+    };
+    let clean_median = run(&mut FedMedian);
+    let attacked_median = run(&mut Faulty {
+        inner: FedMedian,
+        bad: 2,
+        corrupt: blow_up,
+    });
+    let attacked_avg = run(&mut Faulty {
+        inner: FedAvg,
+        bad: 2,
+        corrupt: blow_up,
+    });
+    assert!(clean_median > 0.85, "clean FedMedian {clean_median}");
+    assert!(
+        attacked_median > 0.85 && (clean_median - attacked_median).abs() < 0.05,
+        "FedMedian under attack {attacked_median} vs clean {clean_median}"
+    );
+    assert!(attacked_avg < 0.3, "FedAvg under attack should collapse: {attacked_avg}");
+}
+
+#[test]
+fn nan_reply_is_rejected_and_the_round_goes_on() {
+    let (data, clients, trainer, init) = setup(5);
+    let cfg = sim(3);
+    let mut method = Faulty {
+        inner: FedAvg,
+        bad: 1,
+        corrupt: nan,
+    };
+    let run = simulate(&mut method, &trainer, &clients, &data.test, init, &cfg, &|_| {}).unwrap();
+    for r in &run.rounds {
+        assert_eq!(r.rejected.len(), 1, "round {}", r.round);
+        assert_eq!(r.rejected[0].client, 1);
+        assert!(r.rejected[0].reason.contains("non-finite"), "{}", r.rejected[0].reason);
+    }
+    let acc = run.rounds[2].global_accuracy;
+    assert!(acc > 0.85, "accuracy {acc} with one client rejected");
+    assert!(run.params.check_finite().is_ok());
+}
+
+#[test]
+fn same_seed_same_run() {
+    let (data, clients, trainer, init) = setup(6);
+    let mut cfg = sim(2);
+    cfg.clients_per_round = fedfuse_fed::ClientsPerRound::Count(4);
+    let go = || {
+        let mut m = MethodConfig::FedProx { mu: 0.1 }.build().unwrap();
+        simulate(m.as_mut(), &trainer, &clients, &data.test, init.clone(), &cfg, &|_| {}).unwrap()
+    };
+    let (a, b) = (go(), go());
+    assert_eq!(a.params, b.params);
+    for (x, y) in a.rounds.iter().zip(&b.rounds) {
+        assert_eq!(x.global_accuracy, y.global_accuracy);
+        assert_eq!(x.bytes_up, y.bytes_up);
+        assert_eq!(x.clients, 4);
+    }
+}
+
+#[test]
+fn traffic_is_the_encoded_size() {
+    let (data, clients, trainer, init) = setup(4);
+    let run = simulate(&mut FedProx { mu: 0.01 }, &trainer, &clients, &data.test, init.clone(), &sim(1), &|_| {})
+        .unwrap();
+    let r = &run.rounds[0];
+    // Each message carries at least the model's f32 values, plus a small header.
+    let model_bytes = 4 * init.num_values() as u64;
+    assert!(r.bytes_down >= 4 * model_bytes && r.bytes_down < 4 * (model_bytes + 1024));
+    assert!(r.bytes_up >= 4 * model_bytes && r.bytes_up < 4 * (model_bytes + 1024));
+}

@@ -1,0 +1,138 @@
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, TrainError};
+
+/// Local optimizer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "name", rename_all = "lowercase", deny_unknown_fields)]
+pub enum OptimizerConfig {
+    /// Stochastic gradient descent (PyTorch semantics: no dampening).
+    Sgd {
+        /// Heavy-ball momentum, 0 for none.
+        #[serde(default)]
+        momentum: f64,
+        /// L2 weight decay added to the gradient.
+        #[serde(default)]
+        weight_decay: f64,
+    },
+    /// Adam, or AMSGrad with `amsgrad = true`.
+    Adam {
+        /// First-moment decay.
+        #[serde(default = "beta1")]
+        beta1: f64,
+        /// Second-moment decay.
+        #[serde(default = "beta2")]
+        beta2: f64,
+        /// Numerical stabiliser.
+        #[serde(default = "eps")]
+        eps: f64,
+        /// L2 weight decay added to the gradient.
+        #[serde(default)]
+        weight_decay: f64,
+        /// Use the AMSGrad variant.
+        #[serde(default)]
+        amsgrad: bool,
+    },
+}
+
+fn beta1() -> f64 {
+    0.9
+}
+fn beta2() -> f64 {
+    0.999
+}
+fn eps() -> f64 {
+    1e-8
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self::Sgd {
+            momentum: 0.0,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// How one client trains locally.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// The optimizer.
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+    /// Learning rate.
+    #[serde(default = "lr")]
+    pub lr: f64,
+    /// Passes over the local data.
+    #[serde(default = "epochs")]
+    pub epochs: usize,
+    /// Mini-batch size (the last batch of an epoch may be smaller).
+    #[serde(default = "batch_size")]
+    pub batch_size: usize,
+}
+
+fn lr() -> f64 {
+    0.01
+}
+fn epochs() -> usize {
+    1
+}
+fn batch_size() -> usize {
+    32
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerConfig::default(),
+            lr: lr(),
+            epochs: epochs(),
+            batch_size: batch_size(),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks every setting once; training trusts them afterwards.
+    pub fn check(&self) -> Result<()> {
+        let bad = |field, reason: String| Err(TrainError::InvalidConfig { field, reason });
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("train.lr", format!("{} is not a positive number", self.lr));
+        }
+        if self.batch_size == 0 {
+            return bad("train.batch_size", "must be at least 1".into());
+        }
+        match &self.optimizer {
+            OptimizerConfig::Sgd {
+                momentum,
+                weight_decay,
+            } => {
+                if !(0.0..1.0).contains(momentum) {
+                    return bad("train.optimizer.momentum", format!("{momentum} is not in [0, 1)"));
+                }
+                if !(*weight_decay >= 0.0) {
+                    return bad("train.optimizer.weight_decay", format!("{weight_decay} is negative"));
+                }
+            }
+            OptimizerConfig::Adam {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+                ..
+            } => {
+                if !(0.0..1.0).contains(beta1) || !(0.0..1.0).contains(beta2) {
+                    return bad("train.optimizer.beta1", "betas must lie in [0, 1)".into());
+                }
+                if !(*eps > 0.0) {
+                    return bad("train.optimizer.eps", format!("{eps} is not positive"));
+                }
+                if !(*weight_decay >= 0.0) {
+                    return bad("train.optimizer.weight_decay", format!("{weight_decay} is negative"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,33 @@
+/// Errors of `fedfuse-train`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    /// Parameters do not fit the model.
+    #[error(transparent)]
+    Core(#[from] fedfuse_core::CoreError),
+    /// The data does not fit the model.
+    #[error("data does not fit the model: {0}")]
+    DataMismatch(String),
+    /// A training setting is invalid.
+    #[error("invalid training setting `{field}`: {reason}")]
+    InvalidConfig {
+        /// The setting, as named in the config file (`train.lr`, ...).
+        field: &'static str,
+        /// Why it is invalid and what would be valid.
+        reason: String,
+    },
+    /// Training diverged.
+    #[error("training diverged (loss {loss}) at epoch {epoch}; lower train.lr")]
+    Diverged {
+        /// The non-finite loss.
+        loss: f64,
+        /// Epoch, from 1.
+        epoch: usize,
+    },
+    /// The tensor library failed to hand back values.
+    #[error("tensor library: {0}")]
+    Backend(String),
+}
+
+/// Result with [`TrainError`].
+pub type Result<T> = std::result::Result<T, TrainError>;

@@ -1,0 +1,31 @@
+//! Local training for fedfuse: the only crate that touches the tensor library (burn).
+//!
+//! A [`Trainer`] builds a network from a [`ModelSpec`](fedfuse_core::ModelSpec), loads
+//! [`Params`](fedfuse_core::Params) into it, trains on a client's data (SGD with momentum and
+//! weight decay, or Adam/AMSGrad; optional proximal term `mu/2 ||w - w_anchor||^2`) and reads
+//! the parameters back. Continuing from a given model is the normal case:
+//!
+//! ```no_run
+//! use fedfuse_core::ModelSpec;
+//! use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
+//! # fn demo(data: &fedfuse_data::Dataset) -> fedfuse_train::Result<()> {
+//! let trainer = Trainer::new(ModelSpec::mlp(64, &[32], 10))?;
+//! let start = init_params(trainer.spec(), Init::Default, 7);
+//! let fitted = trainer.fit_with(&start, data, &TrainConfig::default(), None, 7)?;
+//! let eval = trainer.evaluate(&fitted.params, data)?;
+//! println!("accuracy {:.3}", eval.accuracy);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod error;
+mod init;
+mod net;
+mod params;
+mod trainer;
+
+pub use config::{OptimizerConfig, TrainConfig};
+pub use error::{Result, TrainError};
+pub use init::{Init, init_params};
+pub use trainer::{Evaluation, Fitted, Trainer};

@@ -1,0 +1,57 @@
+//! The networks, as burn modules. Their parameters are read and written in `params.rs` only.
+
+use burn::module::Module;
+use burn::nn::conv::Conv2d;
+use burn::nn::pool::MaxPool2d;
+use burn::nn::Linear;
+use burn::tensor::Tensor;
+use burn::tensor::activation::relu;
+
+/// Fully connected network, ReLU between layers.
+#[derive(Module, Debug)]
+pub(crate) struct Mlp {
+    pub(crate) layers: Vec<Linear>,
+}
+
+impl Mlp {
+    pub(crate) fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let last = self.layers.len().saturating_sub(1);
+        let mut x = x;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(x);
+            if i < last {
+                x = relu(x);
+            }
+        }
+        x
+    }
+}
+
+/// LeNet-5: conv(6@5x5) - pool - conv(16@5x5) - pool - 120 - 84 - classes, ReLU.
+#[derive(Module, Debug)]
+pub(crate) struct LeNet5 {
+    pub(crate) conv1: Conv2d,
+    pub(crate) conv2: Conv2d,
+    pub(crate) pool: MaxPool2d,
+    pub(crate) fc1: Linear,
+    pub(crate) fc2: Linear,
+    pub(crate) fc3: Linear,
+}
+
+impl LeNet5 {
+    pub(crate) fn forward(&self, x: Tensor<4>) -> Tensor<2> {
+        let x = self.pool.forward(relu(self.conv1.forward(x)));
+        let x = self.pool.forward(relu(self.conv2.forward(x)));
+        let x: Tensor<2> = x.flatten(1, 3);
+        let x = relu(self.fc1.forward(x));
+        let x = relu(self.fc2.forward(x));
+        self.fc3.forward(x)
+    }
+}
+
+/// Either network.
+#[derive(Module, Debug)]
+pub(crate) enum Net {
+    Mlp(Mlp),
+    LeNet5(LeNet5),
+}

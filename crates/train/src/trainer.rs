@@ -1,0 +1,241 @@
+use burn::module::Module;
+use burn::optim::decay::WeightDecayConfig;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use fedfuse_core::{ModelSpec, Params};
+use fedfuse_data::Dataset;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use crate::net::Net;
+use crate::{OptimizerConfig, Result, TrainConfig, TrainError, params};
+
+/// Trains and evaluates one architecture.
+#[derive(Clone, Debug)]
+pub struct Trainer {
+    spec: ModelSpec,
+}
+
+/// The outcome of local training.
+#[derive(Clone, Debug)]
+pub struct Fitted {
+    /// The trained parameters.
+    pub params: Params,
+    /// Mean training loss over the last epoch (without the proximal term).
+    pub loss: f64,
+    /// Optimizer steps taken.
+    pub steps: usize,
+    /// Training examples seen per epoch.
+    pub examples: usize,
+}
+
+/// Accuracy and mean cross-entropy on a dataset.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    /// Fraction of samples whose arg-max class is the label.
+    pub accuracy: f64,
+    /// Mean cross-entropy (natural log).
+    pub loss: f64,
+    /// Samples evaluated.
+    pub n: usize,
+}
+
+const EVAL_BATCH: usize = 1024;
+
+impl Trainer {
+    /// A trainer for `spec`.
+    pub fn new(spec: ModelSpec) -> Result<Self> {
+        spec.validate()?;
+        Ok(Self { spec })
+    }
+
+    /// The architecture.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn check_data(&self, data: &Dataset) -> Result<()> {
+        if data.dim() != self.spec.input_len() {
+            return Err(TrainError::DataMismatch(format!(
+                "samples have {} values ({:?}) but the model takes {}",
+                data.dim(),
+                data.sample_shape,
+                self.spec.input_len()
+            )));
+        }
+        if data.num_classes > self.spec.classes() {
+            return Err(TrainError::DataMismatch(format!(
+                "the data has {} classes but the model outputs {}",
+                data.num_classes,
+                self.spec.classes()
+            )));
+        }
+        Ok(())
+    }
+
+    fn logits(&self, net: &Net, x: Vec<f32>, b: usize, device: &Device) -> Tensor<2> {
+        match (net, &self.spec) {
+            (Net::LeNet5(m), ModelSpec::LeNet5 { channels, side, .. }) => {
+                m.forward(Tensor::from_data(
+                    TensorData::new(x, [b, *channels, *side, *side]),
+                    device,
+                ))
+            }
+            (Net::Mlp(m), _) => m.forward(Tensor::from_data(
+                TensorData::new(x, [b, self.spec.input_len()]),
+                device,
+            )),
+            (Net::LeNet5(m), _) => m.forward(Tensor::from_data(
+                TensorData::new(x, [b, 1, 28, 28]),
+                device,
+            )),
+        }
+    }
+
+    /// Trains from `start` on `data` for `cfg.epochs` epochs.
+    ///
+    /// With `prox = Some((anchor, mu))` the loss gains `mu/2 ||w - anchor||^2` (FedProx).
+    /// Batches are drawn from a generator seeded with `seed`: same inputs, same result.
+    pub fn fit_with(
+        &self,
+        start: &Params,
+        data: &Dataset,
+        cfg: &TrainConfig,
+        prox: Option<(&Params, f64)>,
+        seed: u64,
+    ) -> Result<Fitted> {
+        cfg.check()?;
+        self.check_data(data)?;
+        if data.is_empty() {
+            return Err(TrainError::DataMismatch("no training samples".into()));
+        }
+        let device = Device::flex().autodiff();
+        let mut net = params::build(&self.spec, start, &device)?;
+        let anchor = match prox {
+            Some((anchor, mu)) if mu > 0.0 => {
+                Some((params::build(&self.spec, anchor, &device)?.no_grad(), mu))
+            }
+            _ => None,
+        };
+        let mut optim = optimizer(&cfg.optimizer);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut order: Vec<usize> = (0..data.len()).collect();
+        let dim = data.dim();
+        let mut steps = 0;
+        let mut last_loss = f64::NAN;
+        for epoch in 1..=cfg.epochs {
+            order.shuffle(&mut rng);
+            let mut loss_sum = 0.0;
+            for batch in order.chunks(cfg.batch_size) {
+                let b = batch.len();
+                let mut x = Vec::with_capacity(b * dim);
+                let mut y = Vec::with_capacity(b);
+                for &i in batch {
+                    x.extend_from_slice(data.sample(i));
+                    y.push(i64::from(data.y[i]));
+                }
+                let logits = self.logits(&net, x, b, &device);
+                let targets: Tensor<2, Int> =
+                    Tensor::from_data(TensorData::new(y, [b, 1]), &device);
+                let nll = log_softmax(logits, 1).gather(1, targets).neg().mean();
+                loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * b as f64;
+                let loss = match &anchor {
+                    Some((a, mu)) => nll + params::sq_distance(&net, a).mul_scalar(mu / 2.0),
+                    None => nll,
+                };
+                let grads = GradientsParams::from_grads(loss.backward(), &net);
+                net = optim.step(cfg.lr, net, grads);
+                steps += 1;
+            }
+            last_loss = loss_sum / data.len() as f64;
+            if !last_loss.is_finite() {
+                return Err(TrainError::Diverged {
+                    loss: last_loss,
+                    epoch,
+                });
+            }
+        }
+        Ok(Fitted {
+            params: params::read(&net)?,
+            loss: last_loss,
+            steps,
+            examples: data.len(),
+        })
+    }
+
+    /// Accuracy and mean loss of `params` on `data`.
+    pub fn evaluate(&self, params: &Params, data: &Dataset) -> Result<Evaluation> {
+        self.check_data(data)?;
+        let device = Device::flex();
+        let net = params::build(&self.spec, params, &device)?;
+        let classes = self.spec.classes();
+        let mut correct = 0usize;
+        let mut loss = 0.0f64;
+        let dim = data.dim();
+        for start in (0..data.len()).step_by(EVAL_BATCH) {
+            let end = (start + EVAL_BATCH).min(data.len());
+            let b = end - start;
+            let x = data.x[start * dim..end * dim].to_vec();
+            let logits = self
+                .logits(&net, x, b, &device)
+                .into_data()
+                .try_into_vec::<f32>()
+                .map_err(|e| TrainError::Backend(format!("{e:?}")))?;
+            for (row, &label) in logits.chunks_exact(classes).zip(&data.y[start..end]) {
+                let (arg, max) = row
+                    .iter()
+                    .enumerate()
+                    .fold((0, f32::NEG_INFINITY), |(ai, am), (i, &v)| {
+                        if v > am { (i, v) } else { (ai, am) }
+                    });
+                correct += usize::from(arg == label as usize);
+                let lse = f64::from(max)
+                    + row
+                        .iter()
+                        .map(|&v| f64::from(v - max).exp())
+                        .sum::<f64>()
+                        .ln();
+                loss += lse - f64::from(row[label as usize]);
+            }
+        }
+        let n = data.len();
+        Ok(Evaluation {
+            accuracy: if n == 0 { 0.0 } else { correct as f64 / n as f64 },
+            loss: if n == 0 { 0.0 } else { loss / n as f64 },
+            n,
+        })
+    }
+}
+
+fn optimizer(cfg: &OptimizerConfig) -> ModuleOptimizer {
+    let decay = |wd: f64| (wd > 0.0).then(|| WeightDecayConfig::new(wd as f32));
+    match cfg {
+        OptimizerConfig::Sgd {
+            momentum,
+            weight_decay,
+        } => SgdConfig::new()
+            .with_momentum((*momentum > 0.0).then(|| {
+                MomentumConfig::new()
+                    .with_momentum(*momentum)
+                    .with_dampening(0.0)
+            }))
+            .with_weight_decay(decay(*weight_decay))
+            .init(),
+        OptimizerConfig::Adam {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            amsgrad,
+        } => AdamConfig::new()
+            .with_beta_1(*beta1 as f32)
+            .with_beta_2(*beta2 as f32)
+            .with_epsilon(*eps as f32)
+            .with_amsgrad(*amsgrad)
+            .with_weight_decay(decay(*weight_decay))
+            .init(),
+    }
+}

@@ -50,7 +50,7 @@ fn yes() -> bool {
     true
 }
 fn iid() -> PartitionSpec {
-    PartitionSpec::Iid
+    PartitionSpec::Iid {}
 }
 
 /// `[dataset]`

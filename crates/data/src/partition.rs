@@ -18,7 +18,7 @@ const DIRICHLET_TRIES: usize = 10;
 pub enum PartitionSpec {
     /// IID: a global shuffle, then contiguous blocks whose sizes differ by at most one
     /// (Flower's `IidPartitioner`).
-    Iid,
+    Iid {},
     /// Label skew by a Dirichlet prior per class (Flower's `DirichletPartitioner`, the PFNM
     /// "hetero-dir" scheme). Smaller `alpha` gives more skewed clients.
     ///
@@ -104,7 +104,7 @@ pub fn partition(
         ));
     }
     let mut parts = match *spec {
-        PartitionSpec::Iid => iid(n, clients, rng),
+        PartitionSpec::Iid {} => iid(n, clients, rng),
         PartitionSpec::Dirichlet {
             alpha,
             min_partition_size,

@@ -9,7 +9,7 @@
 //! use fedfuse_fed::{MethodConfig, SimConfig, simulate};
 //! # fn demo(clients: &[fedfuse_data::ClientData], test: &fedfuse_data::Dataset,
 //! #         trainer: &fedfuse_train::Trainer, init: fedfuse_core::Params) -> fedfuse_fed::Result<()> {
-//! let mut method = MethodConfig::FedAvg.build()?;
+//! let mut method = MethodConfig::FedAvg {}.build()?;
 //! let run = simulate(method.as_mut(), trainer, clients, test, init, &SimConfig::default(), &|_| {})?;
 //! println!("final accuracy {:.3}", run.rounds.last().map_or(0.0, |r| r.global_accuracy));
 //! # Ok(()) }

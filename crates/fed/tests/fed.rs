@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 fn setup(clients: usize) -> (TrainTest, Vec<ClientData>, Trainer, Params) {
     let data = load_dataset("digits", None).unwrap();
     let mut rng = StdRng::seed_from_u64(3);
-    let parts = partition(&data.train.y, 10, clients, &PartitionSpec::Iid, &mut rng).unwrap();
+    let parts = partition(&data.train.y, 10, clients, &PartitionSpec::Iid {}, &mut rng).unwrap();
     let splits = client_splits(&data.train, &parts, 0.2, &mut rng).unwrap();
     let spec = ModelSpec::mlp(64, &[32], 10);
     let init = init_params(&spec, Init::Default, 11);

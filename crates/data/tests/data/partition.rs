@@ -43,7 +43,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let clients = clients.min(labels.len());
-        let parts = partition(&labels, 5, clients, &PartitionSpec::Iid, &mut rng(seed)).unwrap();
+        let parts = partition(&labels, 5, clients, &PartitionSpec::Iid {}, &mut rng(seed)).unwrap();
         prop_assert_eq!(parts.len(), clients);
         prop_assert!(is_exact_cover(&parts, labels.len()));
         let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
@@ -69,7 +69,7 @@ proptest! {
     fn partitions_are_deterministic(seed in any::<u64>(), which in 0usize..4) {
         let labels: Vec<u32> = (0..500u32).map(|i| (i * 7 + i / 3) % 10).collect();
         let spec = [
-            PartitionSpec::Iid,
+            PartitionSpec::Iid {},
             PartitionSpec::dirichlet(0.5),
             PartitionSpec::Pathological { classes_per_client: 3 },
             PartitionSpec::Shards { shards_per_client: 2, shard_size: 20 },
@@ -241,8 +241,8 @@ fn error_cases() {
         assert!(matches!(e, DataError::Partition(_)), "{e:?}");
         e.to_string()
     };
-    assert!(err(0, PartitionSpec::Iid).contains("0 clients"));
-    assert!(err(5, PartitionSpec::Iid).contains("at most 4"));
+    assert!(err(0, PartitionSpec::Iid {}).contains("0 clients"));
+    assert!(err(5, PartitionSpec::Iid {}).contains("at most 4"));
     assert!(err(2, PartitionSpec::dirichlet(0.0)).contains("alpha"));
     assert!(
         err(
@@ -284,7 +284,7 @@ fn error_cases() {
         .contains("at least 1")
     );
     assert!(
-        partition(&labels, 2, 2, &PartitionSpec::Iid, &mut rng(0))
+        partition(&labels, 2, 2, &PartitionSpec::Iid {}, &mut rng(0))
             .unwrap_err()
             .to_string()
             .contains("label 2")
@@ -301,7 +301,7 @@ fn client_splits_split_each_partition() {
         3,
     )
     .unwrap();
-    let parts = partition(&ds.y, 3, 4, &PartitionSpec::Iid, &mut rng(1)).unwrap();
+    let parts = partition(&ds.y, 3, 4, &PartitionSpec::Iid {}, &mut rng(1)).unwrap();
     let clients = client_splits(&ds, &parts, 0.2, &mut rng(2)).unwrap();
     assert_eq!(clients.len(), 4);
     for (c, p) in clients.iter().zip(&parts) {

@@ -19,14 +19,14 @@ use crate::{FedError, Method, Result};
 #[serde(tag = "name", rename_all = "lowercase", deny_unknown_fields)]
 pub enum MethodConfig {
     /// FedAvg: mean weighted by examples (hard-EM with a Gaussian prior).
-    FedAvg,
+    FedAvg {},
     /// FedProx: FedAvg whose clients add `mu/2 ||w - w_global||^2`.
     FedProx {
         /// Proximal coefficient.
         mu: f64,
     },
     /// FedMedian: coordinate-wise median (hard-EM with a Laplace prior).
-    FedMedian,
+    FedMedian {},
     /// FedTrimmedAvg: coordinate-wise mean without the `beta` tails.
     FedTrimmedAvg {
         /// Fraction cut at each end, in [0, 0.5).
@@ -43,7 +43,7 @@ impl MethodConfig {
     /// Checks the settings and builds the method.
     pub fn build(&self) -> Result<Box<dyn Method>> {
         Ok(match self {
-            Self::FedAvg => Box::new(FedAvg),
+            Self::FedAvg {} => Box::new(FedAvg),
             Self::FedProx { mu } => {
                 if !(mu.is_finite() && *mu >= 0.0) {
                     return Err(FedError::InvalidSetting {
@@ -53,7 +53,7 @@ impl MethodConfig {
                 }
                 Box::new(FedProx { mu: *mu })
             }
-            Self::FedMedian => Box::new(FedMedian),
+            Self::FedMedian {} => Box::new(FedMedian),
             Self::FedTrimmedAvg { beta } => {
                 if !(0.0..0.5).contains(beta) {
                     return Err(FedError::InvalidSetting {

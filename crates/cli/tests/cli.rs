@@ -1,0 +1,177 @@
+//! The `fedfuse` binary end to end, on real data.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn mnist_dir() -> PathBuf {
+    repo().join("../shared/data/mnist")
+}
+
+fn fedfuse(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fedfuse"))
+        .args(args)
+        .current_dir(repo())
+        // Keep tests away from the user's cache.
+        .env("FEDFUSE_DATA", std::env::temp_dir().join("fedfuse-test-empty-cache"))
+        .output()
+        .expect("the fedfuse binary runs")
+}
+
+fn run_ok(config: &str, out: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["run", config, "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = fedfuse(&args);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "fedfuse {args:?} failed:\n{stderr}");
+    // Not a terminal: plain progress lines.
+    assert!(stderr.contains("round 1/"), "{stderr}");
+    let text = std::fs::read_to_string(out.join("results.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn final_accuracy(results: &Value) -> f64 {
+    results["final"]["global_accuracy"].as_f64().unwrap()
+}
+
+#[test]
+fn quickstart_on_bundled_digits() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = run_ok("examples/quickstart.toml", dir.path(), &[]);
+    let acc = final_accuracy(&results);
+    assert!(acc >= 0.90, "quickstart accuracy {acc}");
+    for f in [
+        "config.toml",
+        "results.json",
+        "metrics.csv",
+        "model.safetensors",
+        "accuracy_vs_round.png",
+        "accuracy_vs_round.svg",
+        "accuracy_vs_bytes.png",
+        "accuracy_vs_bytes.svg",
+    ] {
+        let meta = std::fs::metadata(dir.path().join(f)).unwrap();
+        assert!(meta.len() > 0, "{f} is empty");
+    }
+    let rounds = results["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 20);
+    for key in [
+        "round",
+        "global_accuracy",
+        "global_loss",
+        "local_accuracy_mean",
+        "bytes_up",
+        "bytes_down",
+        "global_params",
+        "seconds",
+        "rejected",
+    ] {
+        assert!(rounds[0].get(key).is_some(), "rounds[0] lacks {key}");
+    }
+    assert_eq!(rounds[0]["global_params"].as_u64(), Some(64 * 64 + 64 + 64 * 10 + 10));
+    let total: u64 = rounds
+        .iter()
+        .map(|r| r["bytes_up"].as_u64().unwrap() + r["bytes_down"].as_u64().unwrap())
+        .sum();
+    assert_eq!(results["final"]["bytes_total"].as_u64(), Some(total));
+    let csv = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 21);
+    // The saved model is the final global model and loads back.
+    let params = fedfuse_core::load_safetensors(&dir.path().join("model.safetensors")).unwrap();
+    assert_eq!(params.names()[0], "layers.0.weight");
+    assert_eq!(params.tensor_at(0).unwrap().shape, vec![64, 64]);
+}
+
+#[test]
+fn same_config_and_seed_give_identical_results() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let set = ["--set", "rounds=4", "--set", "clients_per_round=6"];
+    let strip = |mut v: Value| {
+        for r in v["rounds"].as_array_mut().unwrap() {
+            r.as_object_mut().unwrap().remove("seconds");
+        }
+        v["final"].as_object_mut().unwrap().remove("seconds_total");
+        v
+    };
+    let ra = strip(run_ok("examples/quickstart.toml", a.path(), &set));
+    let rb = strip(run_ok("examples/quickstart.toml", b.path(), &set));
+    assert_eq!(ra, rb);
+    assert_eq!(
+        std::fs::read(a.path().join("model.safetensors")).unwrap(),
+        std::fs::read(b.path().join("model.safetensors")).unwrap()
+    );
+    let other = tempfile::tempdir().unwrap();
+    let rc = strip(run_ok(
+        "examples/quickstart.toml",
+        other.path(),
+        &[&set[..], &["--set", "seed=7"]].concat(),
+    ));
+    assert_ne!(ra["rounds"], rc["rounds"]);
+}
+
+#[test]
+fn mnist_fedavg_iid_and_dirichlet() {
+    let data = mnist_dir();
+    let data = data.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let iid = run_ok("examples/mnist-fedavg.toml", dir.path(), &["--data-dir", data]);
+    let acc = final_accuracy(&iid);
+    assert!(acc >= 0.95, "MNIST IID FedAvg accuracy {acc}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let dirichlet = run_ok(
+        "examples/mnist-fedprox-dirichlet.toml",
+        dir.path(),
+        &["--data-dir", data, "--set", "method={name=\"fedavg\"}"],
+    );
+    assert_eq!(dirichlet["config"]["method"]["name"], "fedavg");
+    assert_eq!(dirichlet["config"]["partition"]["alpha"], 0.5);
+    let acc = final_accuracy(&dirichlet);
+    assert!(acc >= 0.90, "MNIST Dirichlet(0.5) FedAvg accuracy {acc}");
+}
+
+#[test]
+fn bad_input_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let check = |args: &[&str], needles: &[&str]| {
+        let o = fedfuse(args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        for n in needles {
+            assert!(stderr.contains(n), "{args:?}: `{n}` not in:\n{stderr}");
+        }
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    };
+    check(
+        &["run", "examples/quickstart.toml", "--out", out, "--set", "train.learnig_rate=0.1"],
+        &["learnig_rate"],
+    );
+    check(
+        &["run", "examples/quickstart.toml", "--out", out, "--set", "partition.kind=iid"],
+        &["alpha"],
+    );
+    check(
+        &["run", "examples/mnist-fedavg.toml", "--out", out],
+        &["fedfuse data get mnist"],
+    );
+    check(
+        &["run", "examples/quickstart.toml", "--out", out, "--set", "clients=5000"],
+        &["5000"],
+    );
+    check(&["run", "no-such.toml", "--out", out], &["no-such.toml"]);
+    check(&["data", "verify", "mnist", "--dir", out], &["fedfuse data get mnist"]);
+}
+
+#[test]
+fn data_verify_accepts_the_shared_mnist() {
+    let o = fedfuse(&["data", "verify", "mnist", "--dir", mnist_dir().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok")).count(), 4, "{stdout}");
+}

@@ -281,7 +281,9 @@ fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
     }
     let raw = raw.trim();
     let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
-        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
         Err(_) => toml::Value::String(raw.to_string()),
     };
     let (last, parents) = keys.split_last().context("empty --set key")?;
@@ -352,6 +354,12 @@ hidden = [16]
     fn ranges_are_checked() {
         assert!(Config::parse(BASE, &["rounds=0".into()]).is_err());
         assert!(Config::parse(BASE, &["train.lr=-1".into()]).is_err());
-        assert!(Config::parse(BASE, &["method.name=fedtrimmedavg".into(), "method.beta=0.7".into()]).is_err());
+        assert!(
+            Config::parse(
+                BASE,
+                &["method.name=fedtrimmedavg".into(), "method.beta=0.7".into()]
+            )
+            .is_err()
+        );
     }
 }

@@ -3,7 +3,9 @@
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use fedfuse_data::{DownloadEvent, VerifyStatus, dataset_info, default_dataset_dir, known_datasets};
+use fedfuse_data::{
+    DownloadEvent, VerifyStatus, dataset_info, default_dataset_dir, known_datasets,
+};
 
 use crate::cli::DataCommand;
 
@@ -14,7 +16,10 @@ pub fn run(cmd: DataCommand) -> Result<ExitCode> {
             let dir = dir.unwrap_or_else(|| default_dataset_dir(&name));
             dataset_info(&name)?;
             fedfuse_data::download(&name, &dir, &mut |e| print_event(&e))?;
-            eprintln!("{name}: all files present and verified in {}", dir.display());
+            eprintln!(
+                "{name}: all files present and verified in {}",
+                dir.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         DataCommand::Verify { name, dir } => {

@@ -48,7 +48,10 @@ where
         .draw()
         .map_err(err)?;
     chart
-        .draw_series(LineSeries::new(s.points.iter().copied(), BLUE.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            s.points.iter().copied(),
+            BLUE.stroke_width(2),
+        ))
         .map_err(err)?;
     chart
         .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
@@ -92,9 +95,15 @@ pub fn write_plots(out: &Path, rounds: &[RoundMetrics]) -> Result<()> {
     ];
     for (stem, series) in &plots {
         let png = out.join(format!("{stem}.png"));
-        draw(BitMapBackend::new(&png, (800, 500)).into_drawing_area(), series)?;
+        draw(
+            BitMapBackend::new(&png, (800, 500)).into_drawing_area(),
+            series,
+        )?;
         let svg = out.join(format!("{stem}.svg"));
-        draw(SVGBackend::new(&svg, (800, 500)).into_drawing_area(), series)?;
+        draw(
+            SVGBackend::new(&svg, (800, 500)).into_drawing_area(),
+            series,
+        )?;
     }
     Ok(())
 }

@@ -32,8 +32,13 @@ pub fn run(cfg: &Config, out: &Path, quiet: bool) -> Result<ExitCode> {
         &mut rng,
     )
     .context("partition")?;
-    let clients = client_splits(&data.train, &parts, cfg.dataset.local_test_fraction, &mut rng)
-        .context("client splits")?;
+    let clients = client_splits(
+        &data.train,
+        &parts,
+        cfg.dataset.local_test_fraction,
+        &mut rng,
+    )
+    .context("client splits")?;
 
     let spec = cfg
         .model

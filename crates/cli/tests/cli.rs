@@ -1,5 +1,7 @@
 //! The `fedfuse` binary end to end, on real data.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -18,7 +20,10 @@ fn fedfuse(args: &[&str]) -> Output {
         .args(args)
         .current_dir(repo())
         // Keep tests away from the user's cache.
-        .env("FEDFUSE_DATA", std::env::temp_dir().join("fedfuse-test-empty-cache"))
+        .env(
+            "FEDFUSE_DATA",
+            std::env::temp_dir().join("fedfuse-test-empty-cache"),
+        )
         .output()
         .expect("the fedfuse binary runs")
 }
@@ -73,7 +78,10 @@ fn quickstart_on_bundled_digits() {
     ] {
         assert!(rounds[0].get(key).is_some(), "rounds[0] lacks {key}");
     }
-    assert_eq!(rounds[0]["global_params"].as_u64(), Some(64 * 64 + 64 + 64 * 10 + 10));
+    assert_eq!(
+        rounds[0]["global_params"].as_u64(),
+        Some(64 * 64 + 64 + 64 * 10 + 10)
+    );
     let total: u64 = rounds
         .iter()
         .map(|r| r["bytes_up"].as_u64().unwrap() + r["bytes_down"].as_u64().unwrap())
@@ -119,7 +127,11 @@ fn mnist_fedavg_iid_and_dirichlet() {
     let data = mnist_dir();
     let data = data.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let iid = run_ok("examples/mnist-fedavg.toml", dir.path(), &["--data-dir", data]);
+    let iid = run_ok(
+        "examples/mnist-fedavg.toml",
+        dir.path(),
+        &["--data-dir", data],
+    );
     let acc = final_accuracy(&iid);
     assert!(acc >= 0.95, "MNIST IID FedAvg accuracy {acc}");
 
@@ -149,11 +161,25 @@ fn bad_input_is_named() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     };
     check(
-        &["run", "examples/quickstart.toml", "--out", out, "--set", "train.learnig_rate=0.1"],
+        &[
+            "run",
+            "examples/quickstart.toml",
+            "--out",
+            out,
+            "--set",
+            "train.learnig_rate=0.1",
+        ],
         &["learnig_rate"],
     );
     check(
-        &["run", "examples/quickstart.toml", "--out", out, "--set", "partition.kind=iid"],
+        &[
+            "run",
+            "examples/quickstart.toml",
+            "--out",
+            out,
+            "--set",
+            "partition.kind=iid",
+        ],
         &["alpha"],
     );
     check(
@@ -161,17 +187,37 @@ fn bad_input_is_named() {
         &["fedfuse data get mnist"],
     );
     check(
-        &["run", "examples/quickstart.toml", "--out", out, "--set", "clients=5000"],
+        &[
+            "run",
+            "examples/quickstart.toml",
+            "--out",
+            out,
+            "--set",
+            "clients=5000",
+        ],
         &["5000"],
     );
     check(&["run", "no-such.toml", "--out", out], &["no-such.toml"]);
-    check(&["data", "verify", "mnist", "--dir", out], &["fedfuse data get mnist"]);
+    check(
+        &["data", "verify", "mnist", "--dir", out],
+        &["fedfuse data get mnist"],
+    );
 }
 
 #[test]
 fn data_verify_accepts_the_shared_mnist() {
-    let o = fedfuse(&["data", "verify", "mnist", "--dir", mnist_dir().to_str().unwrap()]);
+    let o = fedfuse(&[
+        "data",
+        "verify",
+        "mnist",
+        "--dir",
+        mnist_dir().to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok")).count(), 4, "{stdout}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("ok")).count(),
+        4,
+        "{stdout}"
+    );
 }

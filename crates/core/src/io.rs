@@ -69,7 +69,7 @@ pub fn params_from_safetensors(bytes: &[u8]) -> Result<(Params, HashMap<String, 
         None => st.names().into_iter().map(str::to_string).collect(),
     };
     if !metadata.contains_key(ORDER_KEY) {
-        names.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+        names.sort_by_key(|n| natural_key(n));
     }
     let mut params = Params::new();
     for name in names {
@@ -171,9 +171,22 @@ mod tests {
 
     #[test]
     fn natural_order() {
-        let mut v = vec!["layers.10.weight", "layers.2.bias", "layers.2.weight", "layers.1.weight"];
-        v.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
-        assert_eq!(v, vec!["layers.1.weight", "layers.2.bias", "layers.2.weight", "layers.10.weight"]);
+        let mut v = vec![
+            "layers.10.weight",
+            "layers.2.bias",
+            "layers.2.weight",
+            "layers.1.weight",
+        ];
+        v.sort_by_key(|n| natural_key(n));
+        assert_eq!(
+            v,
+            vec![
+                "layers.1.weight",
+                "layers.2.bias",
+                "layers.2.weight",
+                "layers.10.weight"
+            ]
+        );
     }
 
     #[test]

@@ -63,7 +63,12 @@ impl Params {
     }
 
     /// Appends a tensor; its name must be new and its data must fill its shape.
-    pub fn push(&mut self, name: impl Into<String>, shape: Vec<usize>, data: Vec<f32>) -> Result<()> {
+    pub fn push(
+        &mut self,
+        name: impl Into<String>,
+        shape: Vec<usize>,
+        data: Vec<f32>,
+    ) -> Result<()> {
         let name = name.into();
         if self.names.contains(&name) {
             return Err(CoreError::DuplicateTensor(name));
@@ -98,7 +103,10 @@ impl Params {
 
     /// Tensors in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Tensor)> {
-        self.names.iter().map(String::as_str).zip(self.tensors.iter())
+        self.names
+            .iter()
+            .map(String::as_str)
+            .zip(self.tensors.iter())
     }
 
     /// Tensors in order, mutable values.
@@ -230,7 +238,10 @@ mod tests {
         let mut p = Params::zeros(&spec.param_shapes());
         assert!(p.check_layout(&spec.param_shapes()).is_ok());
         p.get_mut("layers.1.weight").unwrap().shape = vec![4, 1];
-        let err = p.check_layout(&spec.param_shapes()).unwrap_err().to_string();
+        let err = p
+            .check_layout(&spec.param_shapes())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("layers.1.weight"), "{err}");
     }
 }

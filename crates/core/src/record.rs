@@ -110,8 +110,8 @@ impl Record {
             what: format!("record field `{key}`"),
             reason: e,
         };
-        let config = serde_json::from_str(field(CONFIG_KEY)?)
-            .map_err(|e| bad(CONFIG_KEY, e.to_string()))?;
+        let config =
+            serde_json::from_str(field(CONFIG_KEY)?).map_err(|e| bad(CONFIG_KEY, e.to_string()))?;
         let metrics = serde_json::from_str(field(METRICS_KEY)?)
             .map_err(|e| bad(METRICS_KEY, e.to_string()))?;
         let num_examples = field(EXAMPLES_KEY)?

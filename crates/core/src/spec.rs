@@ -136,7 +136,10 @@ impl ModelSpec {
                 let widths = self.mlp_widths().unwrap_or_default();
                 let mut out = Vec::with_capacity(2 * widths.len());
                 for (i, pair) in widths.windows(2).enumerate() {
-                    out.push(ParamShape::new(format!("layers.{i}.weight"), &[pair[1], pair[0]]));
+                    out.push(ParamShape::new(
+                        format!("layers.{i}.weight"),
+                        &[pair[1], pair[0]],
+                    ));
                     out.push(ParamShape::new(format!("layers.{i}.bias"), &[pair[1]]));
                 }
                 out

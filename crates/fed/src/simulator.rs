@@ -134,14 +134,22 @@ pub enum Progress<'a> {
     RoundEnd(&'a RoundMetrics),
 }
 
-/// One client's task: receive, fit, reply. Returns (bytes down, encoded reply).
+/// The messages of one client in one round, as encoded bytes.
+struct Exchange {
+    /// Length of the instruction received.
+    down: usize,
+    /// The encoded reply.
+    up: Vec<u8>,
+}
+
+/// One client's task: receive, fit, reply.
 fn client_task(
     method: &dyn Method,
     round: usize,
     id: usize,
     global: &Params,
     ctx: (&ClientData, &Trainer, &TrainConfig, u64),
-) -> Result<(usize, Vec<u8>)> {
+) -> Result<Exchange> {
     let down = method.instruct(round, id, global)?.encode()?;
     let received = Record::decode(&down)?;
     let (data, trainer, train, seed) = ctx;
@@ -153,7 +161,10 @@ fn client_task(
         seed,
     };
     let up = method.fit(received, &ctx)?.encode()?;
-    Ok((down.len(), up))
+    Ok(Exchange {
+        down: down.len(),
+        up,
+    })
 }
 
 /// Runs `cfg.rounds` rounds of `method` over `clients` from the global model `init`.
@@ -191,7 +202,7 @@ pub fn simulate(
         });
 
         let shared: &dyn Method = method;
-        let outcomes: Vec<(usize, Result<(usize, Vec<u8>)>)> = sampled
+        let outcomes: Vec<(usize, Result<Exchange>)> = sampled
             .par_iter()
             .map(|&id| {
                 let seed = derive_seed(cfg.seed, round, id);
@@ -211,10 +222,10 @@ pub fn simulate(
         let mut replies = Vec::with_capacity(outcomes.len());
         let mut rejected = Vec::new();
         for (client, out) in outcomes {
-            let checked = out.and_then(|(down, up)| {
-                bytes_down += down as u64;
-                bytes_up += up.len() as u64;
-                let record = Record::decode(&up)?;
+            let checked = out.and_then(|ex| {
+                bytes_down += ex.down as u64;
+                bytes_up += ex.up.len() as u64;
+                let record = Record::decode(&ex.up)?;
                 method.check_reply(&global, &record)?;
                 Ok(record)
             });

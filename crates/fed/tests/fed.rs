@@ -1,5 +1,7 @@
 //! Federation on real data (the bundled UCI digits): robustness, rejection, determinism.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, PartitionSpec, TrainTest, client_splits, load_dataset, partition};
 use fedfuse_fed::{
@@ -80,12 +82,20 @@ fn fedmedian_ignores_one_wild_client_where_fedavg_does_not() {
     let (data, clients, trainer, init) = setup(7);
     let cfg = sim(3);
     let run = |method: &mut dyn Method| {
-        simulate(method, &trainer, &clients, &data.test, init.clone(), &cfg, &|_| {})
-            .unwrap()
-            .rounds
-            .last()
-            .unwrap()
-            .global_accuracy
+        simulate(
+            method,
+            &trainer,
+            &clients,
+            &data.test,
+            init.clone(),
+            &cfg,
+            &|_| {},
+        )
+        .unwrap()
+        .rounds
+        .last()
+        .unwrap()
+        .global_accuracy
     };
     let clean_median = run(&mut FedMedian);
     let attacked_median = run(&mut Faulty {
@@ -103,7 +113,10 @@ fn fedmedian_ignores_one_wild_client_where_fedavg_does_not() {
         attacked_median > 0.85 && (clean_median - attacked_median).abs() < 0.05,
         "FedMedian under attack {attacked_median} vs clean {clean_median}"
     );
-    assert!(attacked_avg < 0.3, "FedAvg under attack should collapse: {attacked_avg}");
+    assert!(
+        attacked_avg < 0.3,
+        "FedAvg under attack should collapse: {attacked_avg}"
+    );
 }
 
 #[test]
@@ -115,11 +128,24 @@ fn nan_reply_is_rejected_and_the_round_goes_on() {
         bad: 1,
         corrupt: nan,
     };
-    let run = simulate(&mut method, &trainer, &clients, &data.test, init, &cfg, &|_| {}).unwrap();
+    let run = simulate(
+        &mut method,
+        &trainer,
+        &clients,
+        &data.test,
+        init,
+        &cfg,
+        &|_| {},
+    )
+    .unwrap();
     for r in &run.rounds {
         assert_eq!(r.rejected.len(), 1, "round {}", r.round);
         assert_eq!(r.rejected[0].client, 1);
-        assert!(r.rejected[0].reason.contains("non-finite"), "{}", r.rejected[0].reason);
+        assert!(
+            r.rejected[0].reason.contains("non-finite"),
+            "{}",
+            r.rejected[0].reason
+        );
     }
     let acc = run.rounds[2].global_accuracy;
     assert!(acc > 0.85, "accuracy {acc} with one client rejected");
@@ -133,7 +159,16 @@ fn same_seed_same_run() {
     cfg.clients_per_round = fedfuse_fed::ClientsPerRound::Count(4);
     let go = || {
         let mut m = MethodConfig::FedProx { mu: 0.1 }.build().unwrap();
-        simulate(m.as_mut(), &trainer, &clients, &data.test, init.clone(), &cfg, &|_| {}).unwrap()
+        simulate(
+            m.as_mut(),
+            &trainer,
+            &clients,
+            &data.test,
+            init.clone(),
+            &cfg,
+            &|_| {},
+        )
+        .unwrap()
     };
     let (a, b) = (go(), go());
     assert_eq!(a.params, b.params);
@@ -147,8 +182,16 @@ fn same_seed_same_run() {
 #[test]
 fn traffic_is_the_encoded_size() {
     let (data, clients, trainer, init) = setup(4);
-    let run = simulate(&mut FedProx { mu: 0.01 }, &trainer, &clients, &data.test, init.clone(), &sim(1), &|_| {})
-        .unwrap();
+    let run = simulate(
+        &mut FedProx { mu: 0.01 },
+        &trainer,
+        &clients,
+        &data.test,
+        init.clone(),
+        &sim(1),
+        &|_| {},
+    )
+    .unwrap();
     let r = &run.rounds[0];
     // Each message carries at least the model's f32 values, plus a small header.
     let model_bytes = 4 * init.num_values() as u64;

@@ -33,7 +33,10 @@ pub fn median(items: &[&[f32]]) -> Vec<f32> {
         if n % 2 == 1 {
             upper
         } else {
-            let lower = column[..mid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lower = column[..mid]
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
             (lower + upper) / 2.0
         }
     })
@@ -95,8 +98,7 @@ fn per_tensor(
 /// [`weighted_mean`] over whole models (FedAvg with weights = examples).
 pub fn weighted_mean_params(models: &[(&Params, f64)]) -> Result<Params> {
     let weights: Vec<f64> = models.iter().map(|(_, w)| *w).collect();
-    if weights.iter().any(|w| !(w.is_finite() && *w >= 0.0)) || weights.iter().sum::<f64>() <= 0.0
-    {
+    if weights.iter().any(|w| !(w.is_finite() && *w >= 0.0)) || weights.iter().sum::<f64>() <= 0.0 {
         return Err(FuseError::InvalidSetting {
             field: "num_examples",
             reason: "weights must be non-negative and not all zero".into(),

@@ -109,10 +109,16 @@ impl TrainConfig {
                 weight_decay,
             } => {
                 if !(0.0..1.0).contains(momentum) {
-                    return bad("train.optimizer.momentum", format!("{momentum} is not in [0, 1)"));
+                    return bad(
+                        "train.optimizer.momentum",
+                        format!("{momentum} is not in [0, 1)"),
+                    );
                 }
-                if !(*weight_decay >= 0.0) {
-                    return bad("train.optimizer.weight_decay", format!("{weight_decay} is negative"));
+                if !(weight_decay.is_finite() && *weight_decay >= 0.0) {
+                    return bad(
+                        "train.optimizer.weight_decay",
+                        format!("{weight_decay} is negative"),
+                    );
                 }
             }
             OptimizerConfig::Adam {
@@ -125,11 +131,14 @@ impl TrainConfig {
                 if !(0.0..1.0).contains(beta1) || !(0.0..1.0).contains(beta2) {
                     return bad("train.optimizer.beta1", "betas must lie in [0, 1)".into());
                 }
-                if !(*eps > 0.0) {
+                if !(eps.is_finite() && *eps > 0.0) {
                     return bad("train.optimizer.eps", format!("{eps} is not positive"));
                 }
-                if !(*weight_decay >= 0.0) {
-                    return bad("train.optimizer.weight_decay", format!("{weight_decay} is negative"));
+                if !(weight_decay.is_finite() && *weight_decay >= 0.0) {
+                    return bad(
+                        "train.optimizer.weight_decay",
+                        format!("{weight_decay} is negative"),
+                    );
                 }
             }
         }

@@ -66,17 +66,37 @@ mod tests {
     fn pfnm_init_matches_reference() {
         let spec = ModelSpec::mlp(784, &[100], 10);
         let p = init_params(&spec, Init::Pfnm, 3);
-        assert!(p.get("layers.0.bias").unwrap().data.iter().all(|v| *v == 0.1));
+        assert!(
+            p.get("layers.0.bias")
+                .unwrap()
+                .data
+                .iter()
+                .all(|v| *v == 0.1)
+        );
         let w = &p.get("layers.0.weight").unwrap().data;
         let mean = w.iter().map(|v| f64::from(*v)).sum::<f64>() / w.len() as f64;
-        let sd = (w.iter().map(|v| (f64::from(*v) - mean).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
-        assert!(mean.abs() < 0.002 && (sd - 0.1).abs() < 0.002, "mean {mean} sd {sd}");
+        let sd = (w
+            .iter()
+            .map(|v| (f64::from(*v) - mean).powi(2))
+            .sum::<f64>()
+            / w.len() as f64)
+            .sqrt();
+        assert!(
+            mean.abs() < 0.002 && (sd - 0.1).abs() < 0.002,
+            "mean {mean} sd {sd}"
+        );
     }
 
     #[test]
     fn seeded() {
         let spec = ModelSpec::mlp(4, &[3], 2);
-        assert_eq!(init_params(&spec, Init::Default, 5), init_params(&spec, Init::Default, 5));
-        assert_ne!(init_params(&spec, Init::Default, 5), init_params(&spec, Init::Default, 6));
+        assert_eq!(
+            init_params(&spec, Init::Default, 5),
+            init_params(&spec, Init::Default, 5)
+        );
+        assert_ne!(
+            init_params(&spec, Init::Default, 5),
+            init_params(&spec, Init::Default, 6)
+        );
     }
 }

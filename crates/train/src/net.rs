@@ -1,9 +1,9 @@
 //! The networks, as burn modules. Their parameters are read and written in `params.rs` only.
 
 use burn::module::Module;
+use burn::nn::Linear;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
-use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 
@@ -50,6 +50,9 @@ impl LeNet5 {
 }
 
 /// Either network.
+// One `Net` lives per training call, so its size does not matter; burn's `Module` derive does
+// not accept a boxed variant.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub(crate) enum Net {
     Mlp(Mlp),

@@ -37,7 +37,12 @@ fn linear(params: &Params, prefix: &str, device: &Device) -> Result<Linear> {
     })
 }
 
-fn conv(params: &Params, prefix: &str, padding: usize, device: &Device) -> Result<burn::nn::conv::Conv2d> {
+fn conv(
+    params: &Params,
+    prefix: &str,
+    padding: usize,
+    device: &Device,
+) -> Result<burn::nn::conv::Conv2d> {
     let w = params.require(&format!("{prefix}.weight"))?;
     let b = params.require(&format!("{prefix}.bias"))?;
     let [c_out, c_in, k1, k2] = match w.shape.as_slice() {
@@ -49,7 +54,9 @@ fn conv(params: &Params, prefix: &str, padding: usize, device: &Device) -> Resul
         }
     };
     let mut layer = Conv2dConfig::new([c_in, c_out], [k1, k2])
-        .with_padding(PaddingConfig2d::Explicit(padding, padding, padding, padding))
+        .with_padding(PaddingConfig2d::Explicit(
+            padding, padding, padding, padding,
+        ))
         .init(device);
     layer.weight = Param::from_tensor(tensor(w.data.clone(), [c_out, c_in, k1, k2], device));
     layer.bias = Some(Param::from_tensor(tensor(b.data.clone(), [c_out], device)));
@@ -101,7 +108,11 @@ fn push_linear(out: &mut Params, prefix: &str, layer: &Linear) -> Result<()> {
 
 fn push_conv(out: &mut Params, prefix: &str, layer: &burn::nn::conv::Conv2d) -> Result<()> {
     let dims = layer.weight.val().dims();
-    out.push(format!("{prefix}.weight"), dims.to_vec(), values(layer.weight.val())?)?;
+    out.push(
+        format!("{prefix}.weight"),
+        dims.to_vec(),
+        values(layer.weight.val())?,
+    )?;
     let b = match &layer.bias {
         Some(b) => values(b.val())?,
         None => vec![0.0; dims[0]],

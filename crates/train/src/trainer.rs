@@ -78,12 +78,9 @@ impl Trainer {
 
     fn logits(&self, net: &Net, x: Vec<f32>, b: usize, device: &Device) -> Tensor<2> {
         match (net, &self.spec) {
-            (Net::LeNet5(m), ModelSpec::LeNet5 { channels, side, .. }) => {
-                m.forward(Tensor::from_data(
-                    TensorData::new(x, [b, *channels, *side, *side]),
-                    device,
-                ))
-            }
+            (Net::LeNet5(m), ModelSpec::LeNet5 { channels, side, .. }) => m.forward(
+                Tensor::from_data(TensorData::new(x, [b, *channels, *side, *side]), device),
+            ),
             (Net::Mlp(m), _) => m.forward(Tensor::from_data(
                 TensorData::new(x, [b, self.spec.input_len()]),
                 device,
@@ -185,12 +182,12 @@ impl Trainer {
                 .try_into_vec::<f32>()
                 .map_err(|e| TrainError::Backend(format!("{e:?}")))?;
             for (row, &label) in logits.chunks_exact(classes).zip(&data.y[start..end]) {
-                let (arg, max) = row
-                    .iter()
-                    .enumerate()
-                    .fold((0, f32::NEG_INFINITY), |(ai, am), (i, &v)| {
-                        if v > am { (i, v) } else { (ai, am) }
-                    });
+                let (arg, max) =
+                    row.iter()
+                        .enumerate()
+                        .fold((0, f32::NEG_INFINITY), |(ai, am), (i, &v)| {
+                            if v > am { (i, v) } else { (ai, am) }
+                        });
                 correct += usize::from(arg == label as usize);
                 let lse = f64::from(max)
                     + row
@@ -203,7 +200,11 @@ impl Trainer {
         }
         let n = data.len();
         Ok(Evaluation {
-            accuracy: if n == 0 { 0.0 } else { correct as f64 / n as f64 },
+            accuracy: if n == 0 {
+                0.0
+            } else {
+                correct as f64 / n as f64
+            },
             loss: if n == 0 { 0.0 } else { loss / n as f64 },
             n,
         })

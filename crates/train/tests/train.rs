@@ -1,5 +1,7 @@
 //! The trainer against a hand-written reference, and on real data.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{Dataset, load_dataset};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
@@ -18,16 +20,31 @@ impl Reference<'_> {
     fn loss_and_grad(&self, p: &[Vec<f64>; 4]) -> (f64, [Vec<f64>; 4]) {
         let [w1, b1, w2, b2] = p;
         let n = self.y.len();
-        let mut g = [vec![0.0; w1.len()], vec![0.0; b1.len()], vec![0.0; w2.len()], vec![0.0; b2.len()]];
+        let mut g = [
+            vec![0.0; w1.len()],
+            vec![0.0; b1.len()],
+            vec![0.0; w2.len()],
+            vec![0.0; b2.len()],
+        ];
         let mut loss = 0.0;
         for s in 0..n {
             let xs = &self.x[s * self.d..(s + 1) * self.d];
             let pre: Vec<f64> = (0..self.h)
-                .map(|j| b1[j] + (0..self.d).map(|i| w1[j * self.d + i] * f64::from(xs[i])).sum::<f64>())
+                .map(|j| {
+                    b1[j]
+                        + (0..self.d)
+                            .map(|i| w1[j * self.d + i] * f64::from(xs[i]))
+                            .sum::<f64>()
+                })
                 .collect();
             let act: Vec<f64> = pre.iter().map(|v| v.max(0.0)).collect();
             let logits: Vec<f64> = (0..self.k)
-                .map(|c| b2[c] + (0..self.h).map(|j| w2[c * self.h + j] * act[j]).sum::<f64>())
+                .map(|c| {
+                    b2[c]
+                        + (0..self.h)
+                            .map(|j| w2[c * self.h + j] * act[j])
+                            .sum::<f64>()
+                })
                 .collect();
             let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = logits.iter().map(|l| (l - m).exp()).sum();
@@ -58,7 +75,14 @@ impl Reference<'_> {
 }
 
 fn as_f64(p: &Params) -> [Vec<f64>; 4] {
-    let v = |i: usize| p.tensor_at(i).unwrap().data.iter().map(|x| f64::from(*x)).collect();
+    let v = |i: usize| {
+        p.tensor_at(i)
+            .unwrap()
+            .data
+            .iter()
+            .map(|x| f64::from(*x))
+            .collect()
+    };
     [v(0), v(1), v(2), v(3)]
 }
 
@@ -72,7 +96,13 @@ fn reference_gradient_is_right() {
     let data = tiny_data();
     let spec = ModelSpec::mlp(64, &[8], 10);
     let p = as_f64(&init_params(&spec, Init::Default, 1));
-    let r = Reference { d: 64, h: 8, k: 10, x: &data.x, y: &data.y };
+    let r = Reference {
+        d: 64,
+        h: 8,
+        k: 10,
+        x: &data.x,
+        y: &data.y,
+    };
     let (_, g) = r.loss_and_grad(&p);
     for (t, idx) in [(0usize, 70usize), (1, 3), (2, 17), (3, 4)] {
         let eps = 1e-6;
@@ -81,7 +111,11 @@ fn reference_gradient_is_right() {
         let mut minus = p.clone();
         minus[t][idx] -= eps;
         let fd = (r.loss_and_grad(&plus).0 - r.loss_and_grad(&minus).0) / (2.0 * eps);
-        assert!((fd - g[t][idx]).abs() < 1e-6, "tensor {t}[{idx}]: fd {fd} vs {}", g[t][idx]);
+        assert!(
+            (fd - g[t][idx]).abs() < 1e-6,
+            "tensor {t}[{idx}]: fd {fd} vs {}",
+            g[t][idx]
+        );
     }
 }
 
@@ -93,21 +127,38 @@ fn one_sgd_step_matches_reference() {
     let trainer = Trainer::new(spec).unwrap();
     let lr = 0.5;
     let cfg = TrainConfig {
-        optimizer: OptimizerConfig::Sgd { momentum: 0.0, weight_decay: 0.0 },
+        optimizer: OptimizerConfig::Sgd {
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
         lr,
         epochs: 1,
         batch_size: data.len(),
     };
     let fitted = trainer.fit_with(&start, &data, &cfg, None, 0).unwrap();
     let p = as_f64(&start);
-    let r = Reference { d: 64, h: 8, k: 10, x: &data.x, y: &data.y };
+    let r = Reference {
+        d: 64,
+        h: 8,
+        k: 10,
+        x: &data.x,
+        y: &data.y,
+    };
     let (loss, g) = r.loss_and_grad(&p);
-    assert!((fitted.loss - loss).abs() < 1e-4, "loss {} vs reference {loss}", fitted.loss);
+    assert!(
+        (fitted.loss - loss).abs() < 1e-4,
+        "loss {} vs reference {loss}",
+        fitted.loss
+    );
     let after = as_f64(&fitted.params);
     for t in 0..4 {
         for i in 0..p[t].len() {
             let want = p[t][i] - lr * g[t][i];
-            assert!((after[t][i] - want).abs() < 1e-4, "tensor {t}[{i}]: {} vs {want}", after[t][i]);
+            assert!(
+                (after[t][i] - want).abs() < 1e-4,
+                "tensor {t}[{i}]: {} vs {want}",
+                after[t][i]
+            );
         }
     }
 }
@@ -118,11 +169,24 @@ fn proximal_term_pulls_towards_the_anchor() {
     let spec = ModelSpec::mlp(64, &[8], 10);
     let start = init_params(&spec, Init::Default, 3);
     let trainer = Trainer::new(spec).unwrap();
-    let cfg = TrainConfig { lr: 0.1, epochs: 20, batch_size: 8, ..TrainConfig::default() };
+    let cfg = TrainConfig {
+        lr: 0.1,
+        epochs: 20,
+        batch_size: 8,
+        ..TrainConfig::default()
+    };
     let free = trainer.fit_with(&start, &data, &cfg, None, 1).unwrap();
-    let held = trainer.fit_with(&start, &data, &cfg, Some((&start, 10.0)), 1).unwrap();
-    let (d_free, d_held) = (free.params.sq_distance(&start), held.params.sq_distance(&start));
-    assert!(d_held < 0.2 * d_free, "prox distance {d_held} vs free {d_free}");
+    let held = trainer
+        .fit_with(&start, &data, &cfg, Some((&start, 10.0)), 1)
+        .unwrap();
+    let (d_free, d_held) = (
+        free.params.sq_distance(&start),
+        held.params.sq_distance(&start),
+    );
+    assert!(
+        d_held < 0.2 * d_free,
+        "prox distance {d_held} vs free {d_free}"
+    );
 }
 
 #[test]
@@ -130,13 +194,20 @@ fn params_survive_build_and_read() {
     // Zero epochs: what goes in must come out (transposes undone, order kept).
     for spec in [
         ModelSpec::mlp(5, &[4, 3], 2),
-        ModelSpec::LeNet5 { channels: 3, side: 32, classes: 10 },
+        ModelSpec::LeNet5 {
+            channels: 3,
+            side: 32,
+            classes: 10,
+        },
     ] {
         let start = init_params(&spec, Init::Pfnm, 4);
         let trainer = Trainer::new(spec.clone()).unwrap();
         let n = spec.input_len();
         let data = Dataset::new(vec![0.5; 2 * n], vec![0, 1], vec![n], 2).unwrap();
-        let cfg = TrainConfig { epochs: 0, ..TrainConfig::default() };
+        let cfg = TrainConfig {
+            epochs: 0,
+            ..TrainConfig::default()
+        };
         let out = trainer.fit_with(&start, &data, &cfg, None, 0).unwrap();
         assert_eq!(out.params, start);
     }
@@ -149,14 +220,39 @@ fn mlp_learns_digits_with_sgd_and_amsgrad() {
     let trainer = Trainer::new(spec.clone()).unwrap();
     let start = init_params(&spec, Init::Default, 5);
     for optimizer in [
-        OptimizerConfig::Sgd { momentum: 0.9, weight_decay: 1e-4 },
-        OptimizerConfig::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, amsgrad: true },
+        OptimizerConfig::Sgd {
+            momentum: 0.9,
+            weight_decay: 1e-4,
+        },
+        OptimizerConfig::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: true,
+        },
     ] {
-        let lr = if matches!(optimizer, OptimizerConfig::Sgd { .. }) { 0.05 } else { 0.003 };
-        let cfg = TrainConfig { optimizer, lr, epochs: 10, batch_size: 32 };
-        let fitted = trainer.fit_with(&start, &data.train, &cfg, None, 9).unwrap();
+        let lr = if matches!(optimizer, OptimizerConfig::Sgd { .. }) {
+            0.05
+        } else {
+            0.003
+        };
+        let cfg = TrainConfig {
+            optimizer,
+            lr,
+            epochs: 10,
+            batch_size: 32,
+        };
+        let fitted = trainer
+            .fit_with(&start, &data.train, &cfg, None, 9)
+            .unwrap();
         let eval = trainer.evaluate(&fitted.params, &data.test).unwrap();
-        assert!(eval.accuracy > 0.93, "{:?}: accuracy {}", cfg.optimizer, eval.accuracy);
+        assert!(
+            eval.accuracy > 0.93,
+            "{:?}: accuracy {}",
+            cfg.optimizer,
+            eval.accuracy
+        );
         let before = trainer.evaluate(&start, &data.test).unwrap();
         assert!(eval.loss < before.loss / 3.0);
     }
@@ -168,11 +264,18 @@ fn lenet5_learns_mnist_subset() {
     let data = load_dataset("mnist", Some(std::path::Path::new(dir))).unwrap();
     let train = data.train.subset(&(0..3000).collect::<Vec<_>>());
     let test = data.test.subset(&(0..1000).collect::<Vec<_>>());
-    let spec = ModelSpec::LeNet5 { channels: 1, side: 28, classes: 10 };
+    let spec = ModelSpec::LeNet5 {
+        channels: 1,
+        side: 28,
+        classes: 10,
+    };
     let trainer = Trainer::new(spec.clone()).unwrap();
     let start = init_params(&spec, Init::Default, 6);
     let cfg = TrainConfig {
-        optimizer: OptimizerConfig::Sgd { momentum: 0.9, weight_decay: 0.0 },
+        optimizer: OptimizerConfig::Sgd {
+            momentum: 0.9,
+            weight_decay: 0.0,
+        },
         lr: 0.05,
         epochs: 4,
         batch_size: 32,
@@ -188,7 +291,9 @@ fn wrong_data_shape_is_an_error_not_a_panic() {
     let trainer = Trainer::new(spec.clone()).unwrap();
     let data = Dataset::new(vec![0.0; 12], vec![0, 1], vec![6], 2).unwrap();
     let start = init_params(&spec, Init::Default, 0);
-    let err = trainer.fit_with(&start, &data, &TrainConfig::default(), None, 0).unwrap_err();
+    let err = trainer
+        .fit_with(&start, &data, &TrainConfig::default(), None, 0)
+        .unwrap_err();
     assert!(err.to_string().contains("model takes 10"), "{err}");
     let mut bad = start.clone();
     bad.get_mut("layers.0.weight").unwrap().shape = vec![10, 4];

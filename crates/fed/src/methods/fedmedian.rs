@@ -16,7 +16,12 @@ impl Method for FedMedian {
         "fedmedian"
     }
 
-    fn aggregate(&mut self, _round: usize, _global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+    fn aggregate(
+        &mut self,
+        _round: usize,
+        _global: &Params,
+        replies: &[Reply],
+    ) -> Result<Aggregate> {
         let models: Vec<&Params> = replies.iter().map(|r| &r.record.params).collect();
         Ok(Aggregate::Replace(median_params(&models)?))
     }

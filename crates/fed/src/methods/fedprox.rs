@@ -25,7 +25,12 @@ impl Method for FedProx {
         Ok(base.with_config(PROXIMAL_MU, ConfigValue::Float(self.mu)))
     }
 
-    fn aggregate(&mut self, _round: usize, _global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+    fn aggregate(
+        &mut self,
+        _round: usize,
+        _global: &Params,
+        replies: &[Reply],
+    ) -> Result<Aggregate> {
         example_weighted_mean(replies)
     }
 }

@@ -18,7 +18,12 @@ impl Method for FedTrimmedAvg {
         "fedtrimmedavg"
     }
 
-    fn aggregate(&mut self, _round: usize, _global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+    fn aggregate(
+        &mut self,
+        _round: usize,
+        _global: &Params,
+        replies: &[Reply],
+    ) -> Result<Aggregate> {
         let models: Vec<&Params> = replies.iter().map(|r| &r.record.params).collect();
         Ok(Aggregate::Replace(trimmed_mean_params(&models, self.beta)?))
     }

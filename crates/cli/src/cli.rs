@@ -40,6 +40,42 @@ enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
+    /// Measure throughput (see docs/BENCHMARKS.md).
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// One epoch of local training on MNIST: MLP 784-100-10 and LeNet-5.
+    Train {
+        /// Folder with the MNIST files (default: the cache).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Timed repeats; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Worker threads for the tensor library.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+    /// Simulator throughput: many clients, a tiny local step, FedAvg.
+    Sim {
+        /// Clients, all taking part every round.
+        #[arg(long, default_value_t = 1000)]
+        clients: usize,
+        /// Rounds.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Hidden width of the 64-WIDTH-10 model (1400: about 100,000 parameters).
+        #[arg(long, default_value_t = 1400)]
+        width: usize,
+        /// `add` (add 0.01 to every parameter, as Flower's benchmark) or `sgd` (one real step).
+        #[arg(long, default_value = "add")]
+        step: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -84,5 +120,22 @@ pub fn run(args: Args) -> Result<ExitCode> {
             crate::run::run(&cfg, &out, quiet)
         }
         Command::Data { command } => crate::data_cmd::run(command),
+        Command::Bench { command } => match command {
+            BenchCommand::Train {
+                data_dir,
+                repeats,
+                threads,
+            } => crate::bench::train(
+                &data_dir.unwrap_or_else(crate::bench::default_mnist),
+                repeats.max(1),
+                threads.max(1),
+            ),
+            BenchCommand::Sim {
+                clients,
+                rounds,
+                width,
+                step,
+            } => crate::bench::sim(clients, rounds, width, &step),
+        },
     }
 }

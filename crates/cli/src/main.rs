@@ -1,5 +1,6 @@
 //! `fedfuse`: run federated experiments, fetch datasets.
 
+mod bench;
 mod cli;
 mod config;
 mod data_cmd;

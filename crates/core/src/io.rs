@@ -21,7 +21,12 @@ impl View for F32View<'_> {
         &self.0.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Owned(self.0.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        // Little-endian f32 is the wire format: on such machines the memory is the bytes.
+        if cfg!(target_endian = "little") {
+            Cow::Borrowed(bytemuck::cast_slice(&self.0.data))
+        } else {
+            Cow::Owned(self.0.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }
     }
     fn data_len(&self) -> usize {
         self.0.data.len() * 4
@@ -89,10 +94,14 @@ pub fn params_from_safetensors(bytes: &[u8]) -> Result<(Params, HashMap<String, 
 
 fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
     let out = match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        Dtype::F32 => match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            // Aligned little-endian bytes: one copy.
+            Ok(values) if cfg!(target_endian = "little") => values.to_vec(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        },
         Dtype::F64 => bytes
             .chunks_exact(8)
             .map(|c| {

@@ -147,6 +147,26 @@ mod tests {
         assert_eq!(Record::decode(&bytes).unwrap(), r);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_record_round_trips(
+            tensors in proptest::collection::vec(
+                (1usize..5, proptest::collection::vec(-1e6f32..1e6, 0..40)), 0..6),
+            n in 0u64..1_000_000,
+            loss in -10f64..10.0,
+        ) {
+            let mut p = Params::new();
+            for (i, (rows, vals)) in tensors.into_iter().enumerate() {
+                let len = vals.len() / rows * rows;
+                p.push(format!("t{i}"), vec![rows, len / rows], vals[..len].to_vec()).unwrap();
+            }
+            let mut r = Record::from_params(p).with_num_examples(n);
+            r.metrics.insert("train_loss".into(), loss);
+            let back = Record::decode(&r.encode().unwrap()).unwrap();
+            proptest::prop_assert_eq!(back, r);
+        }
+    }
+
     #[test]
     fn plain_safetensors_is_not_a_record() {
         let bytes = io::params_to_safetensors(&Params::new(), HashMap::new()).unwrap();

@@ -23,7 +23,7 @@ mod seed;
 mod simulator;
 
 pub use error::{FedError, Result};
-pub use method::{Aggregate, ClientContext, Method, Reply, standard_fit};
+pub use method::{Aggregate, ClientContext, Fold, Method, Reply, standard_fit};
 pub use methods::{FedAvg, FedMedian, FedProx, FedTrimmedAvg, MethodConfig};
 pub use seed::derive_seed;
 pub use simulator::{

@@ -36,6 +36,15 @@ pub enum Aggregate {
     Keep,
 }
 
+/// A server step that folds replies in as they arrive, so that a round over many clients holds
+/// only a few replies at a time.
+pub trait Fold: Send {
+    /// Takes one accepted reply.
+    fn add(&mut self, reply: Reply) -> Result<()>;
+    /// The next global model, after at least one reply.
+    fn finish(self: Box<Self>, round: usize, global: &Params) -> Result<Aggregate>;
+}
+
 /// Config key for the proximal coefficient a server sends (Flower's `proximal-mu`).
 pub const PROXIMAL_MU: &str = "proximal_mu";
 /// Config key for the round number a server sends (Flower's `server-round`).
@@ -70,6 +79,12 @@ pub trait Method: Send + Sync {
 
     /// The server step over the accepted replies (never empty).
     fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate>;
+
+    /// A streaming form of [`Method::aggregate`], for methods whose server step is a running
+    /// sum; the simulator then never holds all replies of a round. `None` by default.
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        None
+    }
 }
 
 /// Trains from the received parameters on the client's training split, adding the proximal

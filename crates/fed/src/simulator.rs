@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
 
+/// Replies in flight per worker thread when a method folds replies as they arrive.
+const FOLD_CHUNK_PER_THREAD: usize = 16;
+
 /// How many clients take part in a round.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -201,55 +204,73 @@ pub fn simulate(
             clients: sampled.len(),
         });
 
-        let shared: &dyn Method = method;
-        let outcomes: Vec<(usize, Result<Exchange>)> = sampled
-            .par_iter()
-            .map(|&id| {
-                let seed = derive_seed(cfg.seed, round, id);
-                let out = client_task(
-                    shared,
-                    round,
-                    id,
-                    &global,
-                    (&clients[id], trainer, &cfg.train, seed),
-                );
-                progress(Progress::ClientDone { round });
-                (id, out)
-            })
-            .collect();
-
+        // Methods with a streaming server step fold replies chunk by chunk, in sampled order
+        // (so results do not depend on thread count); the others get all replies at once.
+        let mut fold = method.fold();
+        let chunk = if fold.is_some() {
+            FOLD_CHUNK_PER_THREAD * rayon::current_num_threads()
+        } else {
+            sampled.len()
+        };
         let (mut bytes_up, mut bytes_down) = (0u64, 0u64);
-        let mut replies = Vec::with_capacity(outcomes.len());
+        let (mut loss_sum, mut examples, mut accepted) = (0.0f64, 0.0f64, 0usize);
+        let mut replies = Vec::new();
         let mut rejected = Vec::new();
-        for (client, out) in outcomes {
-            let checked = out.and_then(|ex| {
-                bytes_down += ex.down as u64;
-                bytes_up += ex.up.len() as u64;
-                let record = Record::decode(&ex.up)?;
-                method.check_reply(&global, &record)?;
-                Ok(record)
-            });
-            match checked {
-                Ok(record) => replies.push(Reply { client, record }),
-                Err(e) => rejected.push(Rejection {
-                    client,
-                    reason: e.to_string(),
-                }),
+        for ids in sampled.chunks(chunk.max(1)) {
+            let shared: &dyn Method = method;
+            let outcomes: Vec<(usize, Result<Exchange>)> = ids
+                .par_iter()
+                .map(|&id| {
+                    let seed = derive_seed(cfg.seed, round, id);
+                    let out = client_task(
+                        shared,
+                        round,
+                        id,
+                        &global,
+                        (&clients[id], trainer, &cfg.train, seed),
+                    );
+                    progress(Progress::ClientDone { round });
+                    (id, out)
+                })
+                .collect();
+            for (client, out) in outcomes {
+                let checked = out.and_then(|ex| {
+                    bytes_down += ex.down as u64;
+                    bytes_up += ex.up.len() as u64;
+                    let record = Record::decode(&ex.up)?;
+                    method.check_reply(&global, &record)?;
+                    Ok(record)
+                });
+                let record = match checked {
+                    Ok(record) => record,
+                    Err(e) => {
+                        rejected.push(Rejection {
+                            client,
+                            reason: e.to_string(),
+                        });
+                        continue;
+                    }
+                };
+                let n = record.num_examples as f64;
+                if let Some(loss) = record.metrics.get("train_loss") {
+                    loss_sum += loss * n;
+                    examples += n;
+                }
+                accepted += 1;
+                let reply = Reply { client, record };
+                match fold.as_mut() {
+                    Some(f) => f.add(reply)?,
+                    None => replies.push(reply),
+                }
             }
         }
-
-        let examples: f64 = replies.iter().map(|r| r.record.num_examples as f64).sum();
-        let train_loss = replies
-            .iter()
-            .filter_map(|r| {
-                let loss = r.record.metrics.get("train_loss")?;
-                Some(loss * r.record.num_examples as f64)
-            })
-            .sum::<f64>()
-            / examples.max(1.0);
-        if !replies.is_empty()
-            && let Aggregate::Replace(next) = method.aggregate(round, &global, &replies)?
-        {
+        let train_loss = loss_sum / examples.max(1.0);
+        let next = match fold {
+            Some(f) if accepted > 0 => f.finish(round, &global)?,
+            None if accepted > 0 => method.aggregate(round, &global, &replies)?,
+            _ => Aggregate::Keep,
+        };
+        if let Aggregate::Replace(next) = next {
             global = next;
         }
         drop(replies);

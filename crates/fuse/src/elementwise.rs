@@ -95,20 +95,81 @@ fn per_tensor(
     Ok(out)
 }
 
+/// A running example-weighted sum of models, for a mean that never holds more than one model
+/// besides the sum (FedAvg over thousands of clients in bounded memory).
+#[derive(Clone, Debug, Default)]
+pub struct WeightedSum {
+    layout: Vec<fedfuse_core::ParamShape>,
+    sums: Vec<Vec<f64>>,
+    total: f64,
+    count: usize,
+}
+
+impl WeightedSum {
+    /// An empty sum.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `weight * model`; the first model fixes the layout, later ones must match it.
+    pub fn add(&mut self, model: &Params, weight: f64) -> Result<()> {
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(FuseError::InvalidSetting {
+                field: "num_examples",
+                reason: format!("weight {weight} is not a non-negative number"),
+            });
+        }
+        if self.count == 0 {
+            self.layout = model.layout();
+            self.sums = model
+                .iter()
+                .map(|(_, t)| vec![0f64; t.data.len()])
+                .collect();
+        } else {
+            model.check_layout(&self.layout)?;
+        }
+        for (sum, (_, t)) in self.sums.iter_mut().zip(model.iter()) {
+            for (s, x) in sum.iter_mut().zip(&t.data) {
+                *s += weight * f64::from(*x);
+            }
+        }
+        self.total += weight;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Models added so far.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The weighted mean of the models added.
+    pub fn mean(&self) -> Result<Params> {
+        if self.count == 0 {
+            return Err(FuseError::Empty);
+        }
+        if self.total <= 0.0 {
+            return Err(FuseError::InvalidSetting {
+                field: "num_examples",
+                reason: "all weights are zero".into(),
+            });
+        }
+        let mut out = Params::new();
+        for (shape, sum) in self.layout.iter().zip(&self.sums) {
+            let data = sum.iter().map(|s| (s / self.total) as f32).collect();
+            out.push(shape.name.clone(), shape.shape.clone(), data)?;
+        }
+        Ok(out)
+    }
+}
+
 /// [`weighted_mean`] over whole models (FedAvg with weights = examples).
 pub fn weighted_mean_params(models: &[(&Params, f64)]) -> Result<Params> {
-    let weights: Vec<f64> = models.iter().map(|(_, w)| *w).collect();
-    if weights.iter().any(|w| !(w.is_finite() && *w >= 0.0)) || weights.iter().sum::<f64>() <= 0.0 {
-        return Err(FuseError::InvalidSetting {
-            field: "num_examples",
-            reason: "weights must be non-negative and not all zero".into(),
-        });
+    let mut sum = WeightedSum::new();
+    for (p, w) in models {
+        sum.add(p, *w)?;
     }
-    let refs: Vec<&Params> = models.iter().map(|(p, _)| *p).collect();
-    per_tensor(&refs, |cols| {
-        let items: Vec<(&[f32], f64)> = cols.iter().copied().zip(weights.iter().copied()).collect();
-        Ok(weighted_mean(&items))
-    })
+    sum.mean()
 }
 
 /// [`median`] over whole models (FedMedian).
@@ -150,6 +211,18 @@ mod tests {
         let (a, b) = ([0.0f32, 10.0], [4.0f32, 2.0]);
         // (1*0 + 3*4)/4 = 3, (1*10 + 3*2)/4 = 4
         assert_eq!(weighted_mean(&[(&a, 1.0), (&b, 3.0)]), vec![3.0, 4.0]);
+    }
+
+    #[test]
+    fn weighted_sum_is_the_weighted_mean() {
+        let mut p = Params::new();
+        p.push("w", vec![2], vec![0.0, 10.0]).unwrap();
+        let mut q = Params::new();
+        q.push("w", vec![2], vec![4.0, 2.0]).unwrap();
+        let m = weighted_mean_params(&[(&p, 1.0), (&q, 3.0)]).unwrap();
+        assert_eq!(m.get("w").unwrap().data, vec![3.0, 4.0]);
+        assert!(weighted_mean_params(&[(&p, 0.0)]).is_err());
+        assert!(weighted_mean_params(&[(&p, f64::NAN)]).is_err());
     }
 
     #[test]

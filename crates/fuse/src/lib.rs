@@ -14,6 +14,7 @@ mod elementwise;
 mod error;
 
 pub use elementwise::{
-    median, median_params, trimmed_mean, trimmed_mean_params, weighted_mean, weighted_mean_params,
+    WeightedSum, median, median_params, trimmed_mean, trimmed_mean_params, weighted_mean,
+    weighted_mean_params,
 };
 pub use error::{FuseError, Result};

@@ -3,9 +3,9 @@
 //! Gaussian prior.
 
 use fedfuse_core::Params;
-use fedfuse_fuse::weighted_mean_params;
+use fedfuse_fuse::{WeightedSum, weighted_mean_params};
 
-use crate::{Aggregate, Method, Reply, Result};
+use crate::{Aggregate, Fold, Method, Reply, Result};
 
 /// FedAvg.
 #[derive(Clone, Copy, Debug, Default)]
@@ -20,6 +20,27 @@ pub(crate) fn example_weighted_mean(replies: &[Reply]) -> Result<Aggregate> {
     Ok(Aggregate::Replace(weighted_mean_params(&models)?))
 }
 
+/// The same mean as a running sum (bounded memory over many clients).
+pub(crate) struct MeanFold(WeightedSum);
+
+impl MeanFold {
+    pub(crate) fn boxed() -> Box<dyn Fold> {
+        Box::new(Self(WeightedSum::new()))
+    }
+}
+
+impl Fold for MeanFold {
+    fn add(&mut self, reply: Reply) -> Result<()> {
+        Ok(self
+            .0
+            .add(&reply.record.params, reply.record.num_examples as f64)?)
+    }
+
+    fn finish(self: Box<Self>, _round: usize, _global: &Params) -> Result<Aggregate> {
+        Ok(Aggregate::Replace(self.0.mean()?))
+    }
+}
+
 impl Method for FedAvg {
     fn name(&self) -> &'static str {
         "fedavg"
@@ -32,5 +53,9 @@ impl Method for FedAvg {
         replies: &[Reply],
     ) -> Result<Aggregate> {
         example_weighted_mean(replies)
+    }
+
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        Some(MeanFold::boxed())
     }
 }

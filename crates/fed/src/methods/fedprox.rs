@@ -4,9 +4,9 @@
 
 use fedfuse_core::{ConfigValue, Params, Record};
 
-use super::fedavg::example_weighted_mean;
+use super::fedavg::{MeanFold, example_weighted_mean};
 use crate::method::PROXIMAL_MU;
-use crate::{Aggregate, Method, Reply, Result};
+use crate::{Aggregate, Fold, Method, Reply, Result};
 
 /// FedProx with coefficient `mu`.
 #[derive(Clone, Copy, Debug)]
@@ -32,5 +32,9 @@ impl Method for FedProx {
         replies: &[Reply],
     ) -> Result<Aggregate> {
         example_weighted_mean(replies)
+    }
+
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        Some(MeanFold::boxed())
     }
 }

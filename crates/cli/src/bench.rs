@@ -1,0 +1,227 @@
+//! `fedfuse bench`: local-training and simulation throughput (results go in docs/BENCHMARKS.md).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use fedfuse_core::{ModelSpec, Params, Record};
+use fedfuse_data::{ClientData, Dataset, load_dataset};
+use fedfuse_fed::{
+    Aggregate, ClientContext, ClientsPerRound, FedAvg, Fold, Method, Reply, SimConfig, simulate,
+    standard_fit,
+};
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
+
+/// Median, min and max of `xs`.
+fn summary(xs: &mut [f64]) -> (f64, f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let median = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    };
+    (median, xs[0], xs[n - 1])
+}
+
+/// Peak resident memory of this process in MiB (Linux; NaN elsewhere).
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn time_epochs(
+    name: &str,
+    spec: ModelSpec,
+    data: &Dataset,
+    batch_size: usize,
+    repeats: usize,
+) -> Result<()> {
+    let trainer = Trainer::new(spec.clone())?;
+    let start = init_params(&spec, Init::Default, 0);
+    let cfg = TrainConfig {
+        optimizer: OptimizerConfig::Sgd {
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        lr: 0.01,
+        epochs: 1,
+        batch_size,
+    };
+    let mut secs = Vec::with_capacity(repeats);
+    for r in 0..repeats {
+        let t = Instant::now();
+        trainer.fit_with(&start, data, &cfg, None, r as u64)?;
+        secs.push(t.elapsed().as_secs_f64());
+    }
+    let (median, min, max) = summary(&mut secs);
+    println!(
+        "{name}: {} samples, batch {batch_size}: median {median:.3} s/epoch (min {min:.3}, max {max:.3}) \
+         = {:.0} samples/s",
+        data.len(),
+        data.len() as f64 / median
+    );
+    Ok(())
+}
+
+/// One epoch of local training, single thread, as DESIGN.md measured it.
+pub fn train(data_dir: &Path, repeats: usize, threads: usize) -> Result<ExitCode> {
+    let data = load_dataset("mnist", Some(data_dir)).context("MNIST for the benchmark")?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("thread pool")?;
+    println!("local training, {threads} thread(s), {repeats} repeats");
+    pool.install(|| -> Result<()> {
+        time_epochs(
+            "MLP 784-100-10",
+            ModelSpec::mlp(784, &[100], 10),
+            &data.train,
+            64,
+            repeats,
+        )?;
+        let subset = data.train.subset(&(0..5000).collect::<Vec<_>>());
+        time_epochs(
+            "LeNet-5 28x28x1",
+            ModelSpec::LeNet5 {
+                channels: 1,
+                side: 28,
+                classes: 10,
+            },
+            &subset,
+            32,
+            repeats,
+        )
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Flower's simulation benchmark step: add 0.01 to every parameter; FedAvg on the server.
+struct AddStep;
+
+impl Method for AddStep {
+    fn name(&self) -> &'static str {
+        "bench-add"
+    }
+
+    fn fit(&self, instruction: Record, _ctx: &ClientContext<'_>) -> fedfuse_fed::Result<Record> {
+        let mut params = instruction.params;
+        for (_, t) in params.iter_mut() {
+            t.data.iter_mut().for_each(|v| *v += 0.01);
+        }
+        Ok(Record::from_params(params).with_num_examples(1))
+    }
+
+    fn aggregate(
+        &mut self,
+        round: usize,
+        global: &Params,
+        replies: &[Reply],
+    ) -> fedfuse_fed::Result<Aggregate> {
+        FedAvg.aggregate(round, global, replies)
+    }
+
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        FedAvg.fold()
+    }
+}
+
+/// A real local step: one SGD epoch over the client's one sample.
+struct SgdStep;
+
+impl Method for SgdStep {
+    fn name(&self) -> &'static str {
+        "bench-sgd"
+    }
+
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> fedfuse_fed::Result<Record> {
+        standard_fit(instruction, ctx)
+    }
+
+    fn aggregate(
+        &mut self,
+        round: usize,
+        global: &Params,
+        replies: &[Reply],
+    ) -> fedfuse_fed::Result<Aggregate> {
+        FedAvg.aggregate(round, global, replies)
+    }
+
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        FedAvg.fold()
+    }
+}
+
+/// Simulation throughput: many clients, a tiny local step.
+pub fn sim(clients: usize, rounds: usize, width: usize, step: &str) -> Result<ExitCode> {
+    if clients == 0 || rounds == 0 {
+        bail!("--clients and --rounds must be at least 1");
+    }
+    let data = load_dataset("digits", None)?;
+    // One sample per client, reused cyclically: the step's cost, not the data, is measured.
+    let pool: Vec<ClientData> = (0..clients)
+        .map(|c| {
+            let i = c % data.train.len();
+            ClientData {
+                train: data.train.subset(&[i]),
+                test: data.train.subset(&[]),
+            }
+        })
+        .collect();
+    let spec = ModelSpec::mlp(64, &[width], 10);
+    let trainer = Trainer::new(spec.clone())?;
+    let init = init_params(&spec, Init::Default, 0);
+    let cfg = SimConfig {
+        rounds,
+        clients_per_round: ClientsPerRound::Fraction(1.0),
+        seed: 0,
+        train: TrainConfig::default(),
+        local_eval: false,
+    };
+    let mut method: Box<dyn Method> = match step {
+        "add" => Box::new(AddStep),
+        "sgd" => Box::new(SgdStep),
+        other => bail!("--step `{other}`: use `add` or `sgd`"),
+    };
+    let t = Instant::now();
+    let run = simulate(
+        method.as_mut(),
+        &trainer,
+        &pool,
+        &data.test,
+        init,
+        &cfg,
+        &|_| {},
+    )?;
+    let total = t.elapsed().as_secs_f64();
+    let mut rates: Vec<f64> = run
+        .rounds
+        .iter()
+        .map(|r| r.clients as f64 / r.seconds)
+        .collect();
+    let (median, min, max) = summary(&mut rates);
+    println!(
+        "simulation: {clients} clients x {rounds} rounds, model {} params, step `{step}`, {} threads",
+        spec.num_params(),
+        rayon::current_num_threads()
+    );
+    println!(
+        "client updates/s per round: median {median:.0} (min {min:.0}, max {max:.0}); \
+         total {total:.2} s; peak RSS {:.0} MiB",
+        peak_rss_mib()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where the bench's MNIST lives by default.
+pub fn default_mnist() -> PathBuf {
+    fedfuse_data::default_dataset_dir("mnist")
+}

@@ -152,6 +152,76 @@ fn nan_reply_is_rejected_and_the_round_goes_on() {
     assert!(run.params.check_finite().is_ok());
 }
 
+fn drop_last_tensor(p: &mut Params) {
+    let mut shorter = Params::new();
+    for (name, t) in p.iter().take(p.len() - 1) {
+        shorter.push(name, t.shape.clone(), t.data.clone()).unwrap();
+    }
+    *p = shorter;
+}
+
+fn transpose_first(p: &mut Params) {
+    if let Some((_, t)) = p.iter_mut().next() {
+        t.shape.reverse();
+    }
+}
+
+#[test]
+fn wrong_shapes_are_rejected_with_the_client_id() {
+    let (data, clients, trainer, init) = setup(4);
+    for (corrupt, needle) in [
+        (drop_last_tensor as fn(&mut Params), "tensors where"),
+        (transpose_first, "layers.0.weight"),
+    ] {
+        let mut method = Faulty {
+            inner: FedMedian,
+            bad: 3,
+            corrupt,
+        };
+        let run = simulate(
+            &mut method,
+            &trainer,
+            &clients,
+            &data.test,
+            init.clone(),
+            &sim(1),
+            &|_| {},
+        )
+        .unwrap();
+        let r = &run.rounds[0];
+        assert_eq!(r.rejected.len(), 1);
+        assert_eq!(r.rejected[0].client, 3);
+        assert!(
+            r.rejected[0].reason.contains(needle),
+            "{}",
+            r.rejected[0].reason
+        );
+        assert!(r.global_accuracy > 0.5);
+    }
+}
+
+#[test]
+fn all_replies_rejected_keeps_the_global_model() {
+    let (data, clients, trainer, init) = setup(1);
+    let mut method = Faulty {
+        inner: FedAvg,
+        bad: 0,
+        corrupt: nan,
+    };
+    let run = simulate(
+        &mut method,
+        &trainer,
+        &clients,
+        &data.test,
+        init.clone(),
+        &sim(2),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(run.params, init);
+    assert!(run.rounds.iter().all(|r| r.rejected.len() == 1));
+}
+
 #[test]
 fn same_seed_same_run() {
     let (data, clients, trainer, init) = setup(6);

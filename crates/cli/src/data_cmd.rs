@@ -67,5 +67,26 @@ pub fn run(cmd: DataCommand) -> Result<ExitCode> {
 }
 
 fn print_event(e: &DownloadEvent) {
-    eprintln!("{e:?}");
+    match e {
+        DownloadEvent::Skipped { file } => eprintln!("{file}: present, sha256 ok"),
+        DownloadEvent::Started {
+            file,
+            url,
+            offset,
+            total,
+        } => {
+            let size = total.map_or(String::new(), |t| format!(" ({:.1} MB)", t as f64 / 1e6));
+            if *offset > 0 {
+                eprintln!("{file}: resuming at byte {offset} from {url}{size}");
+            } else {
+                eprintln!("{file}: downloading {url}{size}");
+            }
+        }
+        DownloadEvent::Failed { file, url, error } => {
+            eprintln!("{file}: {url} failed: {error}; trying the next source")
+        }
+        DownloadEvent::Finished { file } => eprintln!("{file}: done, sha256 ok"),
+        // Byte counts are too chatty for plain lines.
+        _ => {}
+    }
 }

@@ -104,8 +104,11 @@ pub fn train(data_dir: &Path, repeats: usize, threads: usize) -> Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-/// Flower's simulation benchmark step: add 0.01 to every parameter; FedAvg on the server.
-struct AddStep;
+/// Flower's simulation benchmark step: add 0.01 to every parameter; FedAvg on the server,
+/// streaming unless `collect` asks for all replies at once (to measure what folding saves).
+struct AddStep {
+    collect: bool,
+}
 
 impl Method for AddStep {
     fn name(&self) -> &'static str {
@@ -130,7 +133,7 @@ impl Method for AddStep {
     }
 
     fn fold(&self) -> Option<Box<dyn Fold>> {
-        FedAvg.fold()
+        if self.collect { None } else { FedAvg.fold() }
     }
 }
 
@@ -161,7 +164,13 @@ impl Method for SgdStep {
 }
 
 /// Simulation throughput: many clients, a tiny local step.
-pub fn sim(clients: usize, rounds: usize, width: usize, step: &str) -> Result<ExitCode> {
+pub fn sim(
+    clients: usize,
+    rounds: usize,
+    width: usize,
+    step: &str,
+    collect: bool,
+) -> Result<ExitCode> {
     if clients == 0 || rounds == 0 {
         bail!("--clients and --rounds must be at least 1");
     }
@@ -187,7 +196,7 @@ pub fn sim(clients: usize, rounds: usize, width: usize, step: &str) -> Result<Ex
         local_eval: false,
     };
     let mut method: Box<dyn Method> = match step {
-        "add" => Box::new(AddStep),
+        "add" => Box::new(AddStep { collect }),
         "sgd" => Box::new(SgdStep),
         other => bail!("--step `{other}`: use `add` or `sgd`"),
     };
@@ -209,9 +218,10 @@ pub fn sim(clients: usize, rounds: usize, width: usize, step: &str) -> Result<Ex
         .collect();
     let (median, min, max) = summary(&mut rates);
     println!(
-        "simulation: {clients} clients x {rounds} rounds, model {} params, step `{step}`, {} threads",
+        "simulation: {clients} clients x {rounds} rounds, model {} params, step `{step}`, {} threads{}",
         spec.num_params(),
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        if collect { ", all replies held" } else { "" }
     );
     println!(
         "client updates/s per round: median {median:.0} (min {min:.0}, max {max:.0}); \

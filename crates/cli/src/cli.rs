@@ -75,6 +75,9 @@ enum BenchCommand {
         /// `add` (add 0.01 to every parameter, as Flower's benchmark) or `sgd` (one real step).
         #[arg(long, default_value = "add")]
         step: String,
+        /// Hold all replies of a round before aggregating (no streaming fold), to compare.
+        #[arg(long)]
+        collect: bool,
     },
 }
 
@@ -135,7 +138,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 rounds,
                 width,
                 step,
-            } => crate::bench::sim(clients, rounds, width, &step),
+                collect,
+            } => crate::bench::sim(clients, rounds, width, &step, collect),
         },
     }
 }

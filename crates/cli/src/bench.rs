@@ -104,18 +104,24 @@ pub fn train(data_dir: &Path, repeats: usize, threads: usize) -> Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-/// Flower's simulation benchmark step: add 0.01 to every parameter; FedAvg on the server,
-/// streaming unless `collect` asks for all replies at once (to measure what folding saves).
-struct AddStep {
+/// The benchmark's client step, with FedAvg on the server: `add` is Flower's benchmark step
+/// (add 0.01 to every parameter), `sgd` one real local epoch over the client's one sample.
+/// `collect` holds all replies before aggregating instead of folding them (to measure what
+/// folding saves).
+struct BenchStep {
+    sgd: bool,
     collect: bool,
 }
 
-impl Method for AddStep {
+impl Method for BenchStep {
     fn name(&self) -> &'static str {
-        "bench-add"
+        "bench"
     }
 
-    fn fit(&self, instruction: Record, _ctx: &ClientContext<'_>) -> fedfuse_fed::Result<Record> {
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> fedfuse_fed::Result<Record> {
+        if self.sgd {
+            return standard_fit(instruction, ctx);
+        }
         let mut params = instruction.params;
         for (_, t) in params.iter_mut() {
             t.data.iter_mut().for_each(|v| *v += 0.01);
@@ -134,32 +140,6 @@ impl Method for AddStep {
 
     fn fold(&self) -> Option<Box<dyn Fold>> {
         if self.collect { None } else { FedAvg.fold() }
-    }
-}
-
-/// A real local step: one SGD epoch over the client's one sample.
-struct SgdStep;
-
-impl Method for SgdStep {
-    fn name(&self) -> &'static str {
-        "bench-sgd"
-    }
-
-    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> fedfuse_fed::Result<Record> {
-        standard_fit(instruction, ctx)
-    }
-
-    fn aggregate(
-        &mut self,
-        round: usize,
-        global: &Params,
-        replies: &[Reply],
-    ) -> fedfuse_fed::Result<Aggregate> {
-        FedAvg.aggregate(round, global, replies)
-    }
-
-    fn fold(&self) -> Option<Box<dyn Fold>> {
-        FedAvg.fold()
     }
 }
 
@@ -195,14 +175,17 @@ pub fn sim(
         train: TrainConfig::default(),
         local_eval: false,
     };
-    let mut method: Box<dyn Method> = match step {
-        "add" => Box::new(AddStep { collect }),
-        "sgd" => Box::new(SgdStep),
+    let mut method = match step {
+        "add" => BenchStep {
+            sgd: false,
+            collect,
+        },
+        "sgd" => BenchStep { sgd: true, collect },
         other => bail!("--step `{other}`: use `add` or `sgd`"),
     };
     let t = Instant::now();
     let run = simulate(
-        method.as_mut(),
+        &mut method,
         &trainer,
         &pool,
         &data.test,

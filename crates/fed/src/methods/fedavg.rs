@@ -11,29 +11,13 @@ use crate::{Aggregate, Fold, Method, Reply, Result};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FedAvg;
 
-/// Example-weighted mean of the replies' parameters, shared by FedAvg and FedProx.
-pub(crate) fn example_weighted_mean(replies: &[Reply]) -> Result<Aggregate> {
-    let models: Vec<(&Params, f64)> = replies
-        .iter()
-        .map(|r| (&r.record.params, r.record.num_examples as f64))
-        .collect();
-    Ok(Aggregate::Replace(weighted_mean_params(&models)?))
-}
-
 /// The same mean as a running sum (bounded memory over many clients).
-pub(crate) struct MeanFold(WeightedSum);
-
-impl MeanFold {
-    pub(crate) fn boxed() -> Box<dyn Fold> {
-        Box::new(Self(WeightedSum::new()))
-    }
-}
+struct MeanFold(WeightedSum);
 
 impl Fold for MeanFold {
     fn add(&mut self, reply: Reply) -> Result<()> {
-        Ok(self
-            .0
-            .add(&reply.record.params, reply.record.num_examples as f64)?)
+        let weight = reply.record.num_examples as f64;
+        Ok(self.0.add(&reply.record.params, weight)?)
     }
 
     fn finish(self: Box<Self>, _round: usize, _global: &Params) -> Result<Aggregate> {
@@ -52,10 +36,14 @@ impl Method for FedAvg {
         _global: &Params,
         replies: &[Reply],
     ) -> Result<Aggregate> {
-        example_weighted_mean(replies)
+        let models: Vec<(&Params, f64)> = replies
+            .iter()
+            .map(|r| (&r.record.params, r.record.num_examples as f64))
+            .collect();
+        Ok(Aggregate::Replace(weighted_mean_params(&models)?))
     }
 
     fn fold(&self) -> Option<Box<dyn Fold>> {
-        Some(MeanFold::boxed())
+        Some(Box::new(MeanFold(WeightedSum::new())))
     }
 }

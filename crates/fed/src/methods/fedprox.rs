@@ -4,7 +4,7 @@
 
 use fedfuse_core::{ConfigValue, Params, Record};
 
-use super::fedavg::{MeanFold, example_weighted_mean};
+use super::FedAvg;
 use crate::method::PROXIMAL_MU;
 use crate::{Aggregate, Fold, Method, Reply, Result};
 
@@ -21,20 +21,15 @@ impl Method for FedProx {
     }
 
     fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
-        let base = super::FedAvg.instruct(round, client, global)?;
+        let base = FedAvg.instruct(round, client, global)?;
         Ok(base.with_config(PROXIMAL_MU, ConfigValue::Float(self.mu)))
     }
 
-    fn aggregate(
-        &mut self,
-        _round: usize,
-        _global: &Params,
-        replies: &[Reply],
-    ) -> Result<Aggregate> {
-        example_weighted_mean(replies)
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        FedAvg.aggregate(round, global, replies)
     }
 
     fn fold(&self) -> Option<Box<dyn Fold>> {
-        Some(MeanFold::boxed())
+        FedAvg.fold()
     }
 }

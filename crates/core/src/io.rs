@@ -210,6 +210,55 @@ mod tests {
     }
 
     #[test]
+    fn pytorch_style_files_convert_and_order_naturally() {
+        use safetensors::tensor::TensorView;
+        // As torch would write them: no fedfuse metadata, F64 / F16 / BF16 tensors.
+        let f64s: Vec<u8> = [1.5f64, -2.25]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let f16s: Vec<u8> = [0.5f32, 3.0]
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect();
+        let bf16s: Vec<u8> = [-4.0f32]
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let tensors = vec![
+            (
+                "layers.10.weight",
+                TensorView::new(Dtype::F64, vec![1, 2], &f64s).unwrap(),
+            ),
+            (
+                "layers.2.weight",
+                TensorView::new(Dtype::F16, vec![2], &f16s).unwrap(),
+            ),
+            (
+                "layers.2.bias",
+                TensorView::new(Dtype::BF16, vec![1], &bf16s).unwrap(),
+            ),
+        ];
+        let bytes = safetensors::serialize(tensors, None).unwrap();
+        let (p, _) = params_from_safetensors(&bytes).unwrap();
+        assert_eq!(
+            p.names(),
+            ["layers.2.bias", "layers.2.weight", "layers.10.weight"]
+        );
+        assert_eq!(p.get("layers.10.weight").unwrap().data, vec![1.5, -2.25]);
+        assert_eq!(p.get("layers.2.weight").unwrap().data, vec![0.5, 3.0]);
+        assert_eq!(p.get("layers.2.bias").unwrap().data, vec![-4.0]);
+        let ints = [1u8, 2, 3, 4];
+        let bad = safetensors::serialize(
+            vec![("w", TensorView::new(Dtype::I32, vec![1], &ints).unwrap())],
+            None,
+        )
+        .unwrap();
+        let err = params_from_safetensors(&bad).unwrap_err().to_string();
+        assert!(err.contains("`w`") && err.contains("I32"), "{err}");
+    }
+
+    #[test]
     fn garbage_is_an_error() {
         assert!(params_from_safetensors(b"not a safetensors file").is_err());
         assert!(params_from_safetensors(&[]).is_err());

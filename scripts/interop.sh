@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Interop check with Python's `safetensors` (installed here, in a venv under target/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=target/interop-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check numpy safetensors
+cargo build --quiet -p fedfuse
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+target/debug/fedfuse run examples/quickstart.toml --out "$out/run" --quiet 2>/dev/null
+"$venv/bin/python" scripts/interop_check.py "$out/run"

@@ -16,6 +16,12 @@ pub enum FuseError {
         /// Why, and what is valid.
         reason: String,
     },
+    /// A client model or matrix cannot be matched (wrong layout, non-finite values, ...).
+    #[error("invalid matching input: {0}")]
+    InvalidInput(String),
+    /// The linear sum assignment could not be solved.
+    #[error("linear sum assignment failed: {0}")]
+    Solver(String),
 }
 
 /// Result with [`FuseError`].

@@ -1,6 +1,8 @@
 //! Aggregation maths of fedfuse on plain f32 slices and [`Params`](fedfuse_core::Params).
 //!
 //! Pure functions: no I/O, no tensor library. Each method of `fedfuse-fed` wraps one of them.
+//! Coordinate-wise means and medians work on slices; PFNM neuron matching ([`pfnm_fuse`],
+//! [`match_layer`]) on f64 matrices.
 //!
 //! ```
 //! use fedfuse_fuse::weighted_mean;
@@ -12,9 +14,15 @@
 
 mod elementwise;
 mod error;
+mod matching;
 
 pub use elementwise::{
     WeightedSum, median, median_params, trimmed_mean, trimmed_mean_params, weighted_mean,
     weighted_mean_params,
 };
 pub use error::{FuseError, Result};
+pub use matching::{
+    ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,
+    Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder, RngOrder,
+    match_layer, pfnm_fuse, pfnm_fuse_mlp, pfnm_scores,
+};

@@ -1,0 +1,403 @@
+//! PFNM for MLPs: layers matched from the top hidden layer down (`layer_group_descent` of the
+//! reference code), absent outgoing connections zero-filled with full precision, output-layer
+//! precisions weighted by each client's share of every class.
+
+use fedfuse_core::Params;
+use rand::Rng;
+
+use super::layer::{
+    ClientUnits, LayerPrior, LayerSettings, Matrix, OrderSource, RngOrder, match_layer,
+};
+use crate::{FuseError, Result};
+
+/// Settings of PFNM. `sigma` and `sigma0` are **variances**, as in the reference code.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PfnmConfig {
+    /// Variance of client units around their global unit (reference default 1).
+    pub sigma: f64,
+    /// Prior variance of global units (reference default 1).
+    pub sigma0: f64,
+    /// Mass parameter of the Beta process: larger opens new global units more readily (default 1).
+    pub gamma: f64,
+    /// Refinement passes per layer after the greedy pass (5 in single-round PFNM).
+    pub iters: usize,
+    /// Soft cap on the width of a global layer (700 in the reference).
+    pub max_global: usize,
+    /// Prior mean of biases (0.1 in the reference; weights have prior mean 0).
+    pub bias_mean: f64,
+}
+
+impl Default for PfnmConfig {
+    fn default() -> Self {
+        Self {
+            sigma: 1.0,
+            sigma0: 1.0,
+            gamma: 1.0,
+            iters: 5,
+            max_global: 700,
+            bias_mean: 0.1,
+        }
+    }
+}
+
+impl PfnmConfig {
+    /// Checks every setting, naming the first that is out of range.
+    pub fn check(&self) -> Result<()> {
+        let positive = [
+            ("method.sigma", self.sigma),
+            ("method.sigma0", self.sigma0),
+            ("method.gamma", self.gamma),
+        ];
+        for (field, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(FuseError::InvalidSetting {
+                    field,
+                    reason: format!("{v} is not a positive finite number"),
+                });
+            }
+        }
+        if !self.bias_mean.is_finite() {
+            return Err(FuseError::InvalidSetting {
+                field: "method.bias_mean",
+                reason: format!("{} is not finite", self.bias_mean),
+            });
+        }
+        if self.max_global == 0 {
+            return Err(FuseError::InvalidSetting {
+                field: "method.max_global",
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One fully connected layer in PyTorch layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DenseLayer {
+    /// `[out, in]`.
+    pub weight: Matrix,
+    /// `[out]`.
+    pub bias: Vec<f64>,
+}
+
+/// An MLP `input -> hidden... -> classes` as f64 matrices (`layers.{i}` of [`Params`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlpWeights {
+    /// Layers from input to output.
+    pub layers: Vec<DenseLayer>,
+}
+
+impl MlpWeights {
+    /// Reads `layers.0.weight`, `layers.0.bias`, ... (exactly these tensors, chained shapes).
+    /// `client` names the model in errors.
+    pub fn from_params(params: &Params, client: usize) -> Result<Self> {
+        let bad = |reason: String| FuseError::InvalidInput(format!("client {client}: {reason}"));
+        if params.is_empty() || !params.len().is_multiple_of(2) {
+            return Err(bad(format!(
+                "{} tensors; an MLP has `layers.{{i}}.weight` and `layers.{{i}}.bias` for each layer",
+                params.len()
+            )));
+        }
+        let mut layers = Vec::with_capacity(params.len() / 2);
+        for i in 0..params.len() / 2 {
+            let (wn, bn) = (format!("layers.{i}.weight"), format!("layers.{i}.bias"));
+            let (w, b) = match (params.get(&wn), params.get(&bn)) {
+                (Some(w), Some(b)) => (w, b),
+                _ => return Err(bad(format!("tensor `{wn}` or `{bn}` is missing"))),
+            };
+            let &[out, inp] = w.shape.as_slice() else {
+                return Err(bad(format!(
+                    "tensor `{wn}` has shape {:?}, not [out, in]",
+                    w.shape
+                )));
+            };
+            if b.shape != [out] {
+                return Err(bad(format!(
+                    "tensor `{bn}` has shape {:?} where [{out}] was expected",
+                    b.shape
+                )));
+            }
+            if out == 0 || inp == 0 {
+                return Err(bad(format!(
+                    "tensor `{wn}` has an empty axis ({:?})",
+                    w.shape
+                )));
+            }
+            if let Some(prev) = layers.last().map(|l: &DenseLayer| l.weight.rows())
+                && prev != inp
+            {
+                return Err(bad(format!(
+                    "tensor `{wn}` takes {inp} inputs but the layer below has {prev} outputs"
+                )));
+            }
+            for (name, t) in [(&wn, w), (&bn, b)] {
+                if t.data.iter().any(|v| !v.is_finite()) {
+                    return Err(bad(format!("tensor `{name}` has non-finite values")));
+                }
+            }
+            layers.push(DenseLayer {
+                weight: Matrix::new(out, inp, w.data.iter().map(|&v| f64::from(v)).collect())?,
+                bias: b.data.iter().map(|&v| f64::from(v)).collect(),
+            });
+        }
+        Ok(Self { layers })
+    }
+
+    /// `layers.{i}.weight` `[out, in]` and `layers.{i}.bias` `[out]` as f32.
+    pub fn to_params(&self) -> Result<Params> {
+        let mut p = Params::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            let w = l.weight.data().iter().map(|&v| v as f32).collect();
+            p.push(
+                format!("layers.{i}.weight"),
+                vec![l.weight.rows(), l.weight.cols()],
+                w,
+            )?;
+            let b = l.bias.iter().map(|&v| v as f32).collect();
+            p.push(format!("layers.{i}.bias"), vec![l.bias.len()], b)?;
+        }
+        Ok(p)
+    }
+
+    /// Hidden widths.
+    pub fn hidden(&self) -> Vec<usize> {
+        let n = self.layers.len().saturating_sub(1);
+        self.layers[..n].iter().map(|l| l.weight.rows()).collect()
+    }
+}
+
+/// A fused MLP and how every client unit was matched.
+#[derive(Clone, Debug)]
+pub struct FusedMlp {
+    /// The global network (hidden widths are what the matching found).
+    pub net: MlpWeights,
+    /// Hidden layer (input side first) -> client -> local unit -> global unit.
+    pub assignments: Vec<Vec<Vec<usize>>>,
+}
+
+/// A fused model as [`Params`] and how every client unit was matched.
+#[derive(Clone, Debug)]
+pub struct Fused {
+    /// The global model, `layers.{i}.weight` / `layers.{i}.bias`, with the new widths.
+    pub params: Params,
+    /// Hidden layer (input side first) -> client -> local unit -> global unit.
+    pub assignments: Vec<Vec<Vec<usize>>>,
+}
+
+/// PFNM of MLP clients given as [`Params`] (`layers.{i}.weight` `[out, in]`, `layers.{i}.bias`);
+/// refinement orders are drawn from `rng`.
+///
+/// `class_counts[j][k]` is client `j`'s number of training examples of class `k` (it weights
+/// the output layer); `None` weighs all clients equally.
+///
+/// ```
+/// use fedfuse_core::Params;
+/// use fedfuse_fuse::{PfnmConfig, pfnm_fuse};
+/// use rand::{SeedableRng, rngs::StdRng};
+///
+/// let mut net = Params::new();
+/// net.push("layers.0.weight", vec![2, 3], vec![1.0, 0.0, -1.0, 0.5, 0.5, 0.5])?;
+/// net.push("layers.0.bias", vec![2], vec![0.1, 0.1])?;
+/// net.push("layers.1.weight", vec![1, 2], vec![1.0, -1.0])?;
+/// net.push("layers.1.bias", vec![1], vec![0.0])?;
+/// let cfg = PfnmConfig { sigma: 0.01, ..PfnmConfig::default() };
+/// let fused = pfnm_fuse(&[&net, &net], None, &cfg, &mut StdRng::seed_from_u64(0))?;
+/// // Two copies of one network match unit for unit.
+/// assert_eq!(fused.assignments, vec![vec![vec![0, 1], vec![0, 1]]]);
+/// assert_eq!(fused.params.get("layers.0.bias").map(|t| t.shape.clone()), Some(vec![2]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn pfnm_fuse<R: Rng + ?Sized>(
+    clients: &[&Params],
+    class_counts: Option<&[Vec<f64>]>,
+    cfg: &PfnmConfig,
+    rng: &mut R,
+) -> Result<Fused> {
+    let nets = clients
+        .iter()
+        .enumerate()
+        .map(|(j, p)| MlpWeights::from_params(p, j))
+        .collect::<Result<Vec<_>>>()?;
+    let fused = pfnm_fuse_mlp(&nets, class_counts, cfg, &mut RngOrder(rng))?;
+    Ok(Fused {
+        params: fused.net.to_params()?,
+        assignments: fused.assignments,
+    })
+}
+
+/// PFNM of MLPs on f64 matrices, with refinement orders from `orders` (one per layer and pass,
+/// top hidden layer first).
+pub fn pfnm_fuse_mlp(
+    nets: &[MlpWeights],
+    class_counts: Option<&[Vec<f64>]>,
+    cfg: &PfnmConfig,
+    orders: &mut dyn OrderSource,
+) -> Result<FusedMlp> {
+    cfg.check()?;
+    let Some(first) = nets.first() else {
+        return Err(FuseError::Empty);
+    };
+    let n_layers = first.layers.len();
+    let c_hidden = n_layers.saturating_sub(1);
+    if c_hidden == 0 {
+        return Err(FuseError::InvalidInput(
+            "client 0: PFNM needs at least one hidden layer".into(),
+        ));
+    }
+    let d = first.layers[0].weight.cols();
+    let k = first.layers[n_layers - 1].weight.rows();
+    for (j, n) in nets.iter().enumerate() {
+        let (nd, nk) = (
+            n.layers.first().map_or(0, |l| l.weight.cols()),
+            n.layers.last().map_or(0, |l| l.weight.rows()),
+        );
+        if n.layers.len() != n_layers || nd != d || nk != k {
+            return Err(FuseError::InvalidInput(format!(
+                "client {j}: {} layers, {nd} inputs, {nk} outputs where client 0 has {n_layers}, {d}, {k}",
+                n.layers.len()
+            )));
+        }
+    }
+    let shares = class_shares(class_counts, nets.len(), k)?;
+
+    let inv_s = 1.0 / cfg.sigma;
+    let inv_s0 = 1.0 / cfg.sigma0;
+    let settings = LayerSettings {
+        gamma: cfg.gamma,
+        iters: cfg.iters,
+        max_global: cfg.max_global,
+    };
+
+    // Layers top-down; `c` is the 0-based hidden layer, its units are rows of layers[c] and
+    // columns of layers[c + 1].
+    let mut assignments_all: Vec<Vec<Vec<usize>>> = Vec::with_capacity(c_hidden);
+    let mut upper: Option<(usize, Vec<Vec<usize>>)> = None; // (L_{c+1}, assignment of c+1)
+    let mut out_layers: Vec<DenseLayer> = Vec::with_capacity(n_layers);
+    for c in (0..c_hidden).rev() {
+        let top = c + 1 == c_hidden;
+        let incoming = if c == 0 { d } else { 0 };
+        let out_dim = upper.as_ref().map_or(k, |(l, _)| *l);
+        let p = incoming + 1 + out_dim;
+
+        let mut clients = Vec::with_capacity(nets.len());
+        for (j, net) in nets.iter().enumerate() {
+            let own = &net.layers[c];
+            let next = &net.layers[c + 1];
+            let h = own.weight.rows();
+            let mut units = Matrix::zeros(h, p);
+            for u in 0..h {
+                let row = units.row_mut(u);
+                if c == 0 {
+                    row[..d].copy_from_slice(own.weight.row(u));
+                }
+                row[incoming] = own.bias[u];
+                let outgoing = &mut row[incoming + 1..];
+                match &upper {
+                    None => {
+                        for (o, kk) in outgoing.iter_mut().zip(0..k) {
+                            *o = next.weight.get(kk, u);
+                        }
+                    }
+                    Some((_, asg)) => {
+                        for (v, &g) in asg[j].iter().enumerate() {
+                            outgoing[g] = next.weight.get(v, u);
+                        }
+                    }
+                }
+            }
+            let mut precision = vec![inv_s; p];
+            if top {
+                for (s, r) in precision[incoming + 1..].iter_mut().zip(&shares[j]) {
+                    *s = r * inv_s;
+                }
+            }
+            clients.push(ClientUnits { units, precision });
+        }
+        let mut mean = vec![0.0; p];
+        mean[incoming] = cfg.bias_mean;
+        let prior = LayerPrior {
+            mean,
+            precision: vec![inv_s0; p],
+        };
+        let m = match_layer(&clients, &prior, &settings, orders)?;
+        let post = m.posterior_mean();
+        let l_c = m.width();
+
+        if top {
+            out_layers.push(DenseLayer {
+                weight: post.columns(incoming + 1, p).transpose(),
+                bias: output_bias(nets, &shares, cfg),
+            });
+        } else if let Some(prev) = out_layers.last_mut() {
+            // Layer c+1's incoming weights come from this match.
+            prev.weight = post.columns(incoming + 1, p).transpose();
+        }
+        let bias: Vec<f64> = (0..l_c).map(|i| post.get(i, incoming)).collect();
+        let weight = if c == 0 {
+            post.columns(0, d)
+        } else {
+            // Filled in by the match of the layer below.
+            Matrix::zeros(l_c, 0)
+        };
+        out_layers.push(DenseLayer { weight, bias });
+        upper = Some((l_c, m.assignments.clone()));
+        assignments_all.push(m.assignments);
+    }
+    out_layers.reverse();
+    assignments_all.reverse();
+    Ok(FusedMlp {
+        net: MlpWeights { layers: out_layers },
+        assignments: assignments_all,
+    })
+}
+
+/// `n_jk / N_k`, or `1/J` without counts.
+fn class_shares(counts: Option<&[Vec<f64>]>, clients: usize, k: usize) -> Result<Vec<Vec<f64>>> {
+    let Some(counts) = counts else {
+        return Ok(vec![vec![1.0 / clients as f64; k]; clients]);
+    };
+    if counts.len() != clients {
+        return Err(FuseError::InvalidInput(format!(
+            "class counts for {} clients but {clients} models were given",
+            counts.len()
+        )));
+    }
+    for (j, c) in counts.iter().enumerate() {
+        if c.len() != k || c.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+            return Err(FuseError::InvalidInput(format!(
+                "client {j}: class counts must be {k} finite non-negative numbers, got {c:?}"
+            )));
+        }
+    }
+    let totals: Vec<f64> = (0..k)
+        .map(|kk| counts.iter().map(|c| c[kk]).sum())
+        .collect();
+    if let Some(kk) = totals.iter().position(|t| *t <= 0.0) {
+        return Err(FuseError::InvalidInput(format!(
+            "class {kk} has no examples at any client; its output weights cannot be estimated"
+        )));
+    }
+    Ok(counts
+        .iter()
+        .map(|c| c.iter().zip(&totals).map(|(n, t)| n / t).collect())
+        .collect())
+}
+
+/// Output bias: precision-weighted average with prior `bias_mean` (`process_softmax_bias`).
+fn output_bias(nets: &[MlpWeights], shares: &[Vec<f64>], cfg: &PfnmConfig) -> Vec<f64> {
+    let k = shares.first().map_or(0, Vec::len);
+    (0..k)
+        .map(|kk| {
+            let mut num = cfg.bias_mean / cfg.sigma0;
+            let mut den = 1.0 / cfg.sigma0;
+            for (net, r) in nets.iter().zip(shares) {
+                if let Some(out) = net.layers.last() {
+                    num += r[kk] * out.bias[kk] / cfg.sigma;
+                    den += r[kk] / cfg.sigma;
+                }
+            }
+            num / den
+        })
+        .collect()
+}

@@ -1,0 +1,438 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! PFNM: parity with the reference code, invariance, recovery of a planted network.
+
+use fedfuse_core::Params;
+use fedfuse_fuse::{
+    DenseLayer, Matrix, MlpWeights, PfnmConfig, ReplayOrder, pfnm_fuse, pfnm_fuse_mlp,
+};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::Value;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/fixtures/pfnm");
+
+fn matrix(v: &Value) -> Matrix {
+    let rows: Vec<Vec<f64>> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect();
+    let cols = rows.first().map_or(0, Vec::len);
+    Matrix::new(rows.len(), cols, rows.concat()).unwrap()
+}
+
+fn vector(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// Reference layout `[W1 (in x out), b1, W2, b2, ...]` -> PyTorch layout.
+fn net_from_reference(tensors: &Value) -> MlpWeights {
+    let t = tensors.as_array().unwrap();
+    let layers = t
+        .chunks(2)
+        .map(|wb| DenseLayer {
+            weight: matrix(&wb[0]).transpose(),
+            bias: vector(&wb[1]),
+        })
+        .collect();
+    MlpWeights { layers }
+}
+
+/// Replays one fixture recorded from `layer_group_descent` of
+/// IBM/probabilistic-federated-neural-matching `matching/pfnm.py` @ f44cf42
+/// (`/work/shared/notes/pfnm-reference.md` §6, `make_fixtures.py`).
+fn check_fixture(name: &str) {
+    let path = format!("{FIXTURES}/{name}.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let f: Value = serde_json::from_str(&text).unwrap();
+    let nets: Vec<MlpWeights> = f["client_weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(net_from_reference)
+        .collect();
+    let counts: Vec<Vec<f64>> = f["batch_frequencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(vector)
+        .collect();
+    let orders: Vec<Vec<usize>> = f["refinement_permutations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            o.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect()
+        })
+        .collect();
+    let cfg = PfnmConfig {
+        sigma: f["sigma"].as_f64().unwrap(),
+        sigma0: f["sigma0"].as_f64().unwrap(),
+        gamma: f["gamma"].as_f64().unwrap(),
+        iters: f["it"].as_u64().unwrap() as usize,
+        ..PfnmConfig::default()
+    };
+    let mut replay = ReplayOrder::new(orders);
+    let fused = pfnm_fuse_mlp(&nets, Some(&counts), &cfg, &mut replay).unwrap();
+    assert_eq!(
+        replay.remaining(),
+        0,
+        "{name}: not every recorded order was used"
+    );
+
+    let want = net_from_reference(&f["global_weights"]);
+    let shapes: Vec<Vec<usize>> = f["global_shapes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        fused.net.layers.len(),
+        want.layers.len(),
+        "{name}: layer count"
+    );
+    let mut max_diff = 0f64;
+    for (i, (got, exp)) in fused.net.layers.iter().zip(&want.layers).enumerate() {
+        // Reference shapes are (in x out) for weights.
+        assert_eq!(
+            vec![got.weight.cols(), got.weight.rows()],
+            shapes[2 * i],
+            "{name}: layer {i} weight shape"
+        );
+        assert_eq!(
+            vec![got.bias.len()],
+            shapes[2 * i + 1],
+            "{name}: layer {i} bias shape"
+        );
+        assert_eq!(
+            (got.weight.rows(), got.weight.cols()),
+            (exp.weight.rows(), exp.weight.cols())
+        );
+        for (a, b) in got
+            .weight
+            .data()
+            .iter()
+            .chain(&got.bias)
+            .zip(exp.weight.data().iter().chain(&exp.bias))
+        {
+            max_diff = max_diff.max((a - b).abs());
+        }
+    }
+    assert!(max_diff <= 1e-6, "{name}: max |diff| {max_diff:e}");
+    // Every client unit is assigned, within the global width.
+    for (c, layer) in fused.assignments.iter().enumerate() {
+        let width = fused.net.layers[c].weight.rows();
+        for (j, a) in layer.iter().enumerate() {
+            assert_eq!(a.len(), nets[j].layers[c].weight.rows());
+            assert!(a.iter().all(|&g| g < width));
+        }
+    }
+    eprintln!(
+        "{name}: max |diff| {max_diff:e}, hidden {:?}",
+        fused.net.hidden()
+    );
+}
+
+mod parity {
+    use super::check_fixture;
+
+    #[test]
+    fn one_layer_it0() {
+        check_fixture("one_layer_it0");
+    }
+
+    #[test]
+    fn one_layer_shared_it3() {
+        check_fixture("one_layer_shared_it3");
+    }
+
+    #[test]
+    fn one_layer_random_it3_small_sigma() {
+        check_fixture("one_layer_random_it3_small_sigma");
+    }
+
+    #[test]
+    fn two_layer_shared_it2() {
+        check_fixture("two_layer_shared_it2");
+    }
+}
+
+fn random_net(rng: &mut StdRng, widths: &[usize], scale: f64) -> MlpWeights {
+    let layers = widths
+        .windows(2)
+        .map(|w| DenseLayer {
+            weight: Matrix::new(
+                w[1],
+                w[0],
+                (0..w[0] * w[1])
+                    .map(|_| rng.random_range(-scale..scale))
+                    .collect(),
+            )
+            .unwrap(),
+            bias: (0..w[1]).map(|_| rng.random_range(-scale..scale)).collect(),
+        })
+        .collect();
+    MlpWeights { layers }
+}
+
+/// Hidden unit `perm[u]` of `net` becomes unit `u` (rows of layer 0, columns of layer 1).
+fn permute_hidden(net: &MlpWeights, perm: &[usize]) -> MlpWeights {
+    let (l0, l1) = (&net.layers[0], &net.layers[1]);
+    let d = l0.weight.cols();
+    let k = l1.weight.rows();
+    let w0: Vec<f64> = perm
+        .iter()
+        .flat_map(|&u| l0.weight.row(u).to_vec())
+        .collect();
+    let b0 = perm.iter().map(|&u| l0.bias[u]).collect();
+    let w1: Vec<f64> = (0..k)
+        .flat_map(|kk| perm.iter().map(move |&u| (kk, u)))
+        .map(|(kk, u)| l1.weight.get(kk, u))
+        .collect();
+    MlpWeights {
+        layers: vec![
+            DenseLayer {
+                weight: Matrix::new(perm.len(), d, w0).unwrap(),
+                bias: b0,
+            },
+            DenseLayer {
+                weight: Matrix::new(k, perm.len(), w1).unwrap(),
+                bias: l1.bias.clone(),
+            },
+        ],
+    }
+}
+
+/// Hidden unit vectors `[W0 row, b0, W1 column]` of a one-hidden-layer net.
+fn hidden_units(net: &MlpWeights) -> Vec<Vec<f64>> {
+    let (l0, l1) = (&net.layers[0], &net.layers[1]);
+    (0..l0.weight.rows())
+        .map(|u| {
+            let mut v = l0.weight.row(u).to_vec();
+            v.push(l0.bias[u]);
+            v.extend((0..l1.weight.rows()).map(|k| l1.weight.get(k, u)));
+            v
+        })
+        .collect()
+}
+
+mod invariance {
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(8))]
+        #[test]
+        fn permuting_a_clients_units_permutes_global_units(
+            seed in 0u64..1000,
+            client in 0usize..3,
+            sigma in prop::sample::select(vec![0.02, 0.1, 1.0]),
+        ) {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let widths = [5usize, 4, 6, 3];
+            let nets: Vec<MlpWeights> = widths[..3]
+                .iter()
+                .map(|&h| random_net(&mut rng, &[widths[0], h, widths[3]], 0.5))
+                .collect();
+            let mut perm: Vec<usize> = (0..nets[client].layers[0].weight.rows()).collect();
+            rand::seq::SliceRandom::shuffle(perm.as_mut_slice(), &mut rng);
+            let mut permuted = nets.clone();
+            permuted[client] = permute_hidden(&nets[client], &perm);
+            let cfg = PfnmConfig { sigma, iters: 3, ..PfnmConfig::default() };
+            let orders: Vec<Vec<usize>> = (0..3).map(|i| vec![(i + 1) % 3, i % 3, (i + 2) % 3]).collect();
+            let a = pfnm_fuse_mlp(&nets, None, &cfg, &mut ReplayOrder::new(orders.clone())).unwrap();
+            let b = pfnm_fuse_mlp(&permuted, None, &cfg, &mut ReplayOrder::new(orders)).unwrap();
+            prop_assert_eq!(a.net.hidden(), b.net.hidden());
+            prop_assert_eq!(&a.net.layers[1].bias, &b.net.layers[1].bias);
+            let (ua, ub) = (hidden_units(&a.net), hidden_units(&b.net));
+            let mut used = vec![false; ub.len()];
+            for u in &ua {
+                let hit = ub.iter().enumerate().position(|(i, v)| {
+                    !used[i] && u.iter().zip(v).all(|(x, y)| (x - y).abs() < 1e-9)
+                });
+                prop_assert!(hit.is_some(), "global unit {:?} has no counterpart", u);
+                if let Some(i) = hit {
+                    used[i] = true;
+                }
+            }
+        }
+    }
+}
+
+mod recovery {
+    use super::*;
+
+    #[test]
+    fn noisy_permuted_subsets_fuse_back_to_the_planted_network() {
+        let mut rng = StdRng::seed_from_u64(42);
+        let (d, h, k, keep, clients) = (12, 10, 4, 7, 8);
+        let planted = random_net(&mut rng, &[d, h, k], 1.0);
+        let mut params = Vec::new();
+        for _ in 0..clients {
+            let mut units: Vec<usize> = (0..h).collect();
+            rand::seq::SliceRandom::shuffle(units.as_mut_slice(), &mut rng);
+            units.truncate(keep);
+            let mut net = permute_hidden(&planted, &units);
+            for l in &mut net.layers {
+                let noisy: Vec<f64> = l
+                    .weight
+                    .data()
+                    .iter()
+                    .map(|v| v + rng.random_range(-0.02..0.02))
+                    .collect();
+                l.weight = Matrix::new(l.weight.rows(), l.weight.cols(), noisy).unwrap();
+                for b in &mut l.bias {
+                    *b += rng.random_range(-0.02..0.02);
+                }
+            }
+            params.push(net.to_params().unwrap());
+        }
+        let refs: Vec<&Params> = params.iter().collect();
+        let cfg = PfnmConfig {
+            sigma: 0.01,
+            ..PfnmConfig::default()
+        };
+        let fused = pfnm_fuse(&refs, None, &cfg, &mut StdRng::seed_from_u64(3)).unwrap();
+        let net = MlpWeights::from_params(&fused.params, 0).unwrap();
+        assert_eq!(net.hidden(), vec![h]);
+        assert_eq!(fused.assignments.len(), 1);
+        assert!(fused.assignments[0].iter().all(|a| a.len() == keep));
+
+        // Input side and bias of every planted unit are recovered (the output weights of a
+        // unit are shrunk by clients that lack it: absent connections count as zeros).
+        let want = hidden_units(&planted);
+        let got = hidden_units(&net);
+        for w in &want {
+            let best = got
+                .iter()
+                .map(|g| {
+                    g[..=d]
+                        .iter()
+                        .zip(&w[..=d])
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0, f64::max)
+                })
+                .fold(f64::INFINITY, f64::min);
+            assert!(best < 0.05, "planted unit not recovered: max error {best}");
+        }
+        let max_bias_err = net.layers[1]
+            .bias
+            .iter()
+            .zip(&planted.layers[1].bias)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(max_bias_err < 0.05, "output bias error {max_bias_err}");
+    }
+}
+
+mod errors {
+    use super::*;
+
+    #[test]
+    fn mismatched_inputs_name_the_client() {
+        let mut rng = StdRng::seed_from_u64(0);
+        let a = random_net(&mut rng, &[4, 3, 2], 1.0).to_params().unwrap();
+        let b = random_net(&mut rng, &[5, 3, 2], 1.0).to_params().unwrap();
+        let err = pfnm_fuse(&[&a, &b], None, &PfnmConfig::default(), &mut rng).unwrap_err();
+        assert!(err.to_string().contains("client 1"), "{err}");
+
+        let mut c = Params::new();
+        c.push("layers.0.weight", vec![3, 4], vec![0.0; 12])
+            .unwrap();
+        c.push("layers.0.bias", vec![2], vec![0.0; 2]).unwrap();
+        let err = pfnm_fuse(&[&a, &c], None, &PfnmConfig::default(), &mut rng).unwrap_err();
+        assert!(err.to_string().contains("client 1") && err.to_string().contains("layers.0.bias"));
+
+        let bad = PfnmConfig {
+            sigma: 0.0,
+            ..PfnmConfig::default()
+        };
+        assert!(pfnm_fuse(&[&a], None, &bad, &mut rng).is_err());
+        let err = pfnm_fuse(
+            &[&a, &a],
+            Some(&[vec![1.0, 0.0], vec![2.0, 0.0]]),
+            &PfnmConfig::default(),
+            &mut rng,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("class 1"), "{err}");
+    }
+
+    #[test]
+    fn params_round_trip_and_two_hidden_layers() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let nets: Vec<Params> = [6usize, 5, 7]
+            .iter()
+            .map(|&h| {
+                random_net(&mut rng, &[8, h, 4, 3], 0.5)
+                    .to_params()
+                    .unwrap()
+            })
+            .collect();
+        let refs: Vec<&Params> = nets.iter().collect();
+        let cfg = PfnmConfig {
+            sigma: 0.1,
+            iters: 2,
+            ..PfnmConfig::default()
+        };
+        let fused = pfnm_fuse(
+            &refs,
+            Some(&[vec![1.0; 3], vec![2.0; 3], vec![0.0, 1.0, 1.0]]),
+            &cfg,
+            &mut rng,
+        )
+        .unwrap();
+        let names: Vec<&str> = fused.params.names().iter().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "layers.0.weight",
+                "layers.0.bias",
+                "layers.1.weight",
+                "layers.1.bias",
+                "layers.2.weight",
+                "layers.2.bias"
+            ]
+        );
+        let net = MlpWeights::from_params(&fused.params, 0).unwrap();
+        let hidden = net.hidden();
+        assert_eq!(net.layers[0].weight.cols(), 8);
+        assert_eq!(net.layers[2].weight.rows(), 3);
+        assert_eq!(fused.assignments.len(), 2);
+        for (c, layer) in fused.assignments.iter().enumerate() {
+            for a in layer {
+                assert!(a.iter().all(|&g| g < hidden[c]));
+                let mut s = a.clone();
+                s.sort_unstable();
+                s.dedup();
+                assert_eq!(
+                    s.len(),
+                    a.len(),
+                    "two units of one client share a global unit"
+                );
+            }
+        }
+    }
+}

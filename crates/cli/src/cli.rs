@@ -40,6 +40,36 @@ enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
+    /// Fuse pre-trained MLPs (safetensors, PyTorch nn.Linear names) into one model.
+    Fuse {
+        /// Client model files.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The fused model (a FUSED.assignments.json is written beside it).
+        #[arg(long)]
+        out: PathBuf,
+        /// Fusion method.
+        #[arg(long, value_enum, default_value = "pfnm")]
+        method: crate::fuse_cmd::FuseMethod,
+        /// JSON list of per-client class counts (weights the output layer / the mean).
+        #[arg(long)]
+        class_counts: Option<PathBuf>,
+        /// PFNM: variance of client units around their global unit.
+        #[arg(long, default_value_t = 1.0)]
+        sigma: f64,
+        /// PFNM: prior variance of global units.
+        #[arg(long, default_value_t = 1.0)]
+        sigma0: f64,
+        /// PFNM: Beta-process mass (larger opens new global units more readily).
+        #[arg(long, default_value_t = 1.0)]
+        gamma: f64,
+        /// PFNM: refinement passes per layer.
+        #[arg(long, default_value_t = 5)]
+        iters: usize,
+        /// Seed of the refinement order.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Measure throughput (see docs/BENCHMARKS.md).
     Bench {
         #[command(subcommand)]
@@ -123,6 +153,30 @@ pub fn run(args: Args) -> Result<ExitCode> {
             crate::run::run(&cfg, &out, quiet)
         }
         Command::Data { command } => crate::data_cmd::run(command),
+        Command::Fuse {
+            inputs,
+            out,
+            method,
+            class_counts,
+            sigma,
+            sigma0,
+            gamma,
+            iters,
+            seed,
+        } => crate::fuse_cmd::run(&crate::fuse_cmd::FuseArgs {
+            method,
+            inputs,
+            out,
+            class_counts,
+            pfnm: fedfuse_fuse::PfnmConfig {
+                sigma,
+                sigma0,
+                gamma,
+                iters,
+                ..fedfuse_fuse::PfnmConfig::default()
+            },
+            seed,
+        }),
         Command::Bench { command } => match command {
             BenchCommand::Train {
                 data_dir,

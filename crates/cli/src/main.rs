@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod config;
 mod data_cmd;
+mod fuse_cmd;
 mod output;
 mod plot;
 mod progress;

@@ -1,0 +1,191 @@
+//! `fedfuse fuse` on real client models trained on the bundled digits.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use fedfuse_core::{ModelSpec, Params, load_safetensors, save_safetensors};
+use fedfuse_data::{PartitionSpec, load_dataset, partition};
+use fedfuse_fuse::{PfnmConfig, pfnm_fuse};
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+fn fedfuse(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fedfuse"))
+        .args(args)
+        .output()
+        .expect("the fedfuse binary runs")
+}
+
+/// Three clients on a Dirichlet(0.5) split of digits, each from its own random init.
+fn train_clients(dir: &Path) -> (Vec<PathBuf>, Vec<Vec<f64>>, Vec<Params>) {
+    let data = load_dataset("digits", None).unwrap();
+    let spec = ModelSpec::mlp(64, &[32], 10);
+    let trainer = Trainer::new(spec.clone()).unwrap();
+    let mut rng = StdRng::seed_from_u64(4);
+    let split = PartitionSpec::Dirichlet {
+        alpha: 0.5,
+        min_partition_size: 50,
+        self_balancing: true,
+    };
+    let parts = partition(&data.train.y, 10, 3, &split, &mut rng).unwrap();
+    let cfg = TrainConfig {
+        optimizer: OptimizerConfig::Sgd {
+            momentum: 0.9,
+            weight_decay: 0.0,
+        },
+        lr: 0.05,
+        epochs: 30,
+        batch_size: 16,
+    };
+    let (mut files, mut counts, mut models) = (Vec::new(), Vec::new(), Vec::new());
+    for (j, idx) in parts.iter().enumerate() {
+        let local = data.train.subset(idx);
+        let start = init_params(&spec, Init::Default, 100 + j as u64);
+        let fitted = trainer
+            .fit_with(&start, &local, &cfg, None, j as u64)
+            .unwrap();
+        let file = dir.join(format!("client{j}.safetensors"));
+        save_safetensors(&fitted.params, &file).unwrap();
+        files.push(file);
+        counts.push(local.class_counts().iter().map(|&c| c as f64).collect());
+        models.push(fitted.params);
+    }
+    (files, counts, models)
+}
+
+fn accuracy(params: &Params) -> f64 {
+    let data = load_dataset("digits", None).unwrap();
+    let hidden: Vec<usize> = params
+        .iter()
+        .filter(|(n, _)| n.ends_with(".bias"))
+        .map(|(_, t)| t.data.len())
+        .collect();
+    let spec = ModelSpec::mlp(64, &hidden[..hidden.len() - 1], 10);
+    Trainer::new(spec)
+        .unwrap()
+        .evaluate(params, &data.test)
+        .unwrap()
+        .accuracy
+}
+
+#[test]
+fn pfnm_fuse_files_round_trip_and_beat_averaging() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, counts, models) = train_clients(dir.path());
+    let counts_file = dir.path().join("counts.json");
+    std::fs::write(&counts_file, serde_json::to_string(&counts).unwrap()).unwrap();
+    let out = dir.path().join("fused.safetensors");
+    let mut args = vec!["fuse", "--method", "pfnm", "--seed", "3"];
+    let file_args: Vec<&str> = files.iter().map(|f| f.to_str().unwrap()).collect();
+    args.extend(&file_args);
+    args.extend(["--class-counts", counts_file.to_str().unwrap()]);
+    args.extend(["--out", out.to_str().unwrap()]);
+    let o = fedfuse(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // The file is the in-memory fusion, exactly.
+    let loaded = load_safetensors(&out).unwrap();
+    let refs: Vec<&Params> = models.iter().collect();
+    let mut rng = StdRng::seed_from_u64(3);
+    let in_memory = pfnm_fuse(&refs, Some(&counts), &PfnmConfig::default(), &mut rng).unwrap();
+    assert_eq!(loaded, in_memory.params);
+    let width = loaded.get("layers.0.bias").unwrap().data.len();
+    assert!((32..=96).contains(&width), "global width {width}");
+
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("fused.assignments.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["fused_widths"], serde_json::json!([64, width, 10]));
+    let layer0 = &report["layers"][0]["assignments"];
+    assert_eq!(layer0.as_array().unwrap().len(), 3);
+    for client in layer0.as_array().unwrap() {
+        let units: Vec<u64> = client
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(units.len(), 32);
+        let mut dedup = units.clone();
+        dedup.sort_unstable();
+        dedup.dedup();
+        assert_eq!(
+            dedup.len(),
+            32,
+            "a client's units map to distinct global units"
+        );
+        assert!(units.iter().all(|&g| (g as usize) < width));
+    }
+
+    // Matching beats coordinate-wise averaging of separately initialised networks.
+    let avg_out = dir.path().join("avg.safetensors");
+    let mut avg_args = vec!["fuse", "--method", "fedavg"];
+    avg_args.extend(&file_args);
+    avg_args.extend(["--out", avg_out.to_str().unwrap()]);
+    assert!(fedfuse(&avg_args).status.success());
+    let (pfnm_acc, avg_acc) = (
+        accuracy(&loaded),
+        accuracy(&load_safetensors(&avg_out).unwrap()),
+    );
+    eprintln!("digits test accuracy: PFNM {pfnm_acc:.3} (width {width}), averaging {avg_acc:.3}");
+    assert!(
+        pfnm_acc > avg_acc + 0.1,
+        "PFNM {pfnm_acc} vs averaging {avg_acc}"
+    );
+}
+
+#[test]
+fn bad_client_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = init_params(&ModelSpec::mlp(4, &[3], 2), Init::Default, 0);
+    let write = |name: &str, p: &Params| {
+        let f = dir.path().join(name);
+        save_safetensors(p, &f).unwrap();
+        f.to_str().unwrap().to_string()
+    };
+    let ok = write("ok.safetensors", &good);
+    let mut nan = good.clone();
+    nan.get_mut("layers.1.weight").unwrap().data[0] = f32::NAN;
+    let nan = write("nan.safetensors", &nan);
+    let mut no_bias = Params::new();
+    for (n, t) in good.iter().filter(|(n, _)| *n != "layers.0.bias") {
+        no_bias.push(n, t.shape.clone(), t.data.clone()).unwrap();
+    }
+    no_bias.push("extra", vec![1], vec![0.0]).unwrap();
+    let no_bias = write("nobias.safetensors", &no_bias);
+    let mut conv = Params::new();
+    conv.push("layers.0.weight", vec![3, 1, 2, 2], vec![0.0; 12])
+        .unwrap();
+    conv.push("layers.0.bias", vec![3], vec![0.0; 3]).unwrap();
+    let conv = write("conv.safetensors", &conv);
+    let wide = write(
+        "wide.safetensors",
+        &init_params(&ModelSpec::mlp(5, &[3], 2), Init::Default, 0),
+    );
+    let out = dir.path().join("f.safetensors");
+    let out = out.to_str().unwrap();
+    for (bad, needles) in [
+        (
+            &nan,
+            vec!["nan.safetensors", "layers.1.weight", "non-finite"],
+        ),
+        (&no_bias, vec!["nobias.safetensors", "layers.0.bias"]),
+        (&conv, vec!["conv.safetensors", "nn.Linear"]),
+        (&wide, vec!["wide.safetensors", "[5, 3, 2]"]),
+    ] {
+        let o = fedfuse(&["fuse", &ok, bad, "--out", out]);
+        assert!(!o.status.success());
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        for n in needles {
+            assert!(stderr.contains(n), "`{n}` not in: {stderr}");
+        }
+    }
+    let garbage = dir.path().join("garbage.safetensors");
+    std::fs::write(&garbage, b"not a model").unwrap();
+    let o = fedfuse(&["fuse", &ok, garbage.to_str().unwrap(), "--out", out]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("garbage.safetensors"));
+}

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use fedfuse_core::{Params, load_safetensors, save_safetensors};
+use fedfuse_core::{ModelSpec, Params, load_safetensors, save_safetensors};
 use fedfuse_fuse::{PfnmConfig, pfnm_fuse, weighted_mean_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -35,52 +35,19 @@ pub struct FuseArgs {
     pub seed: u64,
 }
 
-/// Widths of an MLP stored as `layers.{i}.weight` `[out, in]` / `layers.{i}.bias` `[out]`,
-/// input first; errors name the file and the tensor.
+/// Widths of the MLP in `p`, input first; errors name the file.
 fn mlp_widths(p: &Params, file: &Path) -> Result<Vec<usize>> {
-    let f = file.display();
-    if p.is_empty() || p.len() % 2 != 0 {
-        bail!(
-            "{f}: expected pairs of `layers.{{i}}.weight` and `layers.{{i}}.bias` (PyTorch nn.Linear), \
-             found {} tensors: {}",
-            p.len(),
-            p.names().join(", ")
-        );
-    }
-    let mut widths = Vec::new();
-    for i in 0..p.len() / 2 {
-        let (wn, bn) = (format!("layers.{i}.weight"), format!("layers.{i}.bias"));
-        let w = p.get(&wn).with_context(|| {
-            format!(
-                "{f}: tensor `{wn}` is missing (found: {})",
-                p.names().join(", ")
-            )
-        })?;
-        let b = p
-            .get(&bn)
-            .with_context(|| format!("{f}: tensor `{bn}` is missing: fusion needs biases"))?;
-        let [out, inp] = w.shape[..] else {
-            bail!(
-                "{f}: tensor `{wn}` has shape {:?}; only nn.Linear layers ([out, in]) can be fused",
-                w.shape
-            );
-        };
-        if b.shape != [out] {
-            bail!(
-                "{f}: tensor `{bn}` has shape {:?}, expected [{out}]",
-                b.shape
-            );
-        }
-        match widths.last() {
-            None => widths.push(inp),
-            Some(&prev) if prev != inp => {
-                bail!("{f}: tensor `{wn}` takes {inp} inputs but the previous layer gives {prev}")
-            }
-            Some(_) => {}
-        }
-        widths.push(out);
-    }
-    Ok(widths)
+    let context = || {
+        format!(
+            "{}: not an MLP of PyTorch nn.Linear layers (`layers.{{i}}.weight` [out, in] and \
+             `layers.{{i}}.bias`)",
+            file.display()
+        )
+    };
+    ModelSpec::infer_mlp(p)
+        .with_context(context)?
+        .mlp_widths()
+        .with_context(context)
 }
 
 #[derive(Serialize)]

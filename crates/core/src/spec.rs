@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{CoreError, Result};
+use crate::{CoreError, Params, Result};
 
 /// Hidden-layer activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -64,6 +64,52 @@ impl ModelSpec {
             hidden: hidden.to_vec(),
             classes,
         }
+    }
+
+    /// The MLP whose parameters are `params` (`layers.{i}.weight` `[out, in]` and
+    /// `layers.{i}.bias` `[out]`, in order), e.g. a fused model whose widths changed.
+    pub fn infer_mlp(params: &Params) -> Result<Self> {
+        let bad = |msg: String| Err(CoreError::InvalidSpec(msg));
+        if params.is_empty() || params.len() % 2 != 0 {
+            return bad(format!(
+                "an MLP is pairs of `layers.{{i}}.weight` and `layers.{{i}}.bias`; found {} tensors: {}",
+                params.len(),
+                params.names().join(", ")
+            ));
+        }
+        let mut widths: Vec<usize> = Vec::with_capacity(params.len() / 2 + 1);
+        for i in 0..params.len() / 2 {
+            let (wn, bn) = (format!("layers.{i}.weight"), format!("layers.{i}.bias"));
+            let w = params.require(&wn)?;
+            let b = params.require(&bn)?;
+            let [out, inp] = w.shape[..] else {
+                return bad(format!(
+                    "tensor `{wn}` has shape {:?}; only linear layers ([out, in]) make an MLP",
+                    w.shape
+                ));
+            };
+            if b.shape != [out] {
+                return bad(format!(
+                    "tensor `{bn}` has shape {:?}, expected [{out}]",
+                    b.shape
+                ));
+            }
+            match widths.last() {
+                None => widths.push(inp),
+                Some(&prev) if prev != inp => {
+                    return bad(format!(
+                        "tensor `{wn}` takes {inp} inputs but the layer before gives {prev}"
+                    ));
+                }
+                Some(_) => {}
+            }
+            widths.push(out);
+        }
+        let classes = widths.pop().unwrap_or(0);
+        let input = widths.first().copied().unwrap_or(0);
+        let spec = Self::mlp(input, &widths[1..], classes);
+        params.check_layout(&spec.param_shapes())?;
+        Ok(spec)
     }
 
     /// Checks widths and sizes; every constructor of a network calls this first.
@@ -182,6 +228,27 @@ mod tests {
         assert_eq!(shapes[0].shape, vec![100, 784]);
         assert_eq!(shapes[3].name, "layers.1.bias");
         assert_eq!(s.num_params(), 784 * 100 + 100 + 100 * 10 + 10);
+    }
+
+    #[test]
+    fn infer_mlp_reads_widths_and_names_problems() {
+        let spec = ModelSpec::mlp(7, &[5, 3], 2);
+        let p = Params::zeros(&spec.param_shapes());
+        assert_eq!(ModelSpec::infer_mlp(&p).unwrap(), spec);
+        let mut chain = p.clone();
+        chain.get_mut("layers.1.weight").unwrap().shape = vec![3, 4];
+        chain.get_mut("layers.1.weight").unwrap().data = vec![0.0; 12];
+        let err = ModelSpec::infer_mlp(&chain).unwrap_err().to_string();
+        assert!(
+            err.contains("layers.1.weight") && err.contains("gives 5"),
+            "{err}"
+        );
+        let lenet = ModelSpec::LeNet5 {
+            channels: 1,
+            side: 28,
+            classes: 10,
+        };
+        assert!(ModelSpec::infer_mlp(&Params::zeros(&lenet.param_shapes())).is_err());
     }
 
     #[test]

@@ -266,8 +266,31 @@ impl Config {
             .check()
             .map_err(anyhow::Error::from)?;
         self.method.build().map_err(anyhow::Error::from)?;
+        if self.method.one_shot() {
+            if self.rounds != 1 {
+                bail!(
+                    "method `{}` is one-shot: set `rounds = 1` (extra matching rounds are not \
+                     implemented yet)",
+                    method_name(&self.method)
+                );
+            }
+            if self.model.kind != ModelKind::Mlp {
+                bail!(
+                    "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
+                    method_name(&self.method)
+                );
+            }
+        }
         Ok(())
     }
+}
+
+/// The method's name as written in configs.
+fn method_name(m: &MethodConfig) -> String {
+    toml::Value::try_from(m)
+        .ok()
+        .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// Sets `key.path` to `value` (parsed as TOML, else taken as a string).
@@ -360,6 +383,18 @@ hidden = [16]
                 &["method.name=fedtrimmedavg".into(), "method.beta=0.7".into()]
             )
             .is_err()
+        );
+        let pfnm = |extra: &[&str]| {
+            let mut o: Vec<String> = vec!["method.name=pfnm".into()];
+            o.extend(extra.iter().map(|s| s.to_string()));
+            Config::parse(BASE, &o).map_err(|e| format!("{e:#}"))
+        };
+        assert!(pfnm(&[]).unwrap_err().contains("rounds = 1"));
+        assert!(pfnm(&["rounds=1"]).is_ok());
+        assert!(
+            pfnm(&["rounds=1", "method.sigma=0"])
+                .unwrap_err()
+                .contains("sigma")
         );
     }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use fedfuse_data::{client_splits, load_dataset, partition};
-use fedfuse_fed::{SimConfig, derive_seed, simulate};
+use fedfuse_fed::{BuildContext, SimConfig, derive_seed, simulate};
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -45,7 +45,10 @@ pub fn run(cfg: &Config, out: &Path, quiet: bool) -> Result<ExitCode> {
         .spec(&data.train.sample_shape, data.train.num_classes)?;
     let trainer = Trainer::new(spec.clone())?;
     let init = init_params(&spec, cfg.model.init, derive_seed(cfg.seed, 0, usize::MAX));
-    let mut method = cfg.method.build()?;
+    let mut method = cfg.method.build_with(BuildContext {
+        init: cfg.model.init,
+        seed: cfg.seed,
+    })?;
     let sim = SimConfig {
         rounds: cfg.rounds,
         clients_per_round: cfg.clients_per_round,

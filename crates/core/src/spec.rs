@@ -70,7 +70,7 @@ impl ModelSpec {
     /// `layers.{i}.bias` `[out]`, in order), e.g. a fused model whose widths changed.
     pub fn infer_mlp(params: &Params) -> Result<Self> {
         let bad = |msg: String| Err(CoreError::InvalidSpec(msg));
-        if params.is_empty() || params.len() % 2 != 0 {
+        if params.is_empty() || !params.len().is_multiple_of(2) {
             return bad(format!(
                 "an MLP is pairs of `layers.{{i}}.weight` and `layers.{{i}}.bias`; found {} tensors: {}",
                 params.len(),

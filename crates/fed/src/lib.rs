@@ -24,7 +24,7 @@ mod simulator;
 
 pub use error::{FedError, Result};
 pub use method::{Aggregate, ClientContext, Fold, Method, Reply, standard_fit};
-pub use methods::{FedAvg, FedMedian, FedProx, FedTrimmedAvg, MethodConfig};
+pub use methods::{BuildContext, FedAvg, FedMedian, FedProx, FedTrimmedAvg, MethodConfig, Pfnm};
 pub use seed::derive_seed;
 pub use simulator::{
     ClientsPerRound, Progress, Rejection, RoundMetrics, RunResult, SimConfig, simulate,

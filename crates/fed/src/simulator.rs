@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use fedfuse_core::{Params, Record};
+use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, Dataset};
 use fedfuse_train::{TrainConfig, Trainer};
 use rand::SeedableRng;
@@ -275,12 +275,20 @@ pub fn simulate(
         }
         drop(replies);
 
-        let eval = trainer.evaluate(&global, test)?;
+        // Matching methods change widths: evaluate the global model as what it now is.
+        let reshaped;
+        let evaluator = if global.check_layout(&trainer.spec().param_shapes()).is_ok() {
+            trainer
+        } else {
+            reshaped = Trainer::new(ModelSpec::infer_mlp(&global)?)?;
+            &reshaped
+        };
+        let eval = evaluator.evaluate(&global, test)?;
         let local_accuracy_mean = if cfg.local_eval {
             let accs = clients
                 .par_iter()
                 .filter(|c| !c.test.is_empty())
-                .map(|c| trainer.evaluate(&global, &c.test).map(|e| e.accuracy))
+                .map(|c| evaluator.evaluate(&global, &c.test).map(|e| e.accuracy))
                 .collect::<std::result::Result<Vec<f64>, _>>()?;
             accs.iter().sum::<f64>() / accs.len().max(1) as f64
         } else {

@@ -5,8 +5,8 @@
 use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, PartitionSpec, TrainTest, client_splits, load_dataset, partition};
 use fedfuse_fed::{
-    Aggregate, ClientContext, FedAvg, FedMedian, FedProx, Method, MethodConfig, Reply, Result,
-    SimConfig, simulate,
+    Aggregate, BuildContext, ClientContext, FedAvg, FedMedian, FedProx, Method, MethodConfig,
+    Reply, Result, SimConfig, simulate,
 };
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -267,4 +267,118 @@ fn traffic_is_the_encoded_size() {
     let model_bytes = 4 * init.num_values() as u64;
     assert!(r.bytes_down >= 4 * model_bytes && r.bytes_down < 4 * (model_bytes + 1024));
     assert!(r.bytes_up >= 4 * model_bytes && r.bytes_up < 4 * (model_bytes + 1024));
+}
+
+/// Keeps a copy of the replies the wrapped method aggregates.
+struct Recorder {
+    inner: Box<dyn Method>,
+    seen: std::sync::Mutex<Vec<Reply>>,
+}
+
+impl Method for Recorder {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
+        self.inner.instruct(round, client, global)
+    }
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        self.inner.fit(instruction, ctx)
+    }
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        self.seen.lock().unwrap().extend_from_slice(replies);
+        self.inner.aggregate(round, global, replies)
+    }
+}
+
+#[test]
+fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/mnist");
+    let data = load_dataset("mnist", Some(std::path::Path::new(dir))).unwrap();
+    let mut rng = StdRng::seed_from_u64(1);
+    let split = PartitionSpec::Dirichlet {
+        alpha: 0.5,
+        min_partition_size: 10,
+        self_balancing: true,
+    };
+    let parts = partition(&data.train.y, 10, 10, &split, &mut rng).unwrap();
+    let clients = client_splits(&data.train, &parts, 0.0, &mut rng).unwrap();
+    let spec = ModelSpec::mlp(784, &[100], 10);
+    let trainer = Trainer::new(spec.clone()).unwrap();
+    let method = MethodConfig::Pfnm {
+        sigma: 1.0,
+        sigma0: 1.0,
+        gamma: 1.0,
+        iters: 5,
+    };
+    let mut recorder = Recorder {
+        inner: method
+            .build_with(BuildContext {
+                init: Init::Default,
+                seed: 1,
+            })
+            .unwrap(),
+        seen: std::sync::Mutex::new(Vec::new()),
+    };
+    let cfg = SimConfig {
+        rounds: 1,
+        seed: 1,
+        local_eval: false,
+        train: TrainConfig {
+            optimizer: fedfuse_train::OptimizerConfig::Sgd {
+                momentum: 0.9,
+                weight_decay: 0.0,
+            },
+            lr: 0.05,
+            epochs: 5,
+            batch_size: 32,
+        },
+        ..SimConfig::default()
+    };
+    // The initial global model only fixes the architecture: PFNM clients start from their own.
+    let init = init_params(&spec, Init::Default, 0);
+    let run = simulate(
+        &mut recorder,
+        &trainer,
+        &clients,
+        &data.test,
+        init,
+        &cfg,
+        &|_| {},
+    )
+    .unwrap();
+    let pfnm = run.rounds[0].global_accuracy;
+    let width = run.params.get("layers.0.bias").unwrap().data.len();
+
+    let replies = recorder.seen.into_inner().unwrap();
+    assert_eq!(replies.len(), 10);
+    let locals: Vec<f64> = replies
+        .iter()
+        .map(|r| {
+            trainer
+                .evaluate(&r.record.params, &data.test)
+                .unwrap()
+                .accuracy
+        })
+        .collect();
+    let mean_local = locals.iter().sum::<f64>() / locals.len() as f64;
+    let models: Vec<(&Params, f64)> = replies
+        .iter()
+        .map(|r| (&r.record.params, r.record.num_examples as f64))
+        .collect();
+    let averaged = fedfuse_fuse::weighted_mean_params(&models).unwrap();
+    let separate_avg = trainer.evaluate(&averaged, &data.test).unwrap().accuracy;
+    eprintln!(
+        "MNIST Dirichlet(0.5), J = 10: PFNM {pfnm:.4} (width {width}), FedAvg of separate inits \
+         {separate_avg:.4}, mean local {mean_local:.4}"
+    );
+    assert!(
+        pfnm > separate_avg + 0.1,
+        "PFNM {pfnm} vs FedAvg separate inits {separate_avg}"
+    );
+    assert!(
+        pfnm > mean_local + 0.05,
+        "PFNM {pfnm} vs mean local {mean_local}"
+    );
+    assert!(width >= 100, "global width {width}");
 }

@@ -139,10 +139,10 @@ pub enum Progress<'a> {
 
 /// The messages of one client in one round, as encoded bytes.
 struct Exchange {
-    /// Length of the instruction received.
+    /// Length of the instruction sent (counted even when the client then fails).
     down: usize,
-    /// The encoded reply.
-    up: Vec<u8>,
+    /// The encoded reply, or why there is none.
+    up: Result<Vec<u8>>,
 }
 
 /// One client's task: receive, fit, reply.
@@ -152,9 +152,19 @@ fn client_task(
     id: usize,
     global: &Params,
     ctx: (&ClientData, &Trainer, &TrainConfig, u64),
-) -> Result<Exchange> {
-    let down = method.instruct(round, id, global)?.encode()?;
-    let received = Record::decode(&down)?;
+) -> Exchange {
+    let down = match method
+        .instruct(round, id, global)
+        .and_then(|r| Ok(r.encode()?))
+    {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return Exchange {
+                down: 0,
+                up: Err(e),
+            };
+        }
+    };
     let (data, trainer, train, seed) = ctx;
     let ctx = ClientContext {
         id,
@@ -163,11 +173,14 @@ fn client_task(
         train,
         seed,
     };
-    let up = method.fit(received, &ctx)?.encode()?;
-    Ok(Exchange {
+    let up = Record::decode(&down)
+        .map_err(FedError::from)
+        .and_then(|received| method.fit(received, &ctx))
+        .and_then(|reply| Ok(reply.encode()?));
+    Exchange {
         down: down.len(),
         up,
-    })
+    }
 }
 
 /// Runs `cfg.rounds` rounds of `method` over `clients` from the global model `init`.
@@ -218,7 +231,7 @@ pub fn simulate(
         let mut rejected = Vec::new();
         for ids in sampled.chunks(chunk.max(1)) {
             let shared: &dyn Method = method;
-            let outcomes: Vec<(usize, Result<Exchange>)> = ids
+            let outcomes: Vec<(usize, Exchange)> = ids
                 .par_iter()
                 .map(|&id| {
                     let seed = derive_seed(cfg.seed, round, id);
@@ -233,11 +246,11 @@ pub fn simulate(
                     (id, out)
                 })
                 .collect();
-            for (client, out) in outcomes {
-                let checked = out.and_then(|ex| {
-                    bytes_down += ex.down as u64;
-                    bytes_up += ex.up.len() as u64;
-                    let record = Record::decode(&ex.up)?;
+            for (client, ex) in outcomes {
+                bytes_down += ex.down as u64;
+                let checked = ex.up.and_then(|up| {
+                    bytes_up += up.len() as u64;
+                    let record = Record::decode(&up)?;
                     method.check_reply(&global, &record)?;
                     Ok(record)
                 });

@@ -200,6 +200,57 @@ fn wrong_shapes_are_rejected_with_the_client_id() {
     }
 }
 
+/// Client `bad`'s procedure fails outright.
+struct Crashes {
+    bad: usize,
+}
+
+impl Method for Crashes {
+    fn name(&self) -> &'static str {
+        "crashes"
+    }
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        if ctx.id == self.bad {
+            return Err(fedfuse_fed::FedError::BadReply {
+                client: ctx.id,
+                reason: "disk full".into(),
+            });
+        }
+        fedfuse_fed::standard_fit(instruction, ctx)
+    }
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        FedAvg.aggregate(round, global, replies)
+    }
+}
+
+#[test]
+fn a_failing_client_is_rejected_but_its_download_counted() {
+    let (data, clients, trainer, init) = setup(4);
+    let instruction = FedAvg
+        .instruct(1, 0, &init)
+        .unwrap()
+        .encode()
+        .unwrap()
+        .len() as u64;
+    let model_bytes = 4 * init.num_values() as u64;
+    let run = simulate(
+        &mut Crashes { bad: 2 },
+        &trainer,
+        &clients,
+        &data.test,
+        init,
+        &sim(1),
+        &|_| {},
+    )
+    .unwrap();
+    let r = &run.rounds[0];
+    assert_eq!(r.rejected.len(), 1);
+    assert!(r.rejected[0].reason.contains("disk full"));
+    // Four instructions went down, three replies came up.
+    assert_eq!(r.bytes_down, 4 * instruction);
+    assert!(r.bytes_up > 3 * model_bytes && r.bytes_up < 3 * (model_bytes + 1024));
+}
+
 #[test]
 fn all_replies_rejected_keeps_the_global_model() {
     let (data, clients, trainer, init) = setup(1);

@@ -36,10 +36,17 @@ pub(crate) struct LeNet5 {
     pub(crate) fc1: Linear,
     pub(crate) fc2: Linear,
     pub(crate) fc3: Linear,
+    /// Input image side (28 or 32); the channel count is conv1's.
+    #[module(skip)]
+    pub(crate) side: usize,
 }
 
 impl LeNet5 {
-    pub(crate) fn forward(&self, x: Tensor<4>) -> Tensor<2> {
+    /// Logits of flattened images `[batch, channels * side * side]`.
+    pub(crate) fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let [batch, _] = x.dims();
+        let channels = self.conv1.weight.val().dims()[1];
+        let x: Tensor<4> = x.reshape([batch, channels, self.side, self.side]);
         let x = self.pool.forward(relu(self.conv1.forward(x)));
         let x = self.pool.forward(relu(self.conv2.forward(x)));
         let x: Tensor<2> = x.flatten(1, 3);
@@ -49,7 +56,7 @@ impl LeNet5 {
     }
 }
 
-/// Either network.
+/// Either network; both take flattened samples `[batch, input_len]`.
 // One `Net` lives per training call, so its size does not matter; burn's `Module` derive does
 // not accept a boxed variant.
 #[allow(clippy::large_enum_variant)]
@@ -57,4 +64,13 @@ impl LeNet5 {
 pub(crate) enum Net {
     Mlp(Mlp),
     LeNet5(LeNet5),
+}
+
+impl Net {
+    pub(crate) fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        match self {
+            Self::Mlp(m) => m.forward(x),
+            Self::LeNet5(m) => m.forward(x),
+        }
+    }
 }

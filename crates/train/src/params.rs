@@ -83,6 +83,7 @@ pub(crate) fn build(spec: &ModelSpec, params: &Params, device: &Device) -> Resul
                 fc1: linear(params, "fc1", device)?,
                 fc2: linear(params, "fc2", device)?,
                 fc3: linear(params, "fc3", device)?,
+                side: *side,
             }))
         }
     }

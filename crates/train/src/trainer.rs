@@ -77,19 +77,10 @@ impl Trainer {
     }
 
     fn logits(&self, net: &Net, x: Vec<f32>, b: usize, device: &Device) -> Tensor<2> {
-        match (net, &self.spec) {
-            (Net::LeNet5(m), ModelSpec::LeNet5 { channels, side, .. }) => m.forward(
-                Tensor::from_data(TensorData::new(x, [b, *channels, *side, *side]), device),
-            ),
-            (Net::Mlp(m), _) => m.forward(Tensor::from_data(
-                TensorData::new(x, [b, self.spec.input_len()]),
-                device,
-            )),
-            (Net::LeNet5(m), _) => m.forward(Tensor::from_data(
-                TensorData::new(x, [b, 1, 28, 28]),
-                device,
-            )),
-        }
+        net.forward(Tensor::from_data(
+            TensorData::new(x, [b, self.spec.input_len()]),
+            device,
+        ))
     }
 
     /// Trains from `start` on `data` for `cfg.epochs` epochs.

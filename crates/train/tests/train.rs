@@ -210,6 +210,10 @@ fn params_survive_build_and_read() {
         };
         let out = trainer.fit_with(&start, &data, &cfg, None, 0).unwrap();
         assert_eq!(out.params, start);
+        // The forward pass takes this input shape (3x32x32 for the CIFAR LeNet-5).
+        let eval = trainer.evaluate(&start, &data).unwrap();
+        assert_eq!(eval.n, 2);
+        assert!(eval.loss.is_finite() && eval.loss > 0.0);
     }
 }
 

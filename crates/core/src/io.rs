@@ -129,7 +129,7 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
 }
 
 /// Sort key comparing digit runs as numbers.
-fn natural_key(s: &str) -> Vec<(u64, String)> {
+pub(crate) fn natural_key(s: &str) -> Vec<(u64, String)> {
     let mut key = Vec::new();
     let mut rest = s;
     while !rest.is_empty() {

@@ -5,7 +5,8 @@
 //!   `[out, in]`).
 //! - [`Record`]: the unit of traffic between a client and the server (arrays + config + metrics +
 //!   `num_examples`), with a wire encoding whose length is the traffic figure.
-//! - safetensors file I/O for [`Params`].
+//! - safetensors file I/O for [`Params`], and `.npz` input (numpy's `savez`), with
+//!   [`load_params`] choosing by extension.
 //!
 //! ```
 //! use fedfuse_core::{ModelSpec, Params, Record};
@@ -23,12 +24,14 @@
 
 mod error;
 mod io;
+mod npz;
 mod params;
 mod record;
 mod spec;
 
 pub use error::{CoreError, Result};
 pub use io::{load_safetensors, params_from_safetensors, params_to_safetensors, save_safetensors};
+pub use npz::{load_npz, load_params, params_from_npz};
 pub use params::{Params, Tensor};
 pub use record::{ConfigValue, Record};
 pub use spec::{Activation, ModelSpec, ParamShape};

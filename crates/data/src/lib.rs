@@ -44,7 +44,7 @@ pub use download::{
 };
 pub use error::{DataError, Result};
 pub use idx::{read_idx_images, read_idx_labels, write_idx};
-pub use partition::{PartitionSpec, client_splits, partition};
+pub use partition::{PartitionSpec, client_splits, holdout, partition};
 pub use registry::{
     DatasetInfo, RemoteFile, cache_dir, dataset_info, default_dataset_dir, digits, known_datasets,
     load_dataset,

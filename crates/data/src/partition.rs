@@ -408,11 +408,47 @@ pub fn client_splits(
         .collect()
 }
 
+/// Splits `ds` into `(rest, held)`: a random `round(fraction * len)` samples are held out (a
+/// server's validation split, carved before the rest is partitioned among clients), both in
+/// their original order.
+pub fn holdout(ds: &Dataset, fraction: f64, rng: &mut impl Rng) -> Result<(Dataset, Dataset)> {
+    if !(0.0..1.0).contains(&fraction) {
+        return Err(DataError::InvalidArgument {
+            field: "validation_fraction",
+            msg: format!("{fraction} is not in [0, 1); 0.1 is usual"),
+        });
+    }
+    let mut idx: Vec<usize> = (0..ds.len()).collect();
+    idx.shuffle(rng);
+    let n_held = (fraction * ds.len() as f64).round() as usize;
+    let (held, rest) = idx.split_at_mut(n_held);
+    held.sort_unstable();
+    rest.sort_unstable();
+    Ok((ds.subset(rest), ds.subset(held)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
+
+    #[test]
+    fn holdout_splits_disjointly() {
+        let ds = Dataset::new(
+            (0..100).map(|v| v as f32).collect(),
+            (0..100).map(|v| v % 10).collect(),
+            vec![1],
+            10,
+        )
+        .unwrap();
+        let (rest, held) = holdout(&ds, 0.1, &mut StdRng::seed_from_u64(3)).unwrap();
+        assert_eq!((rest.len(), held.len()), (90, 10));
+        let mut all: Vec<f32> = rest.x.iter().chain(&held.x).copied().collect();
+        all.sort_by(f32::total_cmp);
+        assert_eq!(all, (0..100).map(|v| v as f32).collect::<Vec<_>>());
+        assert!(holdout(&ds, 1.0, &mut StdRng::seed_from_u64(3)).is_err());
+    }
 
     #[test]
     fn array_split_matches_numpy() {

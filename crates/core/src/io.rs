@@ -74,7 +74,7 @@ pub fn params_from_safetensors(bytes: &[u8]) -> Result<(Params, HashMap<String, 
         None => st.names().into_iter().map(str::to_string).collect(),
     };
     if !metadata.contains_key(ORDER_KEY) {
-        names.sort_by_key(|n| natural_key(n));
+        names.sort_by_key(|n| tensor_order_key(n));
     }
     let mut params = Params::new();
     for name in names {
@@ -128,8 +128,21 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// Order of tensors read from files without a recorded order: modules in natural order
+/// (digit runs compared as numbers, `layers.2` before `layers.10`), and inside a module
+/// PyTorch's registration order, `weight` then `bias`, then the rest (buffers) by name.
+pub(crate) fn tensor_order_key(name: &str) -> (Vec<(u64, String)>, u8, Vec<(u64, String)>) {
+    let (module, leaf) = name.rsplit_once('.').unwrap_or(("", name));
+    let rank = match leaf {
+        "weight" => 0,
+        "bias" => 1,
+        _ => 2,
+    };
+    (natural_key(module), rank, natural_key(leaf))
+}
+
 /// Sort key comparing digit runs as numbers.
-pub(crate) fn natural_key(s: &str) -> Vec<(u64, String)> {
+fn natural_key(s: &str) -> Vec<(u64, String)> {
     let mut key = Vec::new();
     let mut rest = s;
     while !rest.is_empty() {
@@ -185,14 +198,22 @@ mod tests {
             "layers.2.bias",
             "layers.2.weight",
             "layers.1.weight",
+            "bn.running_mean",
+            "bn.bias",
+            "bn.num_batches_tracked",
+            "bn.weight",
         ];
-        v.sort_by_key(|n| natural_key(n));
+        v.sort_by_key(|n| tensor_order_key(n));
         assert_eq!(
             v,
             vec![
+                "bn.weight",
+                "bn.bias",
+                "bn.num_batches_tracked",
+                "bn.running_mean",
                 "layers.1.weight",
-                "layers.2.bias",
                 "layers.2.weight",
+                "layers.2.bias",
                 "layers.10.weight"
             ]
         );
@@ -243,11 +264,43 @@ mod tests {
         let (p, _) = params_from_safetensors(&bytes).unwrap();
         assert_eq!(
             p.names(),
-            ["layers.2.bias", "layers.2.weight", "layers.10.weight"]
+            ["layers.2.weight", "layers.2.bias", "layers.10.weight"]
         );
         assert_eq!(p.get("layers.10.weight").unwrap().data, vec![1.5, -2.25]);
         assert_eq!(p.get("layers.2.weight").unwrap().data, vec![0.5, 3.0]);
         assert_eq!(p.get("layers.2.bias").unwrap().data, vec![-4.0]);
+        // A PyTorch MLP saved without our order metadata reads back as an MLP.
+        let w0 = [0u8; 4 * 6];
+        let b0 = [0u8; 4 * 3];
+        let w1 = [0u8; 4 * 6];
+        let b1 = [0u8; 4 * 2];
+        let torch = safetensors::serialize(
+            vec![
+                (
+                    "layers.1.bias",
+                    TensorView::new(Dtype::F32, vec![2], &b1).unwrap(),
+                ),
+                (
+                    "layers.0.bias",
+                    TensorView::new(Dtype::F32, vec![3], &b0).unwrap(),
+                ),
+                (
+                    "layers.1.weight",
+                    TensorView::new(Dtype::F32, vec![2, 3], &w1).unwrap(),
+                ),
+                (
+                    "layers.0.weight",
+                    TensorView::new(Dtype::F32, vec![3, 2], &w0).unwrap(),
+                ),
+            ],
+            None,
+        )
+        .unwrap();
+        let (mlp, _) = params_from_safetensors(&torch).unwrap();
+        assert_eq!(
+            crate::ModelSpec::infer_mlp(&mlp).unwrap(),
+            crate::ModelSpec::mlp(2, &[3], 2)
+        );
         let ints = [1u8, 2, 3, 4];
         let bad = safetensors::serialize(
             vec![("w", TensorView::new(Dtype::I32, vec![1], &ints).unwrap())],

@@ -11,7 +11,7 @@ use std::path::Path;
 use npyz::{NpyFile, NpyHeader, Order, TypeChar, TypeStr};
 use py_literal::Value;
 
-use crate::io::natural_key;
+use crate::io::tensor_order_key;
 use crate::{CoreError, Params, Result};
 
 /// The first bytes of every `.npy` array.
@@ -61,7 +61,7 @@ pub fn params_from_npz(bytes: &[u8]) -> Result<Params> {
         let (shape, data) = decode_npy(&npy).map_err(decode_err)?;
         arrays.push((name.to_string(), shape, data));
     }
-    arrays.sort_by_cached_key(|(name, _, _)| natural_key(name));
+    arrays.sort_by_cached_key(|(name, _, _)| tensor_order_key(name));
     let mut params = Params::new();
     for (name, shape, data) in arrays {
         params.push(name, shape, data)?;

@@ -134,8 +134,8 @@ fn names_are_ordered_naturally() {
         p.names(),
         [
             "layers.1.weight",
-            "layers.2.bias",
             "layers.2.weight",
+            "layers.2.bias",
             "layers.10.weight"
         ]
     );
@@ -148,10 +148,10 @@ fn check_numpy_fixture(p: &Params) {
         [
             "empty",
             "fortran",
-            "layers.2.bias",
+            "scalar",
             "layers.2.weight",
-            "layers.10.weight",
-            "scalar"
+            "layers.2.bias",
+            "layers.10.weight"
         ]
     );
     assert_eq!(

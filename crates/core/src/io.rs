@@ -131,7 +131,7 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
 /// Order of tensors read from files without a recorded order: modules in natural order
 /// (digit runs compared as numbers, `layers.2` before `layers.10`), and inside a module
 /// PyTorch's registration order, `weight` then `bias`, then the rest (buffers) by name.
-pub(crate) fn tensor_order_key(name: &str) -> (Vec<(u64, String)>, u8, Vec<(u64, String)>) {
+pub(crate) fn tensor_order_key(name: &str) -> (NaturalKey, u8, NaturalKey) {
     let (module, leaf) = name.rsplit_once('.').unwrap_or(("", name));
     let rank = match leaf {
         "weight" => 0,
@@ -141,8 +141,11 @@ pub(crate) fn tensor_order_key(name: &str) -> (Vec<(u64, String)>, u8, Vec<(u64,
     (natural_key(module), rank, natural_key(leaf))
 }
 
+/// Digit runs as numbers, text runs as text.
+type NaturalKey = Vec<(u64, String)>;
+
 /// Sort key comparing digit runs as numbers.
-fn natural_key(s: &str) -> Vec<(u64, String)> {
+fn natural_key(s: &str) -> NaturalKey {
     let mut key = Vec::new();
     let mut rest = s;
     while !rest.is_empty() {

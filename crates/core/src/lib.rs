@@ -4,7 +4,8 @@
 //! - [`Params`]: ordered, named f32 tensors with shapes, PyTorch naming (`layers.0.weight` is
 //!   `[out, in]`).
 //! - [`Record`]: the unit of traffic between a client and the server (arrays + config + metrics +
-//!   `num_examples`), with a wire encoding whose length is the traffic figure.
+//!   `num_examples`), with a wire encoding whose length is the traffic figure; [`sparse`] writes
+//!   mostly-zero tensors as their non-zero values and a compact index when a record asks.
 //! - safetensors file I/O for [`Params`], and `.npz` input (numpy's `savez`), with
 //!   [`load_params`] choosing by extension.
 //!
@@ -27,6 +28,7 @@ mod io;
 mod npz;
 mod params;
 mod record;
+pub mod sparse;
 mod spec;
 
 pub use error::{CoreError, Result};

@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CoreError, Params, Result, io};
+use crate::{CoreError, Params, Result, io, sparse};
 
 /// A configuration value carried by a [`Record`] (a Flower `ConfigRecord` entry).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -44,6 +44,11 @@ pub struct Record {
     pub metrics: BTreeMap<String, f64>,
     /// Examples the sender trained on; the FedAvg weight.
     pub num_examples: u64,
+    /// Ask [`Record::encode`] to write each tensor sparse (its non-zero values and their
+    /// positions, see [`crate::sparse`]) where that is smaller than dense f32. Off by default,
+    /// which leaves the wire form as it always was; [`Record::decode`] sets it when the buffer
+    /// was written this way. Decoded values are bit-for-bit those encoded (`-0.0` included).
+    pub sparse: bool,
 }
 
 const CONFIG_KEY: &str = "fedfuse.config";
@@ -65,6 +70,12 @@ impl Record {
         self
     }
 
+    /// Sets [`Record::sparse`]: whether encoding may write tensors sparse.
+    pub fn with_sparse(mut self, sparse: bool) -> Self {
+        self.sparse = sparse;
+        self
+    }
+
     /// Adds a configuration entry.
     pub fn with_config(mut self, key: &str, value: ConfigValue) -> Self {
         self.config.insert(key.to_string(), value);
@@ -76,7 +87,8 @@ impl Record {
         self.config.get(key).and_then(ConfigValue::as_f64)
     }
 
-    /// The wire bytes.
+    /// The wire bytes: a safetensors buffer, with sparse blobs for the tensors they shrink
+    /// when [`Record::sparse`] is set.
     pub fn encode(&self) -> Result<Vec<u8>> {
         let json = |what: &str, v: std::result::Result<String, serde_json::Error>| {
             v.map_err(|e| CoreError::Decode {
@@ -94,12 +106,22 @@ impl Record {
             json("record metrics", serde_json::to_string(&self.metrics))?,
         );
         meta.insert(EXAMPLES_KEY.to_string(), self.num_examples.to_string());
-        io::params_to_safetensors(&self.params, meta)
+        if self.sparse {
+            sparse::params_to_container(&self.params, meta)
+        } else {
+            io::params_to_safetensors(&self.params, meta)
+        }
     }
 
-    /// Parses wire bytes.
+    /// Parses wire bytes, dense or sparse; any malformed buffer is an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let (params, meta) = io::params_from_safetensors(bytes)?;
+        // Only a buffer marked sparse takes the sparse path: dense ones decode as they always did.
+        let is_sparse = sparse::is_sparse_container(bytes);
+        let (params, meta) = if is_sparse {
+            sparse::params_from_container(bytes)?
+        } else {
+            io::params_from_safetensors(bytes)?
+        };
         let field = |key: &str| {
             meta.get(key).ok_or_else(|| CoreError::Decode {
                 what: "record".into(),
@@ -122,6 +144,7 @@ impl Record {
             config,
             metrics,
             num_examples,
+            sparse: is_sparse,
         })
     }
 }

@@ -35,12 +35,27 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Run a grid of experiments (seeds x partitions x clients x depths) and write a table
+    /// (results.csv, summary.csv, summary.md) and plots.
+    Sweep {
+        /// The sweep file (see experiments/).
+        config: PathBuf,
+        /// Output folder (created).
+        #[arg(long)]
+        out: PathBuf,
+        /// Folder holding the dataset files (instead of the cache).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Replace the seeds, e.g. `--seeds 0,1,2`.
+        #[arg(long, value_delimiter = ',')]
+        seeds: Option<Vec<u64>>,
+    },
     /// Fetch, verify and describe datasets.
     Data {
         #[command(subcommand)]
         command: DataCommand,
     },
-    /// Fuse pre-trained MLPs (safetensors, PyTorch nn.Linear names) into one model.
+    /// Fuse pre-trained MLPs (safetensors or npz, PyTorch nn.Linear names) into one model.
     Fuse {
         /// Client model files.
         #[arg(required = true)]
@@ -66,6 +81,9 @@ enum Command {
         /// PFNM: refinement passes per layer.
         #[arg(long, default_value_t = 5)]
         iters: usize,
+        /// GPI-FNM: weight of the global-posterior KL cost (0 is PFNM).
+        #[arg(long, default_value_t = 0.0)]
+        eps: f64,
         /// Seed of the refinement order.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -152,6 +170,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
             crate::run::run(&cfg, &out, quiet)
         }
+        Command::Sweep {
+            config,
+            out,
+            data_dir,
+            seeds,
+        } => {
+            let mut cfg = crate::sweep::SweepConfig::load(&config)?;
+            if let Some(seeds) = seeds {
+                if seeds.is_empty() {
+                    anyhow::bail!("--seeds needs at least one seed");
+                }
+                cfg.seeds = seeds;
+            }
+            crate::sweep::run(&cfg, &out, data_dir.as_deref())
+        }
         Command::Data { command } => crate::data_cmd::run(command),
         Command::Fuse {
             inputs,
@@ -162,6 +195,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             sigma0,
             gamma,
             iters,
+            eps,
             seed,
         } => crate::fuse_cmd::run(&crate::fuse_cmd::FuseArgs {
             method,
@@ -173,6 +207,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 sigma0,
                 gamma,
                 iters,
+                eps,
                 ..fedfuse_fuse::PfnmConfig::default()
             },
             seed,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use fedfuse_core::ModelSpec;
 use fedfuse_data::PartitionSpec;
-use fedfuse_fed::{ClientsPerRound, MethodConfig};
+use fedfuse_fed::{BuildContext, ClientsPerRound, MethodConfig};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +62,11 @@ pub struct DatasetSection {
     /// Fraction of each client's partition kept as its local test split.
     #[serde(default = "test_fraction")]
     pub local_test_fraction: f64,
+    /// Fraction of the training set the server holds out as its validation split before the
+    /// rest is partitioned (used to choose GPI-FNM's `eps`; default 0.1 for methods that need
+    /// it, else 0). Never the test set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_fraction: Option<f64>,
 }
 
 fn test_fraction() -> f64 {
@@ -265,23 +270,46 @@ impl Config {
             .to_train_config()
             .check()
             .map_err(anyhow::Error::from)?;
-        self.method.build().map_err(anyhow::Error::from)?;
-        if self.method.one_shot() {
-            if self.rounds != 1 {
-                bail!(
-                    "method `{}` is one-shot: set `rounds = 1` (extra matching rounds are not \
-                     implemented yet)",
-                    method_name(&self.method)
-                );
-            }
-            if self.model.kind != ModelKind::Mlp {
-                bail!(
-                    "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
-                    method_name(&self.method)
-                );
-            }
+        if let Some(f) = self.dataset.validation_fraction
+            && !(0.0..1.0).contains(&f)
+        {
+            bail!("`dataset.validation_fraction` = {f} must lie in [0, 1)");
         }
+        if self.method.needs_validation() && self.validation_fraction() == 0.0 {
+            bail!(
+                "method `{}` chooses eps on a server validation split: set \
+                 `dataset.validation_fraction` above 0 (e.g. 0.1), or a single `method.eps`",
+                method_name(&self.method)
+            );
+        }
+        if self.method.matching() && self.model.kind != ModelKind::Mlp {
+            bail!(
+                "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
+                method_name(&self.method)
+            );
+        }
+        // Settings only; the architecture and validation split come at run time.
+        let spec = ModelSpec::mlp(1, &self.model.hidden, 2);
+        let validation = fedfuse_data::Dataset::new(vec![0.0], vec![0], vec![1], 2)?;
+        self.method
+            .build_with(BuildContext {
+                spec: Some(spec),
+                validation: Some(std::sync::Arc::new(validation)),
+                ..BuildContext::default()
+            })
+            .map_err(anyhow::Error::from)?;
         Ok(())
+    }
+
+    /// The server's validation fraction: as set, else 0.1 when the method needs one, else 0.
+    pub fn validation_fraction(&self) -> f64 {
+        self.dataset
+            .validation_fraction
+            .unwrap_or(if self.method.needs_validation() {
+                0.1
+            } else {
+                0.0
+            })
     }
 }
 
@@ -389,12 +417,39 @@ hidden = [16]
             o.extend(extra.iter().map(|s| s.to_string()));
             Config::parse(BASE, &o).map_err(|e| format!("{e:#}"))
         };
-        assert!(pfnm(&[]).unwrap_err().contains("rounds = 1"));
-        assert!(pfnm(&["rounds=1"]).is_ok());
+        assert!(pfnm(&[]).is_ok());
+        assert!(
+            pfnm(&["model.kind=lenet5", "model.hidden=[]"])
+                .unwrap_err()
+                .contains("mlp")
+        );
         assert!(
             pfnm(&["rounds=1", "method.sigma=0"])
                 .unwrap_err()
                 .contains("sigma")
+        );
+        let gpi = |extra: &[&str]| {
+            let mut o: Vec<String> = vec!["method.name=gpi-fnm".into()];
+            o.extend(extra.iter().map(|s| s.to_string()));
+            Config::parse(BASE, &o).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(gpi(&[]).unwrap().validation_fraction(), 0.1);
+        assert!(
+            gpi(&["dataset.validation_fraction=0"])
+                .unwrap_err()
+                .contains("validation_fraction")
+        );
+        assert!(gpi(&["dataset.validation_fraction=0", "method.eps=0.1"]).is_ok());
+        assert!(gpi(&["method.eps=-1"]).unwrap_err().contains("eps"));
+        assert!(
+            gpi(&["method.eps_grid=[]"])
+                .unwrap_err()
+                .contains("eps_grid")
+        );
+        assert!(
+            gpi(&["method.eps_grid=[0.1, -2]"])
+                .unwrap_err()
+                .contains("eps_grid")
         );
     }
 }

@@ -1,10 +1,10 @@
-//! `fedfuse fuse`: one-shot fusion of pre-trained MLPs from safetensors files.
+//! `fedfuse fuse`: one-shot fusion of pre-trained MLPs from safetensors or npz files.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use fedfuse_core::{ModelSpec, Params, load_safetensors, save_safetensors};
+use fedfuse_core::{ModelSpec, Params, load_params, save_safetensors};
 use fedfuse_fuse::{PfnmConfig, pfnm_fuse, weighted_mean_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -15,6 +15,8 @@ use serde::Serialize;
 pub enum FuseMethod {
     /// Probabilistic federated neural matching: hidden units are matched, widths may change.
     Pfnm,
+    /// PFNM plus `--eps` times the KL cost of the global posterior (Xiao & Cheng).
+    GpiFnm,
     /// Coordinate-wise mean (weighted by the clients' example counts when given).
     Fedavg,
 }
@@ -102,8 +104,7 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
     let mut models = Vec::with_capacity(args.inputs.len());
     let mut widths = Vec::with_capacity(args.inputs.len());
     for file in &args.inputs {
-        let p =
-            load_safetensors(file).with_context(|| format!("client model {}", file.display()))?;
+        let p = load_params(file).with_context(|| format!("client model {}", file.display()))?;
         p.check_finite()
             .with_context(|| format!("client model {}", file.display()))?;
         widths.push(mlp_widths(&p, file)?);
@@ -132,7 +133,21 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
         .map(|p| p.display().to_string())
         .collect();
     let (fused, layers, method) = match args.method {
-        FuseMethod::Pfnm => {
+        FuseMethod::Pfnm | FuseMethod::GpiFnm => {
+            let method = if args.method == FuseMethod::Pfnm {
+                if args.pfnm.eps != 0.0 {
+                    bail!("--eps is GPI-FNM's coefficient: use --method gpi-fnm");
+                }
+                "pfnm"
+            } else {
+                if args.pfnm.eps <= 0.0 {
+                    bail!(
+                        "--method gpi-fnm needs --eps E > 0 (eps = 0 is PFNM); to choose eps on \
+                         validation data, run the federation with method `gpi-fnm`"
+                    );
+                }
+                "gpi-fnm"
+            };
             args.pfnm.check()?;
             let mut rng = StdRng::seed_from_u64(args.seed);
             let fused = pfnm_fuse(&refs, counts.as_deref(), &args.pfnm, &mut rng).map_err(|e| {
@@ -154,7 +169,7 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
                     assignments,
                 })
                 .collect();
-            (fused.params, layers, "pfnm")
+            (fused.params, layers, method)
         }
         FuseMethod::Fedavg => {
             for (w, file) in widths.iter().zip(&args.inputs) {

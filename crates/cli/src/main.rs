@@ -9,6 +9,7 @@ mod output;
 mod plot;
 mod progress;
 mod run;
+mod sweep;
 
 use std::process::ExitCode;
 

@@ -1,5 +1,6 @@
 //! results.json and metrics.csv.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -46,10 +47,20 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
     let json = serde_json::to_string_pretty(&results).context("cannot serialise results")?;
     std::fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))?;
 
+    // Method-specific figures (chosen eps, widths, ...) become extra columns.
+    let extra: BTreeSet<&str> = run
+        .rounds
+        .iter()
+        .flat_map(|r| r.method.keys().map(String::as_str))
+        .collect();
     let mut csv = String::from(
         "round,global_accuracy,global_loss,local_accuracy_mean,train_loss,bytes_up,bytes_down,\
-         global_params,clients,rejected,seconds\n",
+         global_params,clients,rejected,seconds",
     );
+    for k in &extra {
+        let _ = write!(csv, ",{k}");
+    }
+    csv.push('\n');
     for r in &run.rounds {
         let _ = writeln!(
             csv,
@@ -66,6 +77,16 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
             r.rejected.len(),
             r.seconds
         );
+        csv.pop();
+        for k in &extra {
+            match r.method.get(*k) {
+                Some(v) => {
+                    let _ = write!(csv, ",{v}");
+                }
+                None => csv.push(','),
+            }
+        }
+        csv.push('\n');
     }
     let path = out.join("metrics.csv");
     std::fs::write(&path, csv).with_context(|| format!("cannot write {}", path.display()))?;

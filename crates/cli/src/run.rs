@@ -1,10 +1,12 @@
 //! `fedfuse run`: config -> data -> federation -> output folder.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use fedfuse_data::{client_splits, load_dataset, partition};
+use fedfuse_data::{client_splits, holdout, load_dataset, partition};
 use fedfuse_fed::{BuildContext, SimConfig, derive_seed, simulate};
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
@@ -24,21 +26,23 @@ pub fn run(cfg: &Config, out: &Path, quiet: bool) -> Result<ExitCode> {
     let data = load_dataset(&cfg.dataset.name, cfg.data_dir.as_deref())
         .with_context(|| format!("dataset `{}`", cfg.dataset.name))?;
     let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let validation_fraction = cfg.validation_fraction();
+    let (pool, validation) = if validation_fraction > 0.0 {
+        let (pool, held) = holdout(&data.train, validation_fraction, &mut rng)?;
+        (Cow::Owned(pool), Some(Arc::new(held)))
+    } else {
+        (Cow::Borrowed(&data.train), None)
+    };
     let parts = partition(
-        &data.train.y,
-        data.train.num_classes,
+        &pool.y,
+        pool.num_classes,
         cfg.clients,
         &cfg.partition,
         &mut rng,
     )
     .context("partition")?;
-    let clients = client_splits(
-        &data.train,
-        &parts,
-        cfg.dataset.local_test_fraction,
-        &mut rng,
-    )
-    .context("client splits")?;
+    let clients = client_splits(&pool, &parts, cfg.dataset.local_test_fraction, &mut rng)
+        .context("client splits")?;
 
     let spec = cfg
         .model
@@ -48,6 +52,8 @@ pub fn run(cfg: &Config, out: &Path, quiet: bool) -> Result<ExitCode> {
     let mut method = cfg.method.build_with(BuildContext {
         init: cfg.model.init,
         seed: cfg.seed,
+        spec: Some(spec.clone()),
+        validation,
     })?;
     let sim = SimConfig {
         rounds: cfg.rounds,

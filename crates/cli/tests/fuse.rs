@@ -189,3 +189,90 @@ fn bad_client_files_are_named() {
     let o = fedfuse(&["fuse", &ok, garbage.to_str().unwrap(), "--out", out]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("garbage.safetensors"));
 }
+
+/// Writes `params` as numpy's `savez` would (stored members `NAME.npy`, '<f4', C order).
+fn write_npz(params: &Params, path: &Path) {
+    use std::io::Write as _;
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    let opts =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for (name, t) in params.iter() {
+        let shape: Vec<String> = t.shape.iter().map(ToString::to_string).collect();
+        let shape = if shape.len() == 1 {
+            format!("({},)", shape[0])
+        } else {
+            format!("({})", shape.join(", "))
+        };
+        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        // Magic (6) + version (2) + length (2) + header, padded with spaces to 64 bytes.
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        zip.start_file(format!("{name}.npy"), opts).unwrap();
+        zip.write_all(b"\x93NUMPY\x01\x00").unwrap();
+        zip.write_all(&(header.len() as u16).to_le_bytes()).unwrap();
+        zip.write_all(header.as_bytes()).unwrap();
+        for v in &t.data {
+            zip.write_all(&v.to_le_bytes()).unwrap();
+        }
+    }
+    zip.finish().unwrap();
+}
+
+#[test]
+fn gpi_fnm_fuses_npz_files_as_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, counts, models) = train_clients(dir.path());
+    let files: Vec<String> = models
+        .iter()
+        .enumerate()
+        .map(|(j, m)| {
+            let f = dir.path().join(format!("client{j}.npz"));
+            write_npz(m, &f);
+            f.to_str().unwrap().to_string()
+        })
+        .collect();
+    let counts_file = dir.path().join("counts.json");
+    std::fs::write(&counts_file, serde_json::to_string(&counts).unwrap()).unwrap();
+    let out = dir.path().join("gpi.safetensors");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["fuse", "--seed", "3"];
+        args.extend(files.iter().map(String::as_str));
+        args.extend(["--class-counts", counts_file.to_str().unwrap()]);
+        args.extend(["--out", out.to_str().unwrap()]);
+        args.extend(extra);
+        fedfuse(&args)
+    };
+    let o = run(&["--method", "gpi-fnm", "--eps", "0.05"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let refs: Vec<&Params> = models.iter().collect();
+    let cfg = PfnmConfig {
+        eps: 0.05,
+        ..PfnmConfig::default()
+    };
+    let in_memory = pfnm_fuse(&refs, Some(&counts), &cfg, &mut StdRng::seed_from_u64(3)).unwrap();
+    assert_eq!(load_safetensors(&out).unwrap(), in_memory.params);
+    let report = std::fs::read_to_string(dir.path().join("gpi.assignments.json")).unwrap();
+    assert!(report.contains("\"gpi-fnm\""), "{report}");
+
+    // eps belongs to GPI-FNM, and GPI-FNM needs one.
+    let o = run(&["--method", "gpi-fnm"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--eps"));
+    let o = run(&["--method", "pfnm", "--eps", "0.1"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("gpi-fnm"));
+    let pt = dir.path().join("model.pt");
+    std::fs::write(&pt, b"x").unwrap();
+    let o = fedfuse(&[
+        "fuse",
+        &files[0],
+        pt.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("model.pt") && stderr.contains(".npz"),
+        "{stderr}"
+    );
+}

@@ -9,7 +9,7 @@
 //! use fedfuse_fed::{MethodConfig, SimConfig, simulate};
 //! # fn demo(clients: &[fedfuse_data::ClientData], test: &fedfuse_data::Dataset,
 //! #         trainer: &fedfuse_train::Trainer, init: fedfuse_core::Params) -> fedfuse_fed::Result<()> {
-//! let mut method = MethodConfig::FedAvg {}.build()?;
+//! let mut method = MethodConfig::FedAvg { separate_inits: false }.build()?;
 //! let run = simulate(method.as_mut(), trainer, clients, test, init, &SimConfig::default(), &|_| {})?;
 //! println!("final accuracy {:.3}", run.rounds.last().map_or(0.0, |r| r.global_accuracy));
 //! # Ok(()) }
@@ -19,12 +19,16 @@
 mod error;
 mod method;
 mod methods;
+pub mod oneshot;
 mod seed;
 mod simulator;
 
 pub use error::{FedError, Result};
 pub use method::{Aggregate, ClientContext, Fold, Method, Reply, standard_fit};
-pub use methods::{BuildContext, FedAvg, FedMedian, FedProx, FedTrimmedAvg, MethodConfig, Pfnm};
+pub use methods::{
+    BuildContext, FedAvg, FedMedian, FedProx, FedTrimmedAvg, MethodConfig, Pfnm, SeparateInits,
+    default_eps_grid, matched_sub_model,
+};
 pub use seed::derive_seed;
 pub use simulator::{
     ClientsPerRound, Progress, Rejection, RoundMetrics, RunResult, SimConfig, simulate,

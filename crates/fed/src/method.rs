@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+
 use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_data::ClientData;
 use fedfuse_train::{TrainConfig, Trainer};
@@ -84,6 +86,13 @@ pub trait Method: Send + Sync {
     /// sum; the simulator then never holds all replies of a round. `None` by default.
     fn fold(&self) -> Option<Box<dyn Fold>> {
         None
+    }
+
+    /// Method-specific figures of the round just aggregated (a chosen coefficient, layer
+    /// widths, sparsity), recorded in [`RoundMetrics::method`](crate::RoundMetrics). Empty by
+    /// default.
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        BTreeMap::new()
     }
 }
 

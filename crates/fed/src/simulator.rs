@@ -1,5 +1,6 @@
 //! The round loop, once: sample clients, instruct, fit in parallel, check, aggregate, evaluate.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use fedfuse_core::{ModelSpec, Params, Record};
@@ -105,6 +106,9 @@ pub struct RoundMetrics {
     pub clients: usize,
     /// Replies left out of the aggregate.
     pub rejected: Vec<Rejection>,
+    /// Method-specific figures ([`Method::round_metrics`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub method: BTreeMap<String, f64>,
     /// Wall time of the round in seconds.
     pub seconds: f64,
 }
@@ -318,6 +322,7 @@ pub fn simulate(
             global_params: global.num_values(),
             clients: sampled.len(),
             rejected,
+            method: method.round_metrics(),
             seconds: started.elapsed().as_secs_f64(),
         };
         progress(Progress::RoundEnd(&metrics));

@@ -367,6 +367,8 @@ fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
             .build_with(BuildContext {
                 init: Init::Default,
                 seed: 1,
+                spec: Some(spec.clone()),
+                validation: None,
             })
             .unwrap(),
         seen: std::sync::Mutex::new(Vec::new()),

@@ -1,10 +1,15 @@
-//! Times one PFNM aggregation on synthetic MLP clients (the reference's `bench_pfnm.py`
-//! "structured" mode): a 784-120-10 network, each of J clients holds a random 100 of the 120
-//! hidden units in random order plus noise.
+//! Times PFNM aggregations on synthetic MLP clients (the reference's `bench_pfnm.py`
+//! "structured" mode): a planted 784-120-10 network, each of J clients holds a random 100 of
+//! the 120 hidden units in random order plus noise. With more hidden layers every hidden layer
+//! is 120 planted units of which each client keeps 100.
 //!
-//! `cargo run --release -p fedfuse-fuse --example pfnm_timing -- [clients] [iters]`
+//! `cargo run --release -p fedfuse-fuse --example pfnm_timing -- [clients] [iters] [hidden
+//! layers] [repeats]` times one configuration; without arguments it times J = 10, 25, 50, 100
+//! with one hidden layer and J = 10 with 2 and 4 hidden layers (it = 5, 3 repeats each).
+//! Prints the wall time of every repeat, their median, and per hidden layer where the time of
+//! the last repeat went (score matrices, assignment solver).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fedfuse_core::Params;
 use fedfuse_fuse::{PfnmConfig, Result, pfnm_fuse};
@@ -13,56 +18,133 @@ use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let clients: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
-    let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
-    let (d, h, keep, k) = (784usize, 120usize, 100usize, 10usize);
-    let mut rng = StdRng::seed_from_u64(0);
-    let w0: Vec<f64> = (0..h * d).map(|_| rng.random_range(-0.17..0.17)).collect();
-    let w1: Vec<f64> = (0..k * h).map(|_| rng.random_range(-0.17..0.17)).collect();
-    let mut nets = Vec::with_capacity(clients);
-    for _ in 0..clients {
-        let mut units: Vec<usize> = (0..h).collect();
-        units.shuffle(&mut rng);
-        units.truncate(keep);
-        let mut noise = |v: f64| (v + rng.random_range(-0.087..0.087)) as f32;
-        let mut p = Params::new();
-        let a: Vec<f32> = units
-            .iter()
-            .flat_map(|&u| w0[u * d..(u + 1) * d].to_vec())
-            .map(&mut noise)
-            .collect();
-        p.push("layers.0.weight", vec![keep, d], a)?;
-        p.push(
-            "layers.0.bias",
-            vec![keep],
-            (0..keep).map(|_| noise(0.1)).collect(),
-        )?;
-        let b: Vec<f32> = (0..k)
-            .flat_map(|kk| units.iter().map(move |&u| (kk, u)))
-            .map(|(kk, u)| noise(w1[kk * h + u]))
-            .collect();
-        p.push("layers.1.weight", vec![k, keep], b)?;
-        p.push(
-            "layers.1.bias",
-            vec![k],
-            (0..k).map(|_| noise(0.1)).collect(),
-        )?;
-        nets.push(p);
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    if args.is_empty() {
+        for (clients, hidden) in [(10, 1), (25, 1), (50, 1), (100, 1), (10, 2), (10, 4)] {
+            time(clients, 5, hidden, 3)?;
+        }
+        return Ok(());
     }
+    let arg = |i: usize, default: usize| args.get(i).copied().unwrap_or(default);
+    time(arg(0, 10), arg(1, 5), arg(2, 1).max(1), arg(3, 1).max(1))
+}
+
+/// Fuses `clients` synthetic clients with `hidden` hidden layers `repeats` times and prints
+/// the timings.
+fn time(clients: usize, iters: usize, hidden: usize, repeats: usize) -> Result<()> {
+    let (d, h, keep, k) = (784usize, 120usize, 100usize, 10usize);
+    let nets = synthetic_clients(clients, hidden, (d, h, keep, k))?;
     let refs: Vec<&Params> = nets.iter().collect();
     let counts = vec![vec![600.0; k]; clients];
     let cfg = PfnmConfig {
         iters,
         ..PfnmConfig::default()
     };
-    let start = Instant::now();
-    let fused = pfnm_fuse(&refs, Some(&counts), &cfg, &mut StdRng::seed_from_u64(1))?;
-    let secs = start.elapsed().as_secs_f64();
-    let width = fused
-        .params
-        .get("layers.0.bias")
-        .map_or(0, |t| t.data.len());
-    println!("{clients} clients of {d}-{keep}-{k}, it={iters}: {secs:.3} s, global width {width}");
+
+    let mut times = Vec::with_capacity(repeats);
+    let mut last = None;
+    for _ in 0..repeats {
+        let start = Instant::now();
+        let fused = pfnm_fuse(&refs, Some(&counts), &cfg, &mut StdRng::seed_from_u64(1))?;
+        times.push(start.elapsed().as_secs_f64());
+        last = Some(fused);
+    }
+    let Some(fused) = last else {
+        return Ok(());
+    };
+    let widths: Vec<usize> = (0..hidden)
+        .map(|i| {
+            fused
+                .params
+                .get(&format!("layers.{i}.bias"))
+                .map_or(0, |t| t.data.len())
+        })
+        .collect();
+    let runs: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let shape = std::iter::once(d)
+        .chain(std::iter::repeat_n(keep, hidden))
+        .chain([k])
+        .map(|w| w.to_string())
+        .collect::<Vec<_>>()
+        .join("-");
+    println!(
+        "{clients} clients of {shape}, it={iters}: {median:.3} s (median of [{}] s), global \
+         width {widths:?}",
+        runs.join(", ")
+    );
+    for (i, t) in fused.timings.iter().enumerate() {
+        let total = t.total.as_secs_f64();
+        let share = |x: Duration| 100.0 * x.as_secs_f64() / total.max(1e-12);
+        println!(
+            "  hidden layer {}: {total:.4} s; score {:.4} s ({:.0} %), solver {:.4} s ({:.0} %), \
+             {} solves",
+            i + 1,
+            t.score.as_secs_f64(),
+            share(t.score),
+            t.solve.as_secs_f64(),
+            share(t.solve),
+            t.solves
+        );
+    }
     Ok(())
+}
+
+/// `clients` noisy subsets of a planted `d-h-...-h-k` network (`hidden` layers of `h`), each
+/// client keeping `keep` of every hidden layer's units in random order.
+fn synthetic_clients(
+    clients: usize,
+    hidden: usize,
+    (d, h, keep, k): (usize, usize, usize, usize),
+) -> Result<Vec<Params>> {
+    let planted_widths: Vec<usize> = std::iter::once(d)
+        .chain(std::iter::repeat_n(h, hidden))
+        .chain([k])
+        .collect();
+    let mut rng = StdRng::seed_from_u64(0);
+    let planted: Vec<Vec<f64>> = planted_widths
+        .windows(2)
+        .map(|w| {
+            (0..w[0] * w[1])
+                .map(|_| rng.random_range(-0.17..0.17))
+                .collect()
+        })
+        .collect();
+    let mut nets = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        // Which planted units the client holds, per layer (all inputs and outputs).
+        let mut kept: Vec<Vec<usize>> = vec![(0..d).collect()];
+        for _ in 0..hidden {
+            let mut units: Vec<usize> = (0..h).collect();
+            units.shuffle(&mut rng);
+            units.truncate(keep);
+            kept.push(units);
+        }
+        kept.push((0..k).collect());
+        let mut p = Params::new();
+        for (i, w) in planted.iter().enumerate() {
+            let (rows, cols) = (&kept[i + 1], &kept[i]);
+            let n_in = planted_widths[i];
+            let weight: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| cols.iter().map(move |&c| w[r * n_in + c]))
+                .map(|v| (v + rng.random_range(-0.087..0.087)) as f32)
+                .collect();
+            p.push(
+                format!("layers.{i}.weight"),
+                vec![rows.len(), cols.len()],
+                weight,
+            )?;
+            let bias = (0..rows.len())
+                .map(|_| (0.1 + rng.random_range(-0.087..0.087)) as f32)
+                .collect();
+            p.push(format!("layers.{i}.bias"), vec![rows.len()], bias)?;
+        }
+        nets.push(p);
+    }
+    Ok(nets)
 }

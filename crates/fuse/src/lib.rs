@@ -23,6 +23,6 @@ pub use elementwise::{
 pub use error::{FuseError, Result};
 pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,
-    Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder, RngOrder,
-    match_layer, pfnm_fuse, pfnm_fuse_mlp, pfnm_scores,
+    MatchTimings, Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder,
+    RngOrder, gpi_cost, match_layer, pfnm_fuse, pfnm_fuse_mlp, pfnm_scores,
 };

@@ -3,7 +3,8 @@
 
 use fedfuse_core::Params;
 use fedfuse_fuse::{
-    DenseLayer, Matrix, MlpWeights, PfnmConfig, ReplayOrder, pfnm_fuse, pfnm_fuse_mlp,
+    DenseLayer, FusedMlp, Matrix, MlpWeights, PfnmConfig, ReplayOrder, RngOrder, pfnm_fuse,
+    pfnm_fuse_mlp,
 };
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -50,10 +51,25 @@ fn net_from_reference(tensors: &Value) -> MlpWeights {
     MlpWeights { layers }
 }
 
-/// Replays one fixture recorded from `layer_group_descent` of
+/// A fixture recorded from `layer_group_descent` of
 /// IBM/probabilistic-federated-neural-matching `matching/pfnm.py` @ f44cf42
 /// (`/work/shared/notes/pfnm-reference.md` §6, `make_fixtures.py`).
-fn check_fixture(name: &str) {
+struct Fixture {
+    f: Value,
+    nets: Vec<MlpWeights>,
+    counts: Vec<Vec<f64>>,
+    orders: Vec<Vec<usize>>,
+    cfg: PfnmConfig,
+}
+
+const FIXTURE_NAMES: [&str; 4] = [
+    "one_layer_it0",
+    "one_layer_shared_it3",
+    "one_layer_random_it3_small_sigma",
+    "two_layer_shared_it2",
+];
+
+fn load_fixture(name: &str) -> Fixture {
     let path = format!("{FIXTURES}/{name}.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let f: Value = serde_json::from_str(&text).unwrap();
@@ -88,6 +104,24 @@ fn check_fixture(name: &str) {
         iters: f["it"].as_u64().unwrap() as usize,
         ..PfnmConfig::default()
     };
+    Fixture {
+        f,
+        nets,
+        counts,
+        orders,
+        cfg,
+    }
+}
+
+/// Replays one fixture and compares with the reference's fused network.
+fn check_fixture(name: &str) {
+    let Fixture {
+        f,
+        nets,
+        counts,
+        orders,
+        cfg,
+    } = load_fixture(name);
     let mut replay = ReplayOrder::new(orders);
     let fused = pfnm_fuse_mlp(&nets, Some(&counts), &cfg, &mut replay).unwrap();
     assert_eq!(
@@ -281,6 +315,38 @@ mod invariance {
     }
 }
 
+/// A random `d-h-k` network and `clients` noisy copies, each keeping a random `keep` of its
+/// hidden units in random order (noise uniform in ±0.02).
+fn planted_clients(
+    rng: &mut StdRng,
+    [d, h, k]: [usize; 3],
+    keep: usize,
+    clients: usize,
+) -> (MlpWeights, Vec<MlpWeights>) {
+    let planted = random_net(rng, &[d, h, k], 1.0);
+    let mut nets = Vec::new();
+    for _ in 0..clients {
+        let mut units: Vec<usize> = (0..h).collect();
+        rand::seq::SliceRandom::shuffle(units.as_mut_slice(), rng);
+        units.truncate(keep);
+        let mut net = permute_hidden(&planted, &units);
+        for l in &mut net.layers {
+            let noisy: Vec<f64> = l
+                .weight
+                .data()
+                .iter()
+                .map(|v| v + rng.random_range(-0.02..0.02))
+                .collect();
+            l.weight = Matrix::new(l.weight.rows(), l.weight.cols(), noisy).unwrap();
+            for b in &mut l.bias {
+                *b += rng.random_range(-0.02..0.02);
+            }
+        }
+        nets.push(net);
+    }
+    (planted, nets)
+}
+
 mod recovery {
     use super::*;
 
@@ -288,27 +354,8 @@ mod recovery {
     fn noisy_permuted_subsets_fuse_back_to_the_planted_network() {
         let mut rng = StdRng::seed_from_u64(42);
         let (d, h, k, keep, clients) = (12, 10, 4, 7, 8);
-        let planted = random_net(&mut rng, &[d, h, k], 1.0);
-        let mut params = Vec::new();
-        for _ in 0..clients {
-            let mut units: Vec<usize> = (0..h).collect();
-            rand::seq::SliceRandom::shuffle(units.as_mut_slice(), &mut rng);
-            units.truncate(keep);
-            let mut net = permute_hidden(&planted, &units);
-            for l in &mut net.layers {
-                let noisy: Vec<f64> = l
-                    .weight
-                    .data()
-                    .iter()
-                    .map(|v| v + rng.random_range(-0.02..0.02))
-                    .collect();
-                l.weight = Matrix::new(l.weight.rows(), l.weight.cols(), noisy).unwrap();
-                for b in &mut l.bias {
-                    *b += rng.random_range(-0.02..0.02);
-                }
-            }
-            params.push(net.to_params().unwrap());
-        }
+        let (planted, nets) = planted_clients(&mut rng, [d, h, k], keep, clients);
+        let params: Vec<Params> = nets.iter().map(|n| n.to_params().unwrap()).collect();
         let refs: Vec<&Params> = params.iter().collect();
         let cfg = PfnmConfig {
             sigma: 0.01,
@@ -370,6 +417,14 @@ mod errors {
             ..PfnmConfig::default()
         };
         assert!(pfnm_fuse(&[&a], None, &bad, &mut rng).is_err());
+        for eps in [-1e-3, f64::NAN, f64::INFINITY] {
+            let bad = PfnmConfig {
+                eps,
+                ..PfnmConfig::default()
+            };
+            let err = pfnm_fuse(&[&a], None, &bad, &mut rng).unwrap_err();
+            assert!(err.to_string().contains("method.eps"), "{err}");
+        }
         let err = pfnm_fuse(
             &[&a, &a],
             Some(&[vec![1.0, 0.0], vec![2.0, 0.0]]),
@@ -378,6 +433,34 @@ mod errors {
         )
         .unwrap_err();
         assert!(err.to_string().contains("class 1"), "{err}");
+    }
+
+    /// Hand-built `MlpWeights` are checked too (they skip `from_params`).
+    #[test]
+    fn inconsistent_or_non_finite_weights_are_errors() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let good = random_net(&mut rng, &[4, 3, 2], 1.0);
+        let mut chained_wrong = random_net(&mut rng, &[4, 3, 2], 1.0);
+        chained_wrong.layers[1].weight = Matrix::new(2, 5, vec![0.0; 10]).unwrap();
+        let err = pfnm_fuse_mlp(
+            &[good.clone(), chained_wrong],
+            None,
+            &PfnmConfig::default(),
+            &mut RngOrder(&mut rng),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("client 1: layer 1"), "{err}");
+
+        let mut nan = good.clone();
+        nan.layers[0].bias[2] = f64::NAN;
+        let err = pfnm_fuse_mlp(
+            &[good, nan],
+            None,
+            &PfnmConfig::default(),
+            &mut RngOrder(&mut rng),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("non-finite"), "{err}");
     }
 
     #[test]
@@ -434,5 +517,125 @@ mod errors {
                 );
             }
         }
+    }
+}
+
+/// GPI-FNM: PFNM score minus `eps` times the cost of eq. 11 of Xiao & Cheng.
+mod gpi {
+    use super::*;
+
+    fn same_bits(a: &FusedMlp, b: &FusedMlp) -> bool {
+        let bits = |f: &FusedMlp| -> Vec<u64> {
+            f.net
+                .layers
+                .iter()
+                .flat_map(|l| l.weight.data().iter().chain(&l.bias).map(|v| v.to_bits()))
+                .collect()
+        };
+        a.assignments == b.assignments && a.net.hidden() == b.net.hidden() && bits(a) == bits(b)
+    }
+
+    /// `eps = 0` (the default) is plain PFNM; and the GPI-FNM code path itself, at the smallest
+    /// positive `eps`, gives the same bits: the term is purely added to PFNM's arithmetic.
+    #[test]
+    fn eps_zero_is_pfnm_bit_for_bit() {
+        let tiny = f64::from_bits(1); // 5e-324: every eps * cost product underflows to 0
+        for name in FIXTURE_NAMES {
+            let fx = load_fixture(name);
+            let run = |eps: f64| {
+                let cfg = PfnmConfig {
+                    eps,
+                    ..fx.cfg.clone()
+                };
+                let mut replay = ReplayOrder::new(fx.orders.clone());
+                pfnm_fuse_mlp(&fx.nets, Some(&fx.counts), &cfg, &mut replay).unwrap()
+            };
+            let plain = run(PfnmConfig::default().eps);
+            assert!(same_bits(&plain, &run(0.0)), "{name}");
+            assert!(
+                same_bits(&plain, &run(tiny)),
+                "{name}: GPI path at eps -> 0"
+            );
+        }
+        for seed in 0..6u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let widths: &[usize] = if seed % 2 == 0 {
+                &[20, 8, 5]
+            } else {
+                &[20, 8, 6, 4]
+            };
+            let nets: Vec<MlpWeights> = (0..5).map(|_| random_net(&mut rng, widths, 0.5)).collect();
+            let k = widths[widths.len() - 1];
+            let counts: Vec<Vec<f64>> = (0..5)
+                .map(|_| (0..k).map(|_| rng.random_range(1.0..10.0)).collect())
+                .collect();
+            let sigma = [0.02, 0.1, 1.0][seed as usize % 3];
+            let run = |eps: f64| {
+                let cfg = PfnmConfig {
+                    sigma,
+                    eps,
+                    iters: 3,
+                    ..PfnmConfig::default()
+                };
+                let mut orders = StdRng::seed_from_u64(seed + 100);
+                pfnm_fuse_mlp(&nets, Some(&counts), &cfg, &mut RngOrder(&mut orders)).unwrap()
+            };
+            let plain = run(PfnmConfig::default().eps);
+            assert!(same_bits(&plain, &run(0.0)), "seed {seed}");
+            assert!(
+                same_bits(&plain, &run(tiny)),
+                "seed {seed}: GPI path at eps -> 0"
+            );
+        }
+    }
+
+    /// On the planted example of `recovery` (PFNM finds the 10 planted units): the GPI term
+    /// charges a global unit for its members' distance from the prior mean. Joining a like
+    /// unit costs more than opening a shrunk new one, so a moderate eps opens more units; a
+    /// large eps instead merges unlike units whose means cancel, down to the widest client's
+    /// 7 units, and the fused units are pulled to the prior mean (0 for weights).
+    #[test]
+    fn eps_changes_the_width_of_a_planted_network() {
+        let mut rng = StdRng::seed_from_u64(42);
+        let (d, h, k, keep, clients) = (12, 10, 4, 7, 8);
+        let (planted, nets) = planted_clients(&mut rng, [d, h, k], keep, clients);
+        let fuse = |eps: f64| {
+            let cfg = PfnmConfig {
+                sigma: 0.01,
+                eps,
+                ..PfnmConfig::default()
+            };
+            pfnm_fuse_mlp(
+                &nets,
+                None,
+                &cfg,
+                &mut RngOrder(&mut StdRng::seed_from_u64(3)),
+            )
+            .unwrap()
+        };
+        // Mean |w| of the input weights.
+        let size = |n: &MlpWeights| {
+            let w = n.layers[0].weight.data();
+            w.iter().map(|v| v.abs()).sum::<f64>() / w.len() as f64
+        };
+        let pfnm = fuse(0.0);
+        assert_eq!(pfnm.net.hidden(), vec![h]);
+        let moderate = fuse(1.0);
+        assert!(
+            moderate.net.hidden()[0] > h,
+            "eps 1: {:?}",
+            moderate.net.hidden()
+        );
+        for eps in [5.0, 50.0] {
+            let large = fuse(eps);
+            assert_eq!(large.net.hidden(), vec![keep], "eps {eps}");
+            assert!(
+                size(&large.net) < 0.5 * size(&planted),
+                "eps {eps}: mean |w| {} vs planted {}",
+                size(&large.net),
+                size(&planted)
+            );
+        }
+        assert!((size(&pfnm.net) - size(&planted)).abs() < 0.05 * size(&planted));
     }
 }

@@ -156,12 +156,56 @@ impl Trainer {
 
     /// Accuracy and mean loss of `params` on `data`.
     pub fn evaluate(&self, params: &Params, data: &Dataset) -> Result<Evaluation> {
+        let mut score = Score::default();
+        self.for_each_logits(params, data, |row, label| score.add_logits(row, label))?;
+        Ok(score.finish())
+    }
+
+    /// Accuracy and mean loss of the uniform softmax ensemble of `members` on `data`: class
+    /// probabilities averaged over members (the PFNM paper's ensemble baseline). Members may
+    /// have different hidden widths.
+    pub fn evaluate_ensemble(&self, members: &[&Params], data: &Dataset) -> Result<Evaluation> {
+        if members.is_empty() {
+            return Err(TrainError::DataMismatch(
+                "an ensemble needs at least one member".into(),
+            ));
+        }
+        let classes = self.spec.classes();
+        let mut mean = vec![0.0f64; data.len() * classes];
+        for member in members {
+            let spec = match member.check_layout(&self.spec.param_shapes()) {
+                Ok(()) => self.spec.clone(),
+                Err(_) => ModelSpec::infer_mlp(member)?,
+            };
+            let trainer = Trainer::new(spec)?;
+            let mut at = 0;
+            trainer.for_each_logits(member, data, |row, _| {
+                let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let z: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
+                for (m, &v) in mean[at..at + classes].iter_mut().zip(row) {
+                    *m += f64::from(v - max).exp() / z / members.len() as f64;
+                }
+                at += classes;
+            })?;
+        }
+        let mut score = Score::default();
+        for (probs, &label) in mean.chunks_exact(classes).zip(&data.y) {
+            score.add_probabilities(probs, label);
+        }
+        Ok(score.finish())
+    }
+
+    /// Calls `f(logits, label)` for every sample of `data`, in order.
+    fn for_each_logits(
+        &self,
+        params: &Params,
+        data: &Dataset,
+        mut f: impl FnMut(&[f32], u32),
+    ) -> Result<()> {
         self.check_data(data)?;
         let device = Device::flex();
         let net = params::build(&self.spec, params, &device)?;
         let classes = self.spec.classes();
-        let mut correct = 0usize;
-        let mut loss = 0.0f64;
         let dim = data.dim();
         for start in (0..data.len()).step_by(EVAL_BATCH) {
             let end = (start + EVAL_BATCH).min(data.len());
@@ -173,33 +217,69 @@ impl Trainer {
                 .try_into_vec::<f32>()
                 .map_err(|e| TrainError::Backend(format!("{e:?}")))?;
             for (row, &label) in logits.chunks_exact(classes).zip(&data.y[start..end]) {
-                let (arg, max) =
-                    row.iter()
-                        .enumerate()
-                        .fold((0, f32::NEG_INFINITY), |(ai, am), (i, &v)| {
-                            if v > am { (i, v) } else { (ai, am) }
-                        });
-                correct += usize::from(arg == label as usize);
-                let lse = f64::from(max)
-                    + row
-                        .iter()
-                        .map(|&v| f64::from(v - max).exp())
-                        .sum::<f64>()
-                        .ln();
-                loss += lse - f64::from(row[label as usize]);
+                f(row, label);
             }
         }
-        let n = data.len();
-        Ok(Evaluation {
+        Ok(())
+    }
+}
+
+/// Running accuracy and cross-entropy.
+#[derive(Default)]
+struct Score {
+    correct: usize,
+    loss: f64,
+    n: usize,
+}
+
+impl Score {
+    fn add_logits(&mut self, row: &[f32], label: u32) {
+        let (arg, max) = arg_max(row.iter().map(|&v| f64::from(v)));
+        let lse = max
+            + row
+                .iter()
+                .map(|&v| (f64::from(v) - max).exp())
+                .sum::<f64>()
+                .ln();
+        self.push(arg == label as usize, lse - f64::from(row[label as usize]));
+    }
+
+    fn add_probabilities(&mut self, probs: &[f64], label: u32) {
+        let (arg, _) = arg_max(probs.iter().copied());
+        // Clamped so that a member that is certain and wrong gives a large, finite loss.
+        self.push(
+            arg == label as usize,
+            -probs[label as usize].max(1e-12).ln(),
+        );
+    }
+
+    fn push(&mut self, correct: bool, loss: f64) {
+        self.correct += usize::from(correct);
+        self.loss += loss;
+        self.n += 1;
+    }
+
+    fn finish(self) -> Evaluation {
+        let n = self.n;
+        Evaluation {
             accuracy: if n == 0 {
                 0.0
             } else {
-                correct as f64 / n as f64
+                self.correct as f64 / n as f64
             },
-            loss: if n == 0 { 0.0 } else { loss / n as f64 },
+            loss: if n == 0 { 0.0 } else { self.loss / n as f64 },
             n,
-        })
+        }
     }
+}
+
+/// Index and value of the first maximum.
+fn arg_max(values: impl Iterator<Item = f64>) -> (usize, f64) {
+    values
+        .enumerate()
+        .fold((0, f64::NEG_INFINITY), |(ai, am), (i, v)| {
+            if v > am { (i, v) } else { (ai, am) }
+        })
 }
 
 fn optimizer(cfg: &OptimizerConfig) -> ModuleOptimizer {

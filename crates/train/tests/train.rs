@@ -303,3 +303,46 @@ fn wrong_data_shape_is_an_error_not_a_panic() {
     bad.get_mut("layers.0.weight").unwrap().shape = vec![10, 4];
     assert!(trainer.evaluate(&bad, &data).is_err());
 }
+
+/// 2 -> 2 (identity, ReLU) -> 2 with output weights `w2` ([out, in]).
+fn two_by_two(w2: [f32; 4]) -> Params {
+    let mut p = Params::new();
+    p.push("layers.0.weight", vec![2, 2], vec![1.0, 0.0, 0.0, 1.0])
+        .unwrap();
+    p.push("layers.0.bias", vec![2], vec![0.0, 0.0]).unwrap();
+    p.push("layers.1.weight", vec![2, 2], w2.to_vec()).unwrap();
+    p.push("layers.1.bias", vec![2], vec![0.0, 0.0]).unwrap();
+    p
+}
+
+#[test]
+fn ensemble_averages_probabilities() {
+    // Sample 1: x = (1, 0), label 0; sample 2: x = (0, 1), label 1.
+    let data = Dataset::new(vec![1.0, 0.0, 0.0, 1.0], vec![0, 1], vec![2], 2).unwrap();
+    let trainer = Trainer::new(ModelSpec::mlp(2, &[2], 2)).unwrap();
+    // A: logits (3, 0) then (0, -1): right, wrong. B: logits (0, 0.5) then (0, 3): wrong, right.
+    let a = two_by_two([3.0, 0.0, 0.0, -1.0]);
+    let b = two_by_two([0.0, 0.0, 0.5, 3.0]);
+    assert_eq!(trainer.evaluate(&a, &data).unwrap().accuracy, 0.5);
+    assert_eq!(trainer.evaluate(&b, &data).unwrap().accuracy, 0.5);
+    let sig = |z: f64| 1.0 / (1.0 + (-z).exp());
+    // Mean probability of the label: sample 1 (sig(3) + sig(-0.5)) / 2, sample 2 (sig(-1) + sig(3)) / 2.
+    let p1 = (sig(3.0) + sig(-0.5)) / 2.0;
+    let p2 = (sig(-1.0) + sig(3.0)) / 2.0;
+    let e = trainer.evaluate_ensemble(&[&a, &b], &data).unwrap();
+    assert_eq!(e.accuracy, 1.0);
+    assert!(
+        (e.loss - -(p1.ln() + p2.ln()) / 2.0).abs() < 1e-6,
+        "{}",
+        e.loss
+    );
+    // One member: the model itself.
+    let alone = trainer.evaluate_ensemble(&[&a], &data).unwrap();
+    let direct = trainer.evaluate(&a, &data).unwrap();
+    assert_eq!(alone.accuracy, direct.accuracy);
+    assert!((alone.loss - direct.loss).abs() < 1e-6);
+    // Members of another width are evaluated as what they are.
+    let wide = init_params(&ModelSpec::mlp(2, &[5], 2), Init::Default, 1);
+    assert!(trainer.evaluate_ensemble(&[&a, &wide], &data).is_ok());
+    assert!(trainer.evaluate_ensemble(&[], &data).is_err());
+}

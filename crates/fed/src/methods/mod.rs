@@ -5,13 +5,20 @@ mod fedmedian;
 mod fedprox;
 mod fedtrimmedavg;
 mod pfnm;
+mod separate_inits;
 
 pub use fedavg::FedAvg;
 pub use fedmedian::FedMedian;
 pub use fedprox::FedProx;
 pub use fedtrimmedavg::FedTrimmedAvg;
-pub use pfnm::Pfnm;
+pub(crate) use pfnm::put_class_counts;
+pub use pfnm::{Pfnm, matched_sub_model};
+pub use separate_inits::SeparateInits;
 
+use std::sync::Arc;
+
+use fedfuse_core::ModelSpec;
+use fedfuse_data::Dataset;
 use fedfuse_fuse::PfnmConfig;
 use fedfuse_train::Init;
 use serde::{Deserialize, Serialize};
@@ -20,25 +27,35 @@ use crate::{FedError, Method, Result};
 
 /// A method and its settings, as written in a config's `[method]` table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "name", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(tag = "name", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum MethodConfig {
     /// FedAvg: mean weighted by examples (hard-EM with a Gaussian prior).
-    FedAvg {},
+    #[serde(rename = "fedavg")]
+    FedAvg {
+        /// Clients start round 1 from their own initialisations instead of a common one
+        /// (the PFNM papers' "FedAvg, separate inits" baseline).
+        #[serde(default, skip_serializing_if = "is_false")]
+        separate_inits: bool,
+    },
     /// FedProx: FedAvg whose clients add `mu/2 ||w - w_global||^2`.
+    #[serde(rename = "fedprox")]
     FedProx {
         /// Proximal coefficient.
         mu: f64,
     },
     /// FedMedian: coordinate-wise median (hard-EM with a Laplace prior).
+    #[serde(rename = "fedmedian")]
     FedMedian {},
     /// FedTrimmedAvg: coordinate-wise mean without the `beta` tails.
+    #[serde(rename = "fedtrimmedavg")]
     FedTrimmedAvg {
         /// Fraction cut at each end, in [0, 0.5).
         #[serde(default = "default_beta")]
         beta: f64,
     },
-    /// PFNM: one-shot neuron matching of clients trained from their own initialisations
-    /// (Yurochkin et al. 2019); MLPs only, one round.
+    /// PFNM: neuron matching of clients trained from their own initialisations (Yurochkin et
+    /// al. 2019); MLPs only. One round is the one-shot method; further rounds start every
+    /// client from its matched sub-model (gpi-fnm section 4.3).
     Pfnm {
         /// Variance of client units around their global unit.
         #[serde(default = "one")]
@@ -53,6 +70,50 @@ pub enum MethodConfig {
         #[serde(default = "five")]
         iters: usize,
     },
+    /// GPI-FNM (Xiao & Cheng): PFNM's assignment cost plus `eps` times the KL cost of the
+    /// global posterior (eq. 11). `eps` is chosen each round from `eps_grid` on the server's
+    /// validation split unless a single `eps` is given.
+    GpiFnm {
+        /// Variance of client units around their global unit.
+        #[serde(default = "one")]
+        sigma: f64,
+        /// Prior variance of global units.
+        #[serde(default = "one")]
+        sigma0: f64,
+        /// Beta-process mass (larger opens new global units more readily).
+        #[serde(default = "one")]
+        gamma: f64,
+        /// Refinement passes per layer.
+        #[serde(default = "five")]
+        iters: usize,
+        /// A fixed coefficient (skips the grid search).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        eps: Option<f64>,
+        /// Candidates for `eps`, tried on the validation split.
+        #[serde(default = "default_eps_grid")]
+        eps_grid: Vec<f64>,
+    },
+}
+
+fn pfnm_config(sigma: f64, sigma0: f64, gamma: f64, iters: usize, eps: f64) -> PfnmConfig {
+    PfnmConfig {
+        sigma,
+        sigma0,
+        gamma,
+        iters,
+        eps,
+        ..PfnmConfig::default()
+    }
+}
+
+/// Ten values on a multiplicative grid (the paper tries "typically 10 values"), from no KL
+/// term up to a KL term that dominates the PFNM cost for unit-scale weights.
+pub fn default_eps_grid() -> Vec<f64> {
+    vec![0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_beta() -> f64 {
@@ -66,30 +127,63 @@ fn five() -> usize {
 }
 
 /// What building a method may need from the rest of the experiment.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct BuildContext {
     /// How clients that start from their own weights draw them.
     pub init: Init,
     /// The run's seed.
     pub seed: u64,
+    /// The clients' architecture (needed by matching methods).
+    pub spec: Option<ModelSpec>,
+    /// The server's validation split (needed to choose GPI-FNM's `eps`).
+    pub validation: Option<Arc<Dataset>>,
 }
 
 impl MethodConfig {
     /// Checks the settings and builds the method (clients' own inits are `Init::Default`,
-    /// seed 0; see [`MethodConfig::build_with`]).
+    /// seed 0, no architecture or validation split; see [`MethodConfig::build_with`]).
     pub fn build(&self) -> Result<Box<dyn Method>> {
         self.build_with(BuildContext::default())
     }
 
-    /// Whether the method is one-shot (exactly one round).
-    pub fn one_shot(&self) -> bool {
-        matches!(self, Self::Pfnm { .. })
+    /// Whether the method fuses networks whose hidden units may be permuted (MLPs only, the
+    /// global width may change).
+    pub fn matching(&self) -> bool {
+        matches!(self, Self::Pfnm { .. } | Self::GpiFnm { .. })
+    }
+
+    /// Whether the method needs a server validation split.
+    pub fn needs_validation(&self) -> bool {
+        matches!(self, Self::GpiFnm { eps: None, .. })
     }
 
     /// Checks the settings and builds the method.
     pub fn build_with(&self, ctx: BuildContext) -> Result<Box<dyn Method>> {
+        let matcher = |config: PfnmConfig, grid: Vec<f64>| -> Result<Box<dyn Method>> {
+            let spec = ctx.spec.clone().ok_or(FedError::InvalidSetting {
+                field: "model",
+                reason: "neuron matching needs the clients' architecture".into(),
+            })?;
+            Ok(Box::new(Pfnm::new(
+                config,
+                grid,
+                ctx.validation.clone(),
+                spec,
+                ctx.init,
+                ctx.seed,
+            )?))
+        };
         Ok(match self {
-            Self::FedAvg {} => Box::new(FedAvg),
+            Self::FedAvg { separate_inits } => {
+                if *separate_inits {
+                    Box::new(SeparateInits {
+                        inner: Box::new(FedAvg),
+                        init: ctx.init,
+                    })
+                } else {
+                    Box::new(FedAvg)
+                }
+            }
             Self::FedProx { mu } => {
                 if !(mu.is_finite() && *mu >= 0.0) {
                     return Err(FedError::InvalidSetting {
@@ -114,21 +208,35 @@ impl MethodConfig {
                 sigma0,
                 gamma,
                 iters,
-            } => {
-                let config = PfnmConfig {
-                    sigma: *sigma,
-                    sigma0: *sigma0,
-                    gamma: *gamma,
-                    iters: *iters,
-                    ..PfnmConfig::default()
-                };
-                config.check()?;
-                Box::new(Pfnm {
-                    config,
-                    init: ctx.init,
-                    seed: ctx.seed,
-                })
-            }
+            } => matcher(
+                pfnm_config(*sigma, *sigma0, *gamma, *iters, 0.0),
+                Vec::new(),
+            )?,
+            Self::GpiFnm {
+                sigma,
+                sigma0,
+                gamma,
+                iters,
+                eps,
+                eps_grid,
+            } => match eps {
+                Some(eps) => matcher(
+                    pfnm_config(*sigma, *sigma0, *gamma, *iters, *eps),
+                    Vec::new(),
+                )?,
+                None => {
+                    if eps_grid.is_empty() {
+                        return Err(FedError::InvalidSetting {
+                            field: "method.eps_grid",
+                            reason: "give at least one candidate, or a single `eps`".into(),
+                        });
+                    }
+                    matcher(
+                        pfnm_config(*sigma, *sigma0, *gamma, *iters, 0.0),
+                        eps_grid.clone(),
+                    )?
+                }
+            },
         })
     }
 }

@@ -1,12 +1,25 @@
-//! PFNM (Yurochkin et al. 2019) as a one-shot federated method: every client trains from its
-//! own random initialisation, sends its network and class counts once, and the server matches
-//! hidden units across clients ([`fedfuse_fuse::pfnm_fuse`]); the global width may grow.
+//! PFNM (Yurochkin et al. 2019) and GPI-FNM (Xiao & Cheng) as federated methods.
+//!
+//! Round 1: every client trains from its own random initialisation and sends its network and
+//! class counts; the server matches hidden units across clients ([`fedfuse_fuse::pfnm_fuse`])
+//! and the global width may grow. Further rounds (gpi-fnm section 4.3): each client starts from
+//! its matched sub-model of the global network (the global units its own units were assigned
+//! to, so its width stays fixed), trains, and is matched again.
+//!
+//! GPI-FNM adds `eps` times the KL cost of eq. (11) to every assignment; with an `eps` grid the
+//! server fuses once per candidate and keeps the one most accurate on its validation split
+//! (never the test set).
 
-use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_fuse::{PfnmConfig, pfnm_fuse};
-use fedfuse_train::{Init, init_params};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
+use fedfuse_data::Dataset;
+use fedfuse_fuse::{Fused, PfnmConfig, pfnm_fuse};
+use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rayon::prelude::*;
 
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
@@ -14,15 +27,117 @@ use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_se
 /// Metric key prefix of a reply's per-class example counts (`class_count.3`).
 const CLASS_COUNT: &str = "class_count.";
 
-/// One-shot PFNM.
+/// PFNM, or GPI-FNM when `eps` is positive or chosen from a grid.
 #[derive(Clone, Debug)]
 pub struct Pfnm {
-    /// Matching hyper-parameters.
+    /// Matching hyper-parameters (`config.eps` is GPI-FNM's coefficient; 0 is PFNM).
     pub config: PfnmConfig,
-    /// How clients draw their own starting weights.
+    /// Candidate `eps` values; when not empty, each round keeps the one whose fused model is
+    /// most accurate on `validation` (ties: the smaller `eps`).
+    pub eps_grid: Vec<f64>,
+    /// The server's validation split (needed with an `eps_grid`).
+    pub validation: Option<Arc<Dataset>>,
+    /// The clients' architecture (their widths stay fixed across rounds).
+    pub spec: ModelSpec,
+    /// How clients draw their own starting weights in round 1.
     pub init: Init,
     /// Seed of the server's refinement order.
     pub seed: u64,
+    /// Client -> hidden layer -> local unit -> global unit, from the last fusion.
+    matched: BTreeMap<usize, Vec<Vec<usize>>>,
+    /// What the last round reports (chosen eps, global widths).
+    report: BTreeMap<String, f64>,
+}
+
+impl Pfnm {
+    /// A matching method; checks the settings.
+    pub fn new(
+        config: PfnmConfig,
+        eps_grid: Vec<f64>,
+        validation: Option<Arc<Dataset>>,
+        spec: ModelSpec,
+        init: Init,
+        seed: u64,
+    ) -> Result<Self> {
+        config.check()?;
+        if spec.mlp_widths().is_none() {
+            return Err(FedError::InvalidSetting {
+                field: "model.kind",
+                reason: "neuron matching fuses MLPs only; use kind = \"mlp\"".into(),
+            });
+        }
+        if let Some(bad) = eps_grid.iter().find(|e| !(e.is_finite() && **e >= 0.0)) {
+            return Err(FedError::InvalidSetting {
+                field: "method.eps_grid",
+                reason: format!("{bad} is not a non-negative number"),
+            });
+        }
+        if !eps_grid.is_empty() && validation.as_ref().is_none_or(|v| v.is_empty()) {
+            return Err(FedError::InvalidSetting {
+                field: "method.eps_grid",
+                reason: "choosing eps needs a server validation split; set \
+                         dataset.validation_fraction (e.g. 0.1) or give a single `eps`"
+                    .into(),
+            });
+        }
+        Ok(Self {
+            config,
+            eps_grid,
+            validation,
+            spec,
+            init,
+            seed,
+            matched: BTreeMap::new(),
+            report: BTreeMap::new(),
+        })
+    }
+
+    /// Fuses with every candidate `eps` and keeps the most accurate on the validation split.
+    fn fuse_best(
+        &self,
+        models: &[&Params],
+        counts: &[Vec<f64>],
+        seed: u64,
+    ) -> Result<(Fused, f64)> {
+        let fuse = |eps: f64| -> Result<Fused> {
+            let cfg = PfnmConfig {
+                eps,
+                ..self.config.clone()
+            };
+            let mut rng = StdRng::seed_from_u64(seed);
+            Ok(pfnm_fuse(models, Some(counts), &cfg, &mut rng)?)
+        };
+        let (Some(validation), false) = (&self.validation, self.eps_grid.is_empty()) else {
+            return Ok((fuse(self.config.eps)?, self.config.eps));
+        };
+        let scored = self
+            .eps_grid
+            .par_iter()
+            .map(|&eps| {
+                let fused = fuse(eps)?;
+                let trainer = Trainer::new(ModelSpec::infer_mlp(&fused.params)?)?;
+                let eval = trainer.evaluate(&fused.params, validation)?;
+                Ok((eps, eval.accuracy, fused))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut best: Option<(f64, f64, Fused)> = None;
+        for (eps, acc, fused) in scored {
+            // Grid order is kept; a later candidate must be strictly better, or as good with a
+            // smaller eps.
+            let better = match &best {
+                None => true,
+                Some((be, ba, _)) => acc > *ba || (acc == *ba && eps < *be),
+            };
+            if better {
+                best = Some((eps, acc, fused));
+            }
+        }
+        let (eps, _, fused) = best.ok_or(FedError::InvalidSetting {
+            field: "method.eps_grid",
+            reason: "empty".into(),
+        })?;
+        Ok((fused, eps))
+    }
 }
 
 /// Writes per-class counts into a reply's metrics.
@@ -51,18 +166,90 @@ pub(crate) fn class_counts(reply: &Reply, classes: usize) -> Result<Vec<f64>> {
         .collect()
 }
 
+/// The sub-network of `global` that a client's units were matched to: hidden layer `l` keeps
+/// global units `matched[l]` (in the client's unit order) and, from the layer below, the
+/// columns of the units kept there; input columns and output rows are all kept.
+pub fn matched_sub_model(global: &Params, matched: &[Vec<usize>]) -> Result<Params> {
+    let layers = global.len() / 2;
+    if layers != matched.len() + 1 || !global.len().is_multiple_of(2) {
+        return Err(FedError::InvalidSetting {
+            field: "model.hidden",
+            reason: format!(
+                "the global model has {layers} layers but the client has {} hidden layers",
+                matched.len()
+            ),
+        });
+    }
+    let mut out = Params::new();
+    for i in 0..layers {
+        let (wn, bn) = (format!("layers.{i}.weight"), format!("layers.{i}.bias"));
+        let w = global.require(&wn)?;
+        let b = global.require(&bn)?;
+        let &[rows_g, cols_g] = w.shape.as_slice() else {
+            return Err(FedError::InvalidSetting {
+                field: "model",
+                reason: format!("`{wn}` has shape {:?}, not [out, in]", w.shape),
+            });
+        };
+        let rows: Vec<usize> = matched
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| (0..rows_g).collect());
+        let cols: Vec<usize> = match i.checked_sub(1) {
+            Some(below) => matched[below].clone(),
+            None => (0..cols_g).collect(),
+        };
+        if rows.iter().any(|&r| r >= rows_g) || cols.iter().any(|&c| c >= cols_g) {
+            return Err(FedError::InvalidSetting {
+                field: "model",
+                reason: format!("matched units do not fit `{wn}` {:?}", w.shape),
+            });
+        }
+        let mut data = Vec::with_capacity(rows.len() * cols.len());
+        for &r in &rows {
+            let row = &w.data[r * cols_g..(r + 1) * cols_g];
+            data.extend(cols.iter().map(|&c| row[c]));
+        }
+        let bias = rows.iter().map(|&r| b.data[r]).collect();
+        out.push(wn, vec![rows.len(), cols.len()], data)?;
+        out.push(bn, vec![rows.len()], bias)?;
+    }
+    Ok(out)
+}
+
 impl Method for Pfnm {
     fn name(&self) -> &'static str {
-        "pfnm"
+        if self.config.eps > 0.0 || !self.eps_grid.is_empty() {
+            "gpi-fnm"
+        } else {
+            "pfnm"
+        }
     }
 
-    /// Only the round: clients start from their own initialisation, so no weights go down.
-    fn instruct(&self, round: usize, _client: usize, _global: &Params) -> Result<Record> {
-        Ok(Record::default().with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
+    /// Round 1: only the round number (clients start from their own initialisation). Later:
+    /// the client's matched sub-model of the global network.
+    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
+        let record = if round <= 1 {
+            Record::default()
+        } else {
+            // A client left out of the last fusion (its reply was rejected) takes the first
+            // units of each global layer.
+            let fallback: Vec<Vec<usize>> = match &self.spec {
+                ModelSpec::Mlp { hidden, .. } => hidden.iter().map(|&w| (0..w).collect()).collect(),
+                ModelSpec::LeNet5 { .. } => Vec::new(),
+            };
+            let matched = self.matched.get(&client).unwrap_or(&fallback);
+            Record::from_params(matched_sub_model(global, matched)?)
+        };
+        Ok(record.with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
     }
 
-    fn fit(&self, _instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-        let start = init_params(ctx.trainer.spec(), self.init, ctx.seed);
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        let start = if instruction.params.is_empty() {
+            init_params(ctx.trainer.spec(), self.init, ctx.seed)
+        } else {
+            instruction.params
+        };
         let fitted = ctx
             .trainer
             .fit_with(&start, &ctx.data.train, ctx.train, None, ctx.seed)?;
@@ -73,15 +260,48 @@ impl Method for Pfnm {
         Ok(reply)
     }
 
-    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
-        let classes = global.iter().last().map_or(0, |(_, bias)| bias.data.len());
+    /// Replies have the clients' architecture, whatever the global width has become.
+    fn check_reply(&self, _global: &Params, reply: &Record) -> Result<()> {
+        reply.params.check_layout(&self.spec.param_shapes())?;
+        reply.params.check_finite()?;
+        Ok(())
+    }
+
+    fn aggregate(
+        &mut self,
+        round: usize,
+        _global: &Params,
+        replies: &[Reply],
+    ) -> Result<Aggregate> {
+        let classes = self.spec.classes();
         let counts = replies
             .iter()
             .map(|r| class_counts(r, classes))
             .collect::<Result<Vec<_>>>()?;
         let models: Vec<&Params> = replies.iter().map(|r| &r.record.params).collect();
-        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, round, usize::MAX));
-        let fused = pfnm_fuse(&models, Some(&counts), &self.config, &mut rng)?;
+        let seed = derive_seed(self.seed, round, usize::MAX);
+        let (fused, eps) = self.fuse_best(&models, &counts, seed)?;
+        self.matched.clear();
+        for (slot, reply) in replies.iter().enumerate() {
+            let per_layer = fused
+                .assignments
+                .iter()
+                .map(|layer| layer.get(slot).cloned().unwrap_or_default())
+                .collect();
+            self.matched.insert(reply.client, per_layer);
+        }
+        self.report.clear();
+        if self.name() == "gpi-fnm" {
+            self.report.insert("eps".into(), eps);
+        }
+        for (l, layer) in fused.assignments.iter().enumerate() {
+            let width = layer.iter().flatten().max().map_or(0, |m| m + 1);
+            self.report.insert(format!("width.{l}"), width as f64);
+        }
         Ok(Aggregate::Replace(fused.params))
+    }
+
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        self.report.clone()
     }
 }

@@ -2,12 +2,16 @@
 //! reference code), absent outgoing connections zero-filled with full precision, output-layer
 //! precisions weighted by each client's share of every class.
 
+use std::time::Instant;
+
 use fedfuse_core::Params;
 use rand::Rng;
+use rayon::prelude::*;
 
 use super::layer::{
-    ClientUnits, LayerPrior, LayerSettings, Matrix, OrderSource, RngOrder, match_layer,
+    LayerPrior, LayerSettings, MatchTimings, Matrix, OrderSource, RngOrder, match_rows,
 };
+use super::score::{self, ClientRows};
 use crate::{FuseError, Result};
 
 /// Settings of PFNM. `sigma` and `sigma0` are **variances**, as in the reference code.
@@ -25,6 +29,17 @@ pub struct PfnmConfig {
     pub max_global: usize,
     /// Prior mean of biases (0.1 in the reference; weights have prior mean 0).
     pub bias_mean: f64,
+    /// Weight `eps` of the GPI-FNM term (Xiao & Cheng, eq. 11; finite, non-negative; default 0
+    /// = plain PFNM, bit for bit). Every layer's assignment score becomes the PFNM score minus
+    /// `eps` times [`gpi_cost`](crate::gpi_cost), the change in the members'
+    /// precision-weighted squared distance of global units from the prior mean. Joining a unit
+    /// of like members costs more than opening a new (shrunk) one, so a moderate `eps` opens
+    /// more units; joining a unit of opposite sign lowers the cost, so a large `eps` merges
+    /// unlike units, down to the widest client's width, pulling global units to the prior
+    /// mean. Both the PFNM score and the cost grow like 1/sigma, so `eps` is a relative weight:
+    /// on the planted network of the tests `eps <= 0.5` changes nothing, `eps = 1` widens the
+    /// layer and `eps >= 2` collapses it.
+    pub eps: f64,
 }
 
 impl Default for PfnmConfig {
@@ -36,6 +51,7 @@ impl Default for PfnmConfig {
             iters: 5,
             max_global: 700,
             bias_mean: 0.1,
+            eps: 0.0,
         }
     }
 }
@@ -60,6 +76,12 @@ impl PfnmConfig {
             return Err(FuseError::InvalidSetting {
                 field: "method.bias_mean",
                 reason: format!("{} is not finite", self.bias_mean),
+            });
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(FuseError::InvalidSetting {
+                field: "method.eps",
+                reason: format!("{} is not a finite non-negative number", self.eps),
             });
         }
         if self.max_global == 0 {
@@ -174,6 +196,8 @@ pub struct FusedMlp {
     pub net: MlpWeights,
     /// Hidden layer (input side first) -> client -> local unit -> global unit.
     pub assignments: Vec<Vec<Vec<usize>>>,
+    /// Time spent matching each hidden layer (input side first).
+    pub timings: Vec<MatchTimings>,
 }
 
 /// A fused model as [`Params`] and how every client unit was matched.
@@ -183,6 +207,8 @@ pub struct Fused {
     pub params: Params,
     /// Hidden layer (input side first) -> client -> local unit -> global unit.
     pub assignments: Vec<Vec<Vec<usize>>>,
+    /// Time spent matching each hidden layer (input side first).
+    pub timings: Vec<MatchTimings>,
 }
 
 /// PFNM of MLP clients given as [`Params`] (`layers.{i}.weight` `[out, in]`, `layers.{i}.bias`);
@@ -223,6 +249,7 @@ pub fn pfnm_fuse<R: Rng + ?Sized>(
     Ok(Fused {
         params: fused.net.to_params()?,
         assignments: fused.assignments,
+        timings: fused.timings,
     })
 }
 
@@ -259,6 +286,32 @@ pub fn pfnm_fuse_mlp(
             )));
         }
     }
+    for (j, n) in nets.iter().enumerate() {
+        for (i, l) in n.layers.iter().enumerate() {
+            let inputs = i
+                .checked_sub(1)
+                .map_or(d, |below| n.layers[below].weight.rows());
+            if l.weight.cols() != inputs || l.bias.len() != l.weight.rows() || l.bias.is_empty() {
+                return Err(FuseError::InvalidInput(format!(
+                    "client {j}: layer {i} is {} x {} with {} biases; it needs {inputs} inputs \
+                     and one bias per output",
+                    l.weight.rows(),
+                    l.weight.cols(),
+                    l.bias.len()
+                )));
+            }
+            if l.weight
+                .data()
+                .iter()
+                .chain(&l.bias)
+                .any(|v| !v.is_finite())
+            {
+                return Err(FuseError::InvalidInput(format!(
+                    "client {j}: layer {i} has non-finite values"
+                )));
+            }
+        }
+    }
     let shares = class_shares(class_counts, nets.len(), k)?;
 
     let inv_s = 1.0 / cfg.sigma;
@@ -267,11 +320,13 @@ pub fn pfnm_fuse_mlp(
         gamma: cfg.gamma,
         iters: cfg.iters,
         max_global: cfg.max_global,
+        eps: cfg.eps,
     };
 
     // Layers top-down; `c` is the 0-based hidden layer, its units are rows of layers[c] and
     // columns of layers[c + 1].
     let mut assignments_all: Vec<Vec<Vec<usize>>> = Vec::with_capacity(c_hidden);
+    let mut timings = Vec::with_capacity(c_hidden);
     let mut upper: Option<(usize, Vec<Vec<usize>>)> = None; // (L_{c+1}, assignment of c+1)
     let mut out_layers: Vec<DenseLayer> = Vec::with_capacity(n_layers);
     for c in (0..c_hidden).rev() {
@@ -280,47 +335,70 @@ pub fn pfnm_fuse_mlp(
         let out_dim = upper.as_ref().map_or(k, |(l, _)| *l);
         let p = incoming + 1 + out_dim;
 
-        let mut clients = Vec::with_capacity(nets.len());
-        for (j, net) in nets.iter().enumerate() {
-            let own = &net.layers[c];
-            let next = &net.layers[c + 1];
-            let h = own.weight.rows();
-            let mut units = Matrix::zeros(h, p);
-            for u in 0..h {
-                let row = units.row_mut(u);
-                if c == 0 {
-                    row[..d].copy_from_slice(own.weight.row(u));
-                }
-                row[incoming] = own.bias[u];
-                let outgoing = &mut row[incoming + 1..];
-                match &upper {
-                    None => {
-                        for (o, kk) in outgoing.iter_mut().zip(0..k) {
-                            *o = next.weight.get(kk, u);
-                        }
-                    }
-                    Some((_, asg)) => {
-                        for (v, &g) in asg[j].iter().enumerate() {
-                            outgoing[g] = next.weight.get(v, u);
-                        }
+        let started = Instant::now();
+        let precisions: Vec<Vec<f64>> = shares
+            .iter()
+            .map(|r| {
+                let mut precision = vec![inv_s; p];
+                if top {
+                    for (s, share) in precision[incoming + 1..].iter_mut().zip(r) {
+                        *s = share * inv_s;
                     }
                 }
-            }
-            let mut precision = vec![inv_s; p];
-            if top {
-                for (s, r) in precision[incoming + 1..].iter_mut().zip(&shares[j]) {
-                    *s = r * inv_s;
-                }
-            }
-            clients.push(ClientUnits { units, precision });
-        }
+                precision
+            })
+            .collect();
         let mut mean = vec![0.0; p];
         mean[incoming] = cfg.bias_mean;
         let prior = LayerPrior {
             mean,
             precision: vec![inv_s0; p],
         };
-        let m = match_layer(&clients, &prior, &settings, orders)?;
+        let runs = {
+            let slices: Vec<&[f64]> = precisions.iter().map(Vec::as_slice).collect();
+            score::precision_runs(&prior, &slices)
+        };
+        // Each client's unit vectors `[incoming, bias, outgoing]` (outgoing weights scattered
+        // to the global units of the layer above, absent ones 0), times the precisions.
+        let rows: Vec<ClientRows> = nets
+            .par_iter()
+            .zip(&precisions)
+            .enumerate()
+            .map(|(j, (net, precision))| {
+                let (own, next) = (&net.layers[c], &net.layers[c + 1]);
+                ClientRows::new(
+                    own.weight.rows(),
+                    precision,
+                    &prior,
+                    &runs,
+                    cfg.eps,
+                    |u, x| {
+                        if c == 0 {
+                            x[..d].copy_from_slice(own.weight.row(u));
+                        }
+                        x[incoming] = own.bias[u];
+                        let outgoing = &mut x[incoming + 1..];
+                        match &upper {
+                            None => {
+                                for (o, kk) in outgoing.iter_mut().zip(0..k) {
+                                    *o = next.weight.get(kk, u);
+                                }
+                            }
+                            Some((_, asg)) => {
+                                outgoing.fill(0.0);
+                                for (v, &g) in asg[j].iter().enumerate() {
+                                    outgoing[g] = next.weight.get(v, u);
+                                }
+                            }
+                        }
+                        for (xv, s) in x.iter_mut().zip(precision) {
+                            *xv *= s;
+                        }
+                    },
+                )
+            })
+            .collect();
+        let m = match_rows(&rows, &prior, &runs, &settings, orders, started, true)?;
         let post = m.posterior_mean();
         let l_c = m.width();
 
@@ -343,12 +421,15 @@ pub fn pfnm_fuse_mlp(
         out_layers.push(DenseLayer { weight, bias });
         upper = Some((l_c, m.assignments.clone()));
         assignments_all.push(m.assignments);
+        timings.push(m.timings);
     }
     out_layers.reverse();
     assignments_all.reverse();
+    timings.reverse();
     Ok(FusedMlp {
         net: MlpWeights { layers: out_layers },
         assignments: assignments_all,
+        timings,
     })
 }
 

@@ -3,13 +3,17 @@
 //! [`match_layer`] matches one layer's hidden units on plain matrices; [`pfnm_fuse`] and
 //! [`pfnm_fuse_mlp`] run it over an MLP from the top hidden layer down. Behaviour follows the
 //! reference code (IBM/probabilistic-federated-neural-matching `matching/pfnm.py` @ f44cf42)
-//! and is checked against fixtures recorded from it.
+//! and is checked against fixtures recorded from it. `PfnmConfig::eps > 0` adds the GPI-FNM
+//! term of Xiao & Cheng ([`gpi_cost`]) to every layer's score.
 
 mod layer;
+mod lsap;
 mod mlp;
+mod score;
 
 pub use layer::{
-    ClientUnits, GlobalUnits, LayerMatch, LayerPrior, LayerSettings, Matrix, OrderSource,
-    POPULARITY_CAP, ReplayOrder, RngOrder, match_layer, pfnm_scores,
+    ClientUnits, GlobalUnits, LayerMatch, LayerPrior, LayerSettings, MatchTimings, Matrix,
+    OrderSource, POPULARITY_CAP, ReplayOrder, RngOrder, match_layer,
 };
 pub use mlp::{DenseLayer, Fused, FusedMlp, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp};
+pub use score::{gpi_cost, pfnm_scores};

@@ -1,6 +1,6 @@
 //! PFNM for one layer on plain matrices: hidden units are rows, the score is built from matrix
 //! products (`score`), each client's units are assigned by a rectangular linear sum assignment
-//! (`lsap`, scipy's algorithm).
+//! (the `lsap` crate, scipy's algorithm).
 //!
 //! Follows `match_layer` of IBM/probabilistic-federated-neural-matching `matching/pfnm.py`
 //! (@ f44cf42): natural parameters `eta = tau0*mu0 + sum s_j*w`, `lambda = tau0 + sum s_j`, greedy
@@ -15,7 +15,6 @@ use rand::seq::SliceRandom;
 
 use rayon::prelude::*;
 
-use super::lsap::Lsap;
 use super::score::{self, ClientRows, Scorer};
 use crate::{FuseError, Result};
 
@@ -422,7 +421,6 @@ pub(super) fn match_rows(
         settings,
         scorer: Scorer::new(prior, runs, settings, j_total),
         score: Vec::new(),
-        solver: Lsap::default(),
         timings: MatchTimings::default(),
         global: Global {
             eta: Matrix::zeros(0, p),
@@ -514,7 +512,6 @@ struct Matcher<'a> {
     scorer: Scorer<'a>,
     /// The last score matrix (negated: the solver minimises), reused.
     score: Vec<f64>,
-    solver: Lsap,
     timings: MatchTimings,
     global: Global,
     /// Kept as long as `global.eta`'s rows.
@@ -579,7 +576,8 @@ impl Matcher<'_> {
         self.pending.add.fill(NO_UNIT);
         self.pending.remove.fill(NO_UNIT);
         let t1 = Instant::now();
-        let solved = self.solver.solve(lj, width, &self.score);
+        // `score` holds negated PFNM scores: minimising it maximises the score.
+        let solved = lsap::solve(lj, width, &self.score, false).map(|(_, cols)| cols);
         self.timings.score += t1 - t0;
         self.timings.solve += t1.elapsed();
         self.timings.solves += 1;

@@ -7,7 +7,6 @@
 //! term of Xiao & Cheng ([`gpi_cost`]) to every layer's score.
 
 mod layer;
-mod lsap;
 mod mlp;
 mod score;
 

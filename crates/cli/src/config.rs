@@ -452,4 +452,18 @@ hidden = [16]
                 .contains("eps_grid")
         );
     }
+
+    #[test]
+    fn every_example_config_is_valid() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Config::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 5, "{n} example configs");
+    }
 }

@@ -833,3 +833,30 @@ fn sweep_lines(cfg: &SweepConfig, summary: &[Summary]) -> Vec<crate::plot::Chart
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_experiment_is_valid() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../experiments");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                SweepConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 4, "{n} experiments");
+    }
+
+    #[test]
+    fn summary_is_mean_and_sample_std() {
+        let (m, s) = mean_std(&[0.8, 0.9, 1.0]);
+        assert!((m - 0.9).abs() < 1e-12);
+        assert!((s - 0.1).abs() < 1e-12);
+        assert_eq!(mean_std(&[0.5]), (0.5, 0.0));
+    }
+}

@@ -10,9 +10,7 @@ use fedfuse_data::{
     ClientData, Dataset, PartitionSpec, client_splits, holdout, load_dataset, partition,
 };
 use fedfuse_fed::oneshot::{Start, replies, train_locals};
-use fedfuse_fed::{
-    Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, matched_sub_model, simulate,
-};
+use fedfuse_fed::{Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, simulate};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -148,44 +146,6 @@ fn gpi_fnm_chooses_eps_on_validation_and_eps_zero_is_pfnm() {
         accuracy(&p_pfnm, &s.test),
         accuracy(&p_grid, &s.test)
     );
-}
-
-#[test]
-fn matched_sub_model_takes_the_matched_units() {
-    // 2 inputs -> 3 global hidden units -> 2 classes; the client had 2 units, matched to
-    // global units 2 and 0 in that order.
-    let mut global = Params::new();
-    global
-        .push("layers.0.weight", vec![3, 2], vec![1., 2., 3., 4., 5., 6.])
-        .unwrap();
-    global
-        .push("layers.0.bias", vec![3], vec![0.1, 0.2, 0.3])
-        .unwrap();
-    global
-        .push(
-            "layers.1.weight",
-            vec![2, 3],
-            vec![7., 8., 9., 10., 11., 12.],
-        )
-        .unwrap();
-    global
-        .push("layers.1.bias", vec![2], vec![0.5, 0.6])
-        .unwrap();
-    let sub = matched_sub_model(&global, &[vec![2, 0]]).unwrap();
-    assert_eq!(sub.get("layers.0.weight").unwrap().shape, vec![2, 2]);
-    assert_eq!(
-        sub.get("layers.0.weight").unwrap().data,
-        vec![5., 6., 1., 2.]
-    );
-    assert_eq!(sub.get("layers.0.bias").unwrap().data, vec![0.3, 0.1]);
-    assert_eq!(sub.get("layers.1.weight").unwrap().shape, vec![2, 2]);
-    assert_eq!(
-        sub.get("layers.1.weight").unwrap().data,
-        vec![9., 7., 12., 10.]
-    );
-    assert_eq!(sub.get("layers.1.bias").unwrap().data, vec![0.5, 0.6]);
-    assert!(matched_sub_model(&global, &[vec![3, 0]]).is_err());
-    assert!(matched_sub_model(&global, &[vec![0], vec![0]]).is_err());
 }
 
 fn sim(rounds: usize, epochs: usize) -> SimConfig {

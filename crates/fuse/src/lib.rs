@@ -15,6 +15,7 @@
 mod elementwise;
 mod error;
 mod matching;
+mod submodel;
 
 pub use elementwise::{
     WeightedSum, median, median_params, trimmed_mean, trimmed_mean_params, weighted_mean,
@@ -26,3 +27,4 @@ pub use matching::{
     MatchTimings, Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder,
     RngOrder, gpi_cost, match_layer, pfnm_fuse, pfnm_fuse_mlp, pfnm_scores,
 };
+pub use submodel::{scatter_sub_model, sub_model};

@@ -1,6 +1,7 @@
 //! The methods, one file each, and their config.
 
 mod fedavg;
+mod feddrop;
 mod fedmedian;
 mod fedprox;
 mod fedtrimmedavg;
@@ -8,11 +9,12 @@ mod pfnm;
 mod separate_inits;
 
 pub use fedavg::FedAvg;
+pub use feddrop::FedDrop;
 pub use fedmedian::FedMedian;
 pub use fedprox::FedProx;
 pub use fedtrimmedavg::FedTrimmedAvg;
+pub use pfnm::Pfnm;
 pub(crate) use pfnm::put_class_counts;
-pub use pfnm::{Pfnm, matched_sub_model};
 pub use separate_inits::SeparateInits;
 
 use std::sync::Arc;
@@ -46,6 +48,14 @@ pub enum MethodConfig {
     /// FedMedian: coordinate-wise median (hard-EM with a Laplace prior).
     #[serde(rename = "fedmedian")]
     FedMedian {},
+    /// Federated dropout: each round clients train a sub-model without `fraction` of every
+    /// hidden layer's units (MLPs); traffic is the sub-model's.
+    #[serde(rename = "feddrop")]
+    FedDrop {
+        /// Fraction of hidden units dropped per round, in [0, 1).
+        #[serde(default = "quarter")]
+        fraction: f64,
+    },
     /// FedTrimmedAvg: coordinate-wise mean without the `beta` tails.
     #[serde(rename = "fedtrimmedavg")]
     FedTrimmedAvg {
@@ -118,6 +128,9 @@ fn is_false(b: &bool) -> bool {
 
 fn default_beta() -> f64 {
     0.2
+}
+fn quarter() -> f64 {
+    0.25
 }
 fn one() -> f64 {
     1.0
@@ -194,6 +207,13 @@ impl MethodConfig {
                 Box::new(FedProx { mu: *mu })
             }
             Self::FedMedian {} => Box::new(FedMedian),
+            Self::FedDrop { fraction } => {
+                let spec = ctx.spec.as_ref().ok_or(FedError::InvalidSetting {
+                    field: "model",
+                    reason: "FedDrop needs the model's architecture".into(),
+                })?;
+                Box::new(FedDrop::new(*fraction, spec, ctx.seed)?)
+            }
             Self::FedTrimmedAvg { beta } => {
                 if !(0.0..0.5).contains(beta) {
                     return Err(FedError::InvalidSetting {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
 use fedfuse_data::Dataset;
-use fedfuse_fuse::{Fused, PfnmConfig, pfnm_fuse};
+use fedfuse_fuse::{Fused, PfnmConfig, pfnm_fuse, sub_model};
 use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -166,57 +166,6 @@ pub(crate) fn class_counts(reply: &Reply, classes: usize) -> Result<Vec<f64>> {
         .collect()
 }
 
-/// The sub-network of `global` that a client's units were matched to: hidden layer `l` keeps
-/// global units `matched[l]` (in the client's unit order) and, from the layer below, the
-/// columns of the units kept there; input columns and output rows are all kept.
-pub fn matched_sub_model(global: &Params, matched: &[Vec<usize>]) -> Result<Params> {
-    let layers = global.len() / 2;
-    if layers != matched.len() + 1 || !global.len().is_multiple_of(2) {
-        return Err(FedError::InvalidSetting {
-            field: "model.hidden",
-            reason: format!(
-                "the global model has {layers} layers but the client has {} hidden layers",
-                matched.len()
-            ),
-        });
-    }
-    let mut out = Params::new();
-    for i in 0..layers {
-        let (wn, bn) = (format!("layers.{i}.weight"), format!("layers.{i}.bias"));
-        let w = global.require(&wn)?;
-        let b = global.require(&bn)?;
-        let &[rows_g, cols_g] = w.shape.as_slice() else {
-            return Err(FedError::InvalidSetting {
-                field: "model",
-                reason: format!("`{wn}` has shape {:?}, not [out, in]", w.shape),
-            });
-        };
-        let rows: Vec<usize> = matched
-            .get(i)
-            .cloned()
-            .unwrap_or_else(|| (0..rows_g).collect());
-        let cols: Vec<usize> = match i.checked_sub(1) {
-            Some(below) => matched[below].clone(),
-            None => (0..cols_g).collect(),
-        };
-        if rows.iter().any(|&r| r >= rows_g) || cols.iter().any(|&c| c >= cols_g) {
-            return Err(FedError::InvalidSetting {
-                field: "model",
-                reason: format!("matched units do not fit `{wn}` {:?}", w.shape),
-            });
-        }
-        let mut data = Vec::with_capacity(rows.len() * cols.len());
-        for &r in &rows {
-            let row = &w.data[r * cols_g..(r + 1) * cols_g];
-            data.extend(cols.iter().map(|&c| row[c]));
-        }
-        let bias = rows.iter().map(|&r| b.data[r]).collect();
-        out.push(wn, vec![rows.len(), cols.len()], data)?;
-        out.push(bn, vec![rows.len()], bias)?;
-    }
-    Ok(out)
-}
-
 impl Method for Pfnm {
     fn name(&self) -> &'static str {
         if self.config.eps > 0.0 || !self.eps_grid.is_empty() {
@@ -239,7 +188,7 @@ impl Method for Pfnm {
                 ModelSpec::LeNet5 { .. } => Vec::new(),
             };
             let matched = self.matched.get(&client).unwrap_or(&fallback);
-            Record::from_params(matched_sub_model(global, matched)?)
+            Record::from_params(sub_model(global, matched)?)
         };
         Ok(record.with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
     }

@@ -1,0 +1,111 @@
+//! FedDrop on the bundled digits: sub-model traffic and training.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use fedfuse_core::ModelSpec;
+use fedfuse_data::{PartitionSpec, client_splits, load_dataset, partition};
+use fedfuse_fed::{BuildContext, FedDrop, MethodConfig, RunResult, SimConfig, simulate};
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+fn run(method: &MethodConfig, rounds: usize) -> RunResult {
+    let data = load_dataset("digits", None).unwrap();
+    let mut rng = StdRng::seed_from_u64(9);
+    let parts = partition(&data.train.y, 10, 5, &PartitionSpec::Iid {}, &mut rng).unwrap();
+    let clients = client_splits(&data.train, &parts, 0.0, &mut rng).unwrap();
+    let spec = ModelSpec::mlp(64, &[64, 32], 10);
+    let mut m = method
+        .build_with(BuildContext {
+            spec: Some(spec.clone()),
+            seed: 9,
+            ..BuildContext::default()
+        })
+        .unwrap();
+    let cfg = SimConfig {
+        rounds,
+        seed: 9,
+        local_eval: false,
+        train: TrainConfig {
+            optimizer: OptimizerConfig::Sgd {
+                momentum: 0.9,
+                weight_decay: 0.0,
+            },
+            lr: 0.05,
+            epochs: 2,
+            batch_size: 32,
+        },
+        ..SimConfig::default()
+    };
+    simulate(
+        m.as_mut(),
+        &Trainer::new(spec.clone()).unwrap(),
+        &clients,
+        &data.test,
+        init_params(&spec, Init::Default, 1),
+        &cfg,
+        &|_| {},
+    )
+    .unwrap()
+}
+
+#[test]
+fn dropping_nothing_is_fedavg() {
+    let drop = run(&MethodConfig::FedDrop { fraction: 0.0 }, 3);
+    let avg = run(
+        &MethodConfig::FedAvg {
+            separate_inits: false,
+        },
+        3,
+    );
+    assert_eq!(drop.params, avg.params);
+    assert_eq!(drop.rounds[2].bytes_down, avg.rounds[2].bytes_down);
+}
+
+#[test]
+fn thinner_traffic_and_still_learns() {
+    let drop = run(&MethodConfig::FedDrop { fraction: 0.5 }, 1);
+    let avg = run(
+        &MethodConfig::FedAvg {
+            separate_inits: false,
+        },
+        20,
+    );
+    // 64-64-32-10 has 6,570 parameters, its half-width sub-model 64-32-16-10 2,778 (0.42),
+    // plus the same headers.
+    let (d, a) = (&drop.rounds[0], &avg.rounds[0]);
+    let ratio = d.bytes_down as f64 / a.bytes_down as f64;
+    assert!((0.42..0.46).contains(&ratio), "down ratio {ratio}");
+    assert!((0.42..0.46).contains(&(d.bytes_up as f64 / a.bytes_up as f64)));
+
+    // A quarter of the units dropped: a noisier path, but it gets there.
+    let drop = run(&MethodConfig::FedDrop { fraction: 0.25 }, 20);
+    let last: Vec<f64> = drop.rounds[15..]
+        .iter()
+        .map(|r| r.global_accuracy)
+        .collect();
+    let mean = last.iter().sum::<f64>() / 5.0;
+    eprintln!(
+        "rounds 16-20: FedDrop(0.25) {last:?}, FedAvg {:.4}",
+        avg.rounds[19].global_accuracy
+    );
+    assert!(mean > 0.8, "FedDrop(0.25) mean of rounds 16-20 {mean}");
+    assert!(last.iter().copied().fold(0.0, f64::max) > 0.9);
+    // Units outside the first round's sub-model were trained too.
+    assert_ne!(
+        drop.params,
+        run(&MethodConfig::FedDrop { fraction: 0.25 }, 1).params
+    );
+}
+
+#[test]
+fn kept_units_are_sorted_distinct_and_change_per_round() {
+    let m = FedDrop::new(0.25, &ModelSpec::mlp(4, &[100, 8], 2), 3).unwrap();
+    let (a, b) = (m.kept(1), m.kept(2));
+    assert_eq!(a[0].len(), 75);
+    assert_eq!(a[1].len(), 6);
+    assert!(a[0].windows(2).all(|w| w[0] < w[1]) && a[0][74] < 100);
+    assert_ne!(a, b);
+    assert_eq!(a, m.kept(1));
+    assert!(FedDrop::new(1.0, &ModelSpec::mlp(4, &[8], 2), 0).is_err());
+}

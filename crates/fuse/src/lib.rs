@@ -14,7 +14,10 @@
 
 mod elementwise;
 mod error;
+mod fedsparse;
 mod matching;
+mod mixture;
+mod serveropt;
 mod submodel;
 
 pub use elementwise::{
@@ -22,9 +25,18 @@ pub use elementwise::{
     weighted_mean_params,
 };
 pub use error::{FuseError, Result};
+pub use fedsparse::{
+    FedSparseConfig, FedSparseServer, GroupLayout, Grouping, RoundStart, SparseGradSum,
+    SparseGradients, SparseReply, Stationary, TotalVariation, fedsparse_gradients,
+    fedsparse_stationary, group_norms, prune, theta, thresholds_for_theta, total_variation,
+};
 pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,
     MatchTimings, Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder,
     RngOrder, gpi_cost, match_layer, pfnm_fuse, pfnm_fuse_mlp, pfnm_scores,
 };
+pub use mixture::{
+    GaussianMixture, MixtureConfig, MixtureStep, responsibilities_from_sq_distances,
+};
+pub use serveropt::{ServerOptState, ServerOptimizer};
 pub use submodel::{scatter_sub_model, sub_model};

@@ -3,6 +3,7 @@
 mod fedavg;
 mod feddrop;
 mod fedmedian;
+mod fedopt;
 mod fedprox;
 mod fedtrimmedavg;
 mod pfnm;
@@ -11,6 +12,7 @@ mod separate_inits;
 pub use fedavg::FedAvg;
 pub use feddrop::FedDrop;
 pub use fedmedian::FedMedian;
+pub use fedopt::FedOpt;
 pub use fedprox::FedProx;
 pub use fedtrimmedavg::FedTrimmedAvg;
 pub use pfnm::Pfnm;
@@ -21,7 +23,7 @@ use std::sync::Arc;
 
 use fedfuse_core::ModelSpec;
 use fedfuse_data::Dataset;
-use fedfuse_fuse::PfnmConfig;
+use fedfuse_fuse::{PfnmConfig, ServerOptimizer};
 use fedfuse_train::Init;
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +50,29 @@ pub enum MethodConfig {
     /// FedMedian: coordinate-wise median (hard-EM with a Laplace prior).
     #[serde(rename = "fedmedian")]
     FedMedian {},
+    /// FedOpt (Reddi et al.): FedAvg's clients, a server optimizer on the mean update.
+    /// Unset hyper-parameters take the optimizer's defaults (Flower's for adam, yogi, adagrad;
+    /// Kingma & Ba's for adamax; FedAvg's for sgd).
+    #[serde(rename = "fedopt")]
+    FedOpt {
+        /// `adam`, `yogi`, `adagrad`, `adamax` or `sgd` (with `momentum`: FedAvgM).
+        optimizer: ServerOptName,
+        /// Server learning rate.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        server_lr: Option<f64>,
+        /// First-moment decay (adam, yogi, adamax).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beta1: Option<f64>,
+        /// Second-moment decay (adam, yogi, adamax).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        beta2: Option<f64>,
+        /// Adaptivity `tau` (adam, yogi, adagrad) or `eps` (adamax).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tau: Option<f64>,
+        /// Heavy-ball momentum (sgd).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        momentum: Option<f64>,
+    },
     /// Federated dropout: each round clients train a sub-model without `fraction` of every
     /// hidden layer's units (MLPs); traffic is the sub-model's.
     #[serde(rename = "feddrop")]
@@ -129,6 +154,103 @@ fn is_false(b: &bool) -> bool {
 fn default_beta() -> f64 {
     0.2
 }
+/// Server optimizers of [`MethodConfig::FedOpt`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerOptName {
+    /// FedAdam.
+    Adam,
+    /// FedYogi.
+    Yogi,
+    /// FedAdagrad.
+    Adagrad,
+    /// Adamax.
+    Adamax,
+    /// SGD with momentum (FedAvgM).
+    Sgd,
+}
+
+/// The optimizer `name` with its defaults replaced by the settings given; a setting the
+/// optimizer does not have is an error.
+fn server_optimizer(
+    name: ServerOptName,
+    lr: Option<f64>,
+    beta1: Option<f64>,
+    beta2: Option<f64>,
+    tau: Option<f64>,
+    momentum: Option<f64>,
+) -> Result<ServerOptimizer> {
+    let mut opt = match name {
+        ServerOptName::Adam => ServerOptimizer::fedadam(),
+        ServerOptName::Yogi => ServerOptimizer::fedyogi(),
+        ServerOptName::Adagrad => ServerOptimizer::fedadagrad(),
+        ServerOptName::Adamax => ServerOptimizer::adamax(),
+        ServerOptName::Sgd => ServerOptimizer::fedavg(),
+    };
+    let set = |slot: &mut f64, value: Option<f64>| {
+        if let Some(v) = value {
+            *slot = v;
+        }
+    };
+    let (mut b1_used, mut b2_used, mut tau_used, mut momentum_used) = (false, false, false, false);
+    match &mut opt {
+        ServerOptimizer::Adam {
+            lr: l,
+            beta1: b1,
+            beta2: b2,
+            tau: t,
+        }
+        | ServerOptimizer::Yogi {
+            lr: l,
+            beta1: b1,
+            beta2: b2,
+            tau: t,
+        }
+        | ServerOptimizer::Adamax {
+            lr: l,
+            beta1: b1,
+            beta2: b2,
+            eps: t,
+        }
+        | ServerOptimizer::KingmaAdam {
+            lr: l,
+            beta1: b1,
+            beta2: b2,
+            eps: t,
+        } => {
+            set(l, lr);
+            set(b1, beta1);
+            set(b2, beta2);
+            set(t, tau);
+            (b1_used, b2_used, tau_used) = (true, true, true);
+        }
+        ServerOptimizer::Adagrad { lr: l, tau: t } => {
+            set(l, lr);
+            set(t, tau);
+            tau_used = true;
+        }
+        ServerOptimizer::Sgd { lr: l, momentum: m } => {
+            set(l, lr);
+            set(m, momentum);
+            momentum_used = true;
+        }
+    }
+    for (field, given, used) in [
+        ("method.beta1", beta1.is_some(), b1_used),
+        ("method.beta2", beta2.is_some(), b2_used),
+        ("method.tau", tau.is_some(), tau_used),
+        ("method.momentum", momentum.is_some(), momentum_used),
+    ] {
+        if given && !used {
+            return Err(FedError::InvalidSetting {
+                field,
+                reason: format!("the {name:?} server optimizer has no such setting"),
+            });
+        }
+    }
+    Ok(opt)
+}
+
 fn quarter() -> f64 {
     0.25
 }
@@ -207,6 +329,16 @@ impl MethodConfig {
                 Box::new(FedProx { mu: *mu })
             }
             Self::FedMedian {} => Box::new(FedMedian),
+            Self::FedOpt {
+                optimizer,
+                server_lr,
+                beta1,
+                beta2,
+                tau,
+                momentum,
+            } => Box::new(FedOpt::new(server_optimizer(
+                *optimizer, *server_lr, *beta1, *beta2, *tau, *momentum,
+            )?)?),
             Self::FedDrop { fraction } => {
                 let spec = ctx.spec.as_ref().ok_or(FedError::InvalidSetting {
                     field: "model",

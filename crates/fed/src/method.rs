@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_data::ClientData;
+use fedfuse_data::{ClientData, Dataset};
 use fedfuse_train::{TrainConfig, Trainer};
 
 use crate::Result;
@@ -93,6 +93,12 @@ pub trait Method: Send + Sync {
     /// default.
     fn round_metrics(&self) -> BTreeMap<String, f64> {
         BTreeMap::new()
+    }
+
+    /// Method-specific evaluation on the test set after a round (e.g. a mixture's ensemble),
+    /// merged into [`RoundMetrics::method`](crate::RoundMetrics). Nothing by default.
+    fn evaluate(&self, _trainer: &Trainer, _test: &Dataset) -> Result<BTreeMap<String, f64>> {
+        Ok(BTreeMap::new())
     }
 }
 

@@ -311,6 +311,8 @@ pub fn simulate(
         } else {
             f64::NAN
         };
+        let mut method_metrics = method.round_metrics();
+        method_metrics.extend(method.evaluate(evaluator, test)?);
         let metrics = RoundMetrics {
             round,
             global_accuracy: eval.accuracy,
@@ -322,7 +324,7 @@ pub fn simulate(
             global_params: global.num_values(),
             clients: sampled.len(),
             rejected,
-            method: method.round_metrics(),
+            method: method_metrics,
             seconds: started.elapsed().as_secs_f64(),
         };
         progress(Progress::RoundEnd(&metrics));

@@ -3,6 +3,7 @@
 mod fedavg;
 mod feddrop;
 mod fedmedian;
+mod fedmix;
 mod fedopt;
 mod fedprox;
 mod fedtrimmedavg;
@@ -12,6 +13,7 @@ mod separate_inits;
 pub use fedavg::FedAvg;
 pub use feddrop::FedDrop;
 pub use fedmedian::FedMedian;
+pub use fedmix::FedMix;
 pub use fedopt::FedOpt;
 pub use fedprox::FedProx;
 pub use fedtrimmedavg::FedTrimmedAvg;
@@ -23,7 +25,7 @@ use std::sync::Arc;
 
 use fedfuse_core::ModelSpec;
 use fedfuse_data::Dataset;
-use fedfuse_fuse::{PfnmConfig, ServerOptimizer};
+use fedfuse_fuse::{MixtureConfig, PfnmConfig, ServerOptimizer};
 use fedfuse_train::Init;
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +52,20 @@ pub enum MethodConfig {
     /// FedMedian: coordinate-wise median (hard-EM with a Laplace prior).
     #[serde(rename = "fedmedian")]
     FedMedian {},
+    /// A Gaussian-mixture prior (fedsparse-em App. J.2): `components` server models, clients
+    /// start from their most responsible one; `components = 1` is FedAvg.
+    #[serde(rename = "fedmix")]
+    FedMix {
+        /// Number of server models.
+        #[serde(default = "two")]
+        components: usize,
+        /// Precision of each component (larger: harder assignments).
+        #[serde(default = "one")]
+        lambda: f64,
+        /// Learn the mixing weights instead of keeping them equal.
+        #[serde(default)]
+        learn_weights: bool,
+    },
     /// FedOpt (Reddi et al.): FedAvg's clients, a server optimizer on the mean update.
     /// Unset hyper-parameters take the optimizer's defaults (Flower's for adam, yogi, adagrad;
     /// Kingma & Ba's for adamax; FedAvg's for sgd).
@@ -251,6 +267,9 @@ fn server_optimizer(
     Ok(opt)
 }
 
+fn two() -> usize {
+    2
+}
 fn quarter() -> f64 {
     0.25
 }
@@ -329,6 +348,17 @@ impl MethodConfig {
                 Box::new(FedProx { mu: *mu })
             }
             Self::FedMedian {} => Box::new(FedMedian),
+            Self::FedMix {
+                components,
+                lambda,
+                learn_weights,
+            } => Box::new(FedMix::new(
+                *components,
+                MixtureConfig {
+                    lambda: *lambda,
+                    learn_weights: *learn_weights,
+                },
+            )?),
             Self::FedOpt {
                 optimizer,
                 server_lr,

@@ -1,0 +1,143 @@
+//! A Gaussian-mixture prior over client models (fedsparse-em, Appendix J.2): `K` server models;
+//! each round a client starts from the component most responsible for its last model, and the
+//! server runs one EM step (responsibilities from `lambda/2 ||w_s - w_k||^2`, then eq. 52).
+//! The global model of a round is the component with the largest responsibility; every
+//! component and their uniform softmax ensemble are evaluated too. `K = 1` is FedAvg.
+
+use std::collections::BTreeMap;
+
+use fedfuse_core::{ConfigValue, Params, Record};
+use fedfuse_data::Dataset;
+use fedfuse_fuse::{GaussianMixture, MixtureConfig};
+use fedfuse_train::Trainer;
+
+use crate::method::SERVER_ROUND;
+use crate::{Aggregate, FedError, Method, Reply, Result};
+
+/// FedAvg's clients under a `K`-component mixture prior.
+#[derive(Clone, Debug)]
+pub struct FedMix {
+    /// Number of server models.
+    pub components: usize,
+    /// Mixture settings (`lambda`, learned mixing weights).
+    pub config: MixtureConfig,
+    mixture: Option<GaussianMixture>,
+    /// Client -> component it starts from.
+    assigned: BTreeMap<usize, usize>,
+    totals: Vec<f64>,
+}
+
+impl FedMix {
+    /// A mixture of `components` server models; checks the settings.
+    pub fn new(components: usize, config: MixtureConfig) -> Result<Self> {
+        if components == 0 {
+            return Err(FedError::InvalidSetting {
+                field: "method.components",
+                reason: "at least one component".into(),
+            });
+        }
+        config.check()?;
+        Ok(Self {
+            components,
+            config,
+            mixture: None,
+            assigned: BTreeMap::new(),
+            totals: Vec::new(),
+        })
+    }
+}
+
+impl FedMix {
+    /// Client -> the component it starts the next round from.
+    pub fn assignments(&self) -> &BTreeMap<usize, usize> {
+        &self.assigned
+    }
+
+    /// The server models (after the first round).
+    pub fn centres(&self) -> Option<&[Params]> {
+        self.mixture.as_ref().map(GaussianMixture::centres)
+    }
+}
+
+impl Method for FedMix {
+    fn name(&self) -> &'static str {
+        "fedmix"
+    }
+
+    /// The client's component (before the first aggregation: the global model).
+    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
+        let start = match &self.mixture {
+            Some(m) => {
+                let k = self.assigned.get(&client).copied().unwrap_or(0);
+                m.centres().get(k).unwrap_or(global).clone()
+            }
+            None => global.clone(),
+        };
+        Ok(Record::from_params(start).with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
+    }
+
+    fn aggregate(
+        &mut self,
+        _round: usize,
+        _global: &Params,
+        replies: &[Reply],
+    ) -> Result<Aggregate> {
+        let models: Vec<(&Params, f64)> = replies
+            .iter()
+            .map(|r| (&r.record.params, r.record.num_examples as f64))
+            .collect();
+        if self.mixture.is_none() {
+            // Components start at K mutually far client models of the first round.
+            let firsts: Vec<&Params> = models.iter().map(|(p, _)| *p).collect();
+            self.mixture = Some(GaussianMixture::farthest_point_init(
+                &firsts,
+                self.components,
+                self.config,
+            )?);
+        }
+        let Some(mixture) = self.mixture.as_mut() else {
+            return Ok(Aggregate::Keep);
+        };
+        let step = mixture.em_step(&models)?;
+        for r in replies {
+            self.assigned
+                .insert(r.client, mixture.assign(&r.record.params)?);
+        }
+        let best = step
+            .totals
+            .iter()
+            .enumerate()
+            .fold((0, f64::NEG_INFINITY), |(bi, bv), (i, &v)| {
+                if v > bv { (i, v) } else { (bi, bv) }
+            })
+            .0;
+        self.totals = step.totals;
+        let global = mixture.centres()[best].clone();
+        Ok(Aggregate::Replace(global))
+    }
+
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        let total: f64 = self.totals.iter().sum();
+        self.totals
+            .iter()
+            .enumerate()
+            .map(|(k, t)| (format!("share.{k}"), t / total.max(f64::MIN_POSITIVE)))
+            .collect()
+    }
+
+    fn evaluate(&self, trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
+        let mut out = BTreeMap::new();
+        let Some(m) = &self.mixture else {
+            return Ok(out);
+        };
+        for (k, c) in m.centres().iter().enumerate() {
+            out.insert(format!("accuracy.{k}"), trainer.evaluate(c, test)?.accuracy);
+        }
+        let members: Vec<&Params> = m.centres().iter().collect();
+        out.insert(
+            "ensemble_accuracy".into(),
+            trainer.evaluate_ensemble(&members, test)?.accuracy,
+        );
+        Ok(out)
+    }
+}

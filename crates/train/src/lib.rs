@@ -3,7 +3,10 @@
 //! A [`Trainer`] builds a network from a [`ModelSpec`](fedfuse_core::ModelSpec), loads
 //! [`Params`](fedfuse_core::Params) into it, trains on a client's data (SGD with momentum and
 //! weight decay, or Adam/AMSGrad; optional proximal term `mu/2 ||w - w_anchor||^2`) and reads
-//! the parameters back. Continuing from a given model is the normal case:
+//! the parameters back. Two sparsifying local methods share one definition of parameter groups
+//! ([`groups()`]: hidden units and filters): FedSparse ([`Trainer::fit_sparse`], learned gates)
+//! and FedL1 ([`Trainer::fit_group_l1`] with [`soft_threshold_groups`]). Continuing from a
+//! given model is the normal case:
 //!
 //! ```no_run
 //! use fedfuse_core::ModelSpec;
@@ -20,12 +23,21 @@
 
 mod config;
 mod error;
+mod groups;
+pub mod hard_concrete;
 mod init;
 mod net;
 mod params;
+mod sparse;
 mod trainer;
 
 pub use config::{OptimizerConfig, TrainConfig};
 pub use error::{Result, TrainError};
+pub use groups::{
+    GroupLayout, group_norms, groups, hard_threshold_groups, mask_groups, soft_threshold_groups,
+};
 pub use init::{Init, init_params};
+pub use sparse::{
+    SparseConfig, SparseFit, gate_probabilities, initial_thresholds, softplus_f64, softplus_inv,
+};
 pub use trainer::{Evaluation, Fitted, Trainer};

@@ -13,12 +13,54 @@ pub(crate) struct Mlp {
     pub(crate) layers: Vec<Linear>,
 }
 
+/// Multiplies `[batch, units]` activations by per-unit gates, when there are gates.
+fn gate2(x: Tensor<2>, gate: Option<&Tensor<1>>) -> Tensor<2> {
+    match gate {
+        Some(z) => x * z.clone().unsqueeze_dim::<2>(0),
+        None => x,
+    }
+}
+
+/// Multiplies `[batch, channels, h, w]` feature maps by per-filter gates, when there are gates.
+fn gate4(x: Tensor<4>, gate: Option<&Tensor<1>>) -> Tensor<4> {
+    match gate {
+        Some(z) => {
+            let [c] = z.dims();
+            x * z.clone().reshape([1, c, 1, 1])
+        }
+        None => x,
+    }
+}
+
+/// A layer's groups as a matrix `[units, fan_in]` plus the bias `[units]` (tracked tensors).
+fn linear_units(layer: &Linear) -> (Tensor<2>, Tensor<1>) {
+    let w = layer.weight.val();
+    let [_, out] = w.dims();
+    let b = match &layer.bias {
+        Some(b) => b.val(),
+        None => Tensor::zeros([out], &w.device()),
+    };
+    (w.transpose(), b)
+}
+
+fn conv_units(layer: &Conv2d) -> (Tensor<2>, Tensor<1>) {
+    let w = layer.weight.val();
+    let [out, c, k1, k2] = w.dims();
+    let b = match &layer.bias {
+        Some(b) => b.val(),
+        None => Tensor::zeros([out], &w.device()),
+    };
+    (w.reshape([out, c * k1 * k2]), b)
+}
+
 impl Mlp {
-    pub(crate) fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+    /// Logits; `gates[i]`, where present, multiplies the outputs of layer `i` (before the
+    /// ReLU, which is the same as after it for gates in [0, 1]).
+    fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
         let last = self.layers.len().saturating_sub(1);
         let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(x);
+            x = gate2(layer.forward(x), gates.get(i));
             if i < last {
                 x = relu(x);
             }
@@ -42,16 +84,22 @@ pub(crate) struct LeNet5 {
 }
 
 impl LeNet5 {
-    /// Logits of flattened images `[batch, channels * side * side]`.
-    pub(crate) fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+    /// Logits of flattened images `[batch, channels * side * side]`; `gates`, where present,
+    /// multiply conv1's and conv2's filters and fc1's and fc2's units, in that order (gates in
+    /// [0, 1] commute with ReLU and max-pooling).
+    fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
         let [batch, _] = x.dims();
         let channels = self.conv1.weight.val().dims()[1];
         let x: Tensor<4> = x.reshape([batch, channels, self.side, self.side]);
-        let x = self.pool.forward(relu(self.conv1.forward(x)));
-        let x = self.pool.forward(relu(self.conv2.forward(x)));
+        let x = self
+            .pool
+            .forward(relu(gate4(self.conv1.forward(x), gates.first())));
+        let x = self
+            .pool
+            .forward(relu(gate4(self.conv2.forward(x), gates.get(1))));
         let x: Tensor<2> = x.flatten(1, 3);
-        let x = relu(self.fc1.forward(x));
-        let x = relu(self.fc2.forward(x));
+        let x = relu(gate2(self.fc1.forward(x), gates.get(2)));
+        let x = relu(gate2(self.fc2.forward(x), gates.get(3)));
         self.fc3.forward(x)
     }
 }
@@ -68,9 +116,32 @@ pub(crate) enum Net {
 
 impl Net {
     pub(crate) fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.forward_gated(x, &[])
+    }
+
+    /// Logits with the units of the grouped layers (see `groups.rs`) multiplied by `gates`,
+    /// one tensor per grouped layer; missing entries leave their layers ungated.
+    pub(crate) fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
         match self {
-            Self::Mlp(m) => m.forward(x),
-            Self::LeNet5(m) => m.forward(x),
+            Self::Mlp(m) => m.forward_gated(x, gates),
+            Self::LeNet5(m) => m.forward_gated(x, gates),
+        }
+    }
+
+    /// Weights `[units, fan_in]` and biases `[units]` of the grouped layers, in the order of
+    /// `groups::groups` (every layer but the output layer), still tracked by autodiff.
+    pub(crate) fn group_units(&self) -> Vec<(Tensor<2>, Tensor<1>)> {
+        match self {
+            Self::Mlp(m) => {
+                let gated = m.layers.len().saturating_sub(1);
+                m.layers.iter().take(gated).map(linear_units).collect()
+            }
+            Self::LeNet5(m) => vec![
+                conv_units(&m.conv1),
+                conv_units(&m.conv2),
+                linear_units(&m.fc1),
+                linear_units(&m.fc2),
+            ],
         }
     }
 }

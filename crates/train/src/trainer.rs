@@ -57,7 +57,7 @@ impl Trainer {
         &self.spec
     }
 
-    fn check_data(&self, data: &Dataset) -> Result<()> {
+    pub(crate) fn check_data(&self, data: &Dataset) -> Result<()> {
         if data.dim() != self.spec.input_len() {
             return Err(TrainError::DataMismatch(format!(
                 "samples have {} values ({:?}) but the model takes {}",
@@ -83,6 +83,26 @@ impl Trainer {
         ))
     }
 
+    /// Inputs `[b, input_len]` and labels `[b, 1]` of the samples `batch` of `data`.
+    pub(crate) fn batch(
+        &self,
+        data: &Dataset,
+        batch: &[usize],
+        device: &Device,
+    ) -> (Tensor<2>, Tensor<2, Int>) {
+        let b = batch.len();
+        let mut x = Vec::with_capacity(b * data.dim());
+        let mut y = Vec::with_capacity(b);
+        for &i in batch {
+            x.extend_from_slice(data.sample(i));
+            y.push(i64::from(data.y[i]));
+        }
+        (
+            Tensor::from_data(TensorData::new(x, [b, self.spec.input_len()]), device),
+            Tensor::from_data(TensorData::new(y, [b, 1]), device),
+        )
+    }
+
     /// Trains from `start` on `data` for `cfg.epochs` epochs.
     ///
     /// With `prox = Some((anchor, mu))` the loss gains `mu/2 ||w - anchor||^2` (FedProx).
@@ -93,6 +113,41 @@ impl Trainer {
         data: &Dataset,
         cfg: &TrainConfig,
         prox: Option<(&Params, f64)>,
+        seed: u64,
+    ) -> Result<Fitted> {
+        self.fit_inner(start, data, cfg, prox, 0.0, seed)
+    }
+
+    /// FedL1 local training: [`fit_with`](Self::fit_with) without a proximal term, the loss
+    /// gaining the group-L1 penalty `l1 * sum_g ||w_g||_2` over the groups of
+    /// [`groups`](crate::groups()) (hidden units and filters with their biases; the output
+    /// layer is not penalised). The result is not thresholded: apply
+    /// [`soft_threshold_groups`](crate::soft_threshold_groups) or
+    /// [`hard_threshold_groups`](crate::hard_threshold_groups) before upload.
+    pub fn fit_group_l1(
+        &self,
+        start: &Params,
+        data: &Dataset,
+        cfg: &TrainConfig,
+        l1: f64,
+        seed: u64,
+    ) -> Result<Fitted> {
+        if !(l1.is_finite() && l1 >= 0.0) {
+            return Err(TrainError::InvalidConfig {
+                field: "method.l1",
+                reason: format!("{l1} is not >= 0"),
+            });
+        }
+        self.fit_inner(start, data, cfg, None, l1, seed)
+    }
+
+    fn fit_inner(
+        &self,
+        start: &Params,
+        data: &Dataset,
+        cfg: &TrainConfig,
+        prox: Option<(&Params, f64)>,
+        l1: f64,
         seed: u64,
     ) -> Result<Fitted> {
         cfg.check()?;
@@ -111,29 +166,24 @@ impl Trainer {
         let mut optim = optimizer(&cfg.optimizer);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut order: Vec<usize> = (0..data.len()).collect();
-        let dim = data.dim();
         let mut steps = 0;
         let mut last_loss = f64::NAN;
         for epoch in 1..=cfg.epochs {
             order.shuffle(&mut rng);
             let mut loss_sum = 0.0;
             for batch in order.chunks(cfg.batch_size) {
-                let b = batch.len();
-                let mut x = Vec::with_capacity(b * dim);
-                let mut y = Vec::with_capacity(b);
-                for &i in batch {
-                    x.extend_from_slice(data.sample(i));
-                    y.push(i64::from(data.y[i]));
-                }
-                let logits = self.logits(&net, x, b, &device);
-                let targets: Tensor<2, Int> =
-                    Tensor::from_data(TensorData::new(y, [b, 1]), &device);
-                let nll = log_softmax(logits, 1).gather(1, targets).neg().mean();
-                loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * b as f64;
-                let loss = match &anchor {
+                let (x, targets) = self.batch(data, batch, &device);
+                let nll = cross_entropy(net.forward(x), targets);
+                loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
+                let mut loss = match &anchor {
                     Some((a, mu)) => nll + params::sq_distance(&net, a).mul_scalar(mu / 2.0),
                     None => nll,
                 };
+                if l1 > 0.0
+                    && let Some(penalty) = group_l1(&net)
+                {
+                    loss = loss + penalty.mul_scalar(l1);
+                }
                 let grads = GradientsParams::from_grads(loss.backward(), &net);
                 net = optim.step(cfg.lr, net, grads);
                 steps += 1;
@@ -282,7 +332,28 @@ fn arg_max(values: impl Iterator<Item = f64>) -> (usize, f64) {
         })
 }
 
-fn optimizer(cfg: &OptimizerConfig) -> ModuleOptimizer {
+/// Mean cross-entropy of `logits` `[b, classes]` against labels `[b, 1]`.
+pub(crate) fn cross_entropy(logits: Tensor<2>, targets: Tensor<2, Int>) -> Tensor<1> {
+    log_softmax(logits, 1).gather(1, targets).neg().mean()
+}
+
+/// `sum_g ||w_g||_2` over the network's groups. The small constant under the root keeps the
+/// gradient finite (zero) at a zero group, where the norm is not differentiable. `None` for a
+/// model without groups.
+fn group_l1(net: &Net) -> Option<Tensor<1>> {
+    net.group_units()
+        .into_iter()
+        .map(|(w, b)| {
+            let [units, _] = w.dims();
+            (w.square().sum_dim(1).reshape([units]) + b.square())
+                .add_scalar(1e-12)
+                .sqrt()
+                .sum()
+        })
+        .reduce(|s, t| s + t)
+}
+
+pub(crate) fn optimizer(cfg: &OptimizerConfig) -> ModuleOptimizer {
     let decay = |wd: f64| (wd > 0.0).then(|| WeightDecayConfig::new(wd as f32));
     match cfg {
         OptimizerConfig::Sgd {

@@ -26,8 +26,8 @@ mod simulator;
 pub use error::{FedError, Result};
 pub use method::{Aggregate, ClientContext, Fold, Method, Reply, standard_fit};
 pub use methods::{
-    BuildContext, FedAvg, FedDrop, FedMedian, FedMix, FedOpt, FedProx, FedTrimmedAvg, MethodConfig,
-    Pfnm, SeparateInits, ServerOptName, default_eps_grid,
+    BuildContext, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx, FedTrimmedAvg,
+    MethodConfig, Pfnm, SeparateInits, ServerOptName, default_eps_grid,
 };
 pub use seed::derive_seed;
 pub use simulator::{

@@ -2,6 +2,7 @@
 
 mod fedavg;
 mod feddrop;
+mod fedl1;
 mod fedmedian;
 mod fedmix;
 mod fedopt;
@@ -12,6 +13,7 @@ mod separate_inits;
 
 pub use fedavg::FedAvg;
 pub use feddrop::FedDrop;
+pub use fedl1::FedL1;
 pub use fedmedian::FedMedian;
 pub use fedmix::FedMix;
 pub use fedopt::FedOpt;
@@ -52,6 +54,15 @@ pub enum MethodConfig {
     /// FedMedian: coordinate-wise median (hard-EM with a Laplace prior).
     #[serde(rename = "fedmedian")]
     FedMedian {},
+    /// FedL1: clients train with a group-L1 penalty, soft-threshold groups and upload sparse
+    /// records; the server averages.
+    #[serde(rename = "fedl1")]
+    FedL1 {
+        /// Group-L1 coefficient.
+        l1: f64,
+        /// Soft-threshold applied to each group before upload.
+        threshold: f64,
+    },
     /// A Gaussian-mixture prior (fedsparse-em App. J.2): `components` server models, clients
     /// start from their most responsible one; `components = 1` is FedAvg.
     #[serde(rename = "fedmix")]
@@ -348,6 +359,7 @@ impl MethodConfig {
                 Box::new(FedProx { mu: *mu })
             }
             Self::FedMedian {} => Box::new(FedMedian),
+            Self::FedL1 { l1, threshold } => Box::new(FedL1::new(*l1, *threshold)?),
             Self::FedMix {
                 components,
                 lambda,

@@ -2,18 +2,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod common;
+
 use fedfuse_core::ModelSpec;
-use fedfuse_data::{PartitionSpec, client_splits, load_dataset, partition};
-use fedfuse_fed::{BuildContext, FedDrop, MethodConfig, RunResult, SimConfig, simulate};
-use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
+use fedfuse_data::PartitionSpec;
+use fedfuse_fed::{BuildContext, FedDrop, MethodConfig, RunResult};
 
 fn run(method: &MethodConfig, rounds: usize) -> RunResult {
-    let data = load_dataset("digits", None).unwrap();
-    let mut rng = StdRng::seed_from_u64(9);
-    let parts = partition(&data.train.y, 10, 5, &PartitionSpec::Iid {}, &mut rng).unwrap();
-    let clients = client_splits(&data.train, &parts, 0.0, &mut rng).unwrap();
+    let d = common::digits(5, &PartitionSpec::Iid {}, 9);
     let spec = ModelSpec::mlp(64, &[64, 32], 10);
     let mut m = method
         .build_with(BuildContext {
@@ -22,31 +18,7 @@ fn run(method: &MethodConfig, rounds: usize) -> RunResult {
             ..BuildContext::default()
         })
         .unwrap();
-    let cfg = SimConfig {
-        rounds,
-        seed: 9,
-        local_eval: false,
-        train: TrainConfig {
-            optimizer: OptimizerConfig::Sgd {
-                momentum: 0.9,
-                weight_decay: 0.0,
-            },
-            lr: 0.05,
-            epochs: 2,
-            batch_size: 32,
-        },
-        ..SimConfig::default()
-    };
-    simulate(
-        m.as_mut(),
-        &Trainer::new(spec.clone()).unwrap(),
-        &clients,
-        &data.test,
-        init_params(&spec, Init::Default, 1),
-        &cfg,
-        &|_| {},
-    )
-    .unwrap()
+    common::run(m.as_mut(), &d, &spec, rounds, 9, common::sgd(0.9, 2))
 }
 
 #[test]

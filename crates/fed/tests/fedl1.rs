@@ -2,45 +2,23 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod common;
+
 use fedfuse_core::ModelSpec;
-use fedfuse_data::{PartitionSpec, client_splits, load_dataset, partition};
-use fedfuse_fed::{MethodConfig, RunResult, SimConfig, simulate};
-use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
+use fedfuse_data::PartitionSpec;
+use fedfuse_fed::{MethodConfig, RunResult};
 
 fn run(method: &MethodConfig) -> RunResult {
-    let data = load_dataset("digits", None).unwrap();
-    let mut rng = StdRng::seed_from_u64(8);
-    let parts = partition(&data.train.y, 10, 6, &PartitionSpec::Iid {}, &mut rng).unwrap();
-    let clients = client_splits(&data.train, &parts, 0.0, &mut rng).unwrap();
+    let d = common::digits(6, &PartitionSpec::Iid {}, 8);
     let spec = ModelSpec::mlp(64, &[64], 10);
-    let mut m = method.build().unwrap();
-    let cfg = SimConfig {
-        rounds: 6,
-        seed: 8,
-        local_eval: false,
-        train: TrainConfig {
-            optimizer: OptimizerConfig::Sgd {
-                momentum: 0.9,
-                weight_decay: 0.0,
-            },
-            lr: 0.05,
-            epochs: 3,
-            batch_size: 32,
-        },
-        ..SimConfig::default()
-    };
-    simulate(
-        m.as_mut(),
-        &Trainer::new(spec.clone()).unwrap(),
-        &clients,
-        &data.test,
-        init_params(&spec, Init::Default, 3),
-        &cfg,
-        &|_| {},
+    common::run(
+        method.build().unwrap().as_mut(),
+        &d,
+        &spec,
+        6,
+        8,
+        common::sgd(0.9, 3),
     )
-    .unwrap()
 }
 
 #[test]

@@ -2,50 +2,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod common;
+
 use fedfuse_core::ModelSpec;
-use fedfuse_data::{PartitionSpec, client_splits, load_dataset, partition};
-use fedfuse_fed::{BuildContext, MethodConfig, RunResult, ServerOptName, SimConfig, simulate};
-use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
+use fedfuse_fed::{MethodConfig, RunResult, ServerOptName};
 
 fn run(method: &MethodConfig, rounds: usize) -> RunResult {
-    let data = load_dataset("digits", None).unwrap();
-    let mut rng = StdRng::seed_from_u64(4);
-    let split = PartitionSpec::Dirichlet {
-        alpha: 0.5,
-        min_partition_size: 10,
-        self_balancing: true,
-    };
-    let parts = partition(&data.train.y, 10, 8, &split, &mut rng).unwrap();
-    let clients = client_splits(&data.train, &parts, 0.0, &mut rng).unwrap();
+    let d = common::digits(8, &common::dirichlet(), 4);
     let spec = ModelSpec::mlp(64, &[32], 10);
-    let mut m = method.build_with(BuildContext::default()).unwrap();
-    let cfg = SimConfig {
-        rounds,
-        seed: 4,
-        local_eval: false,
-        train: TrainConfig {
-            optimizer: OptimizerConfig::Sgd {
-                momentum: 0.0,
-                weight_decay: 0.0,
-            },
-            lr: 0.05,
-            epochs: 1,
-            batch_size: 32,
-        },
-        ..SimConfig::default()
-    };
-    simulate(
-        m.as_mut(),
-        &Trainer::new(spec.clone()).unwrap(),
-        &clients,
-        &data.test,
-        init_params(&spec, Init::Default, 2),
-        &cfg,
-        &|_| {},
-    )
-    .unwrap()
+    let mut m = method.build().unwrap();
+    common::run(m.as_mut(), &d, &spec, rounds, 4, common::sgd(0.0, 1))
 }
 
 fn fedopt(optimizer: ServerOptName, server_lr: Option<f64>, momentum: Option<f64>) -> MethodConfig {

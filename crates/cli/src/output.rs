@@ -23,6 +23,7 @@ struct Final {
     global_accuracy: f64,
     global_loss: f64,
     local_accuracy_mean: f64,
+    client_accuracy_mean: f64,
     bytes_total: u64,
     rejected_total: usize,
     seconds_total: f64,
@@ -38,6 +39,7 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
             global_accuracy: last.map_or(f64::NAN, |r| r.global_accuracy),
             global_loss: last.map_or(f64::NAN, |r| r.global_loss),
             local_accuracy_mean: last.map_or(f64::NAN, |r| r.local_accuracy_mean),
+            client_accuracy_mean: last.map_or(f64::NAN, |r| r.client_accuracy_mean),
             bytes_total: run.rounds.iter().map(|r| r.bytes_up + r.bytes_down).sum(),
             rejected_total: run.rounds.iter().map(|r| r.rejected.len()).sum(),
             seconds_total: run.rounds.iter().map(|r| r.seconds).sum(),
@@ -54,8 +56,8 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
         .flat_map(|r| r.method.keys().map(String::as_str))
         .collect();
     let mut csv = String::from(
-        "round,global_accuracy,global_loss,local_accuracy_mean,train_loss,bytes_up,bytes_down,\
-         global_params,clients,rejected,seconds",
+        "round,global_accuracy,global_loss,local_accuracy_mean,client_accuracy_mean,train_loss,\
+         bytes_up,bytes_down,global_params,clients,rejected,seconds",
     );
     for k in &extra {
         let _ = write!(csv, ",{k}");
@@ -64,11 +66,12 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
     for r in &run.rounds {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
             r.round,
             r.global_accuracy,
             r.global_loss,
             r.local_accuracy_mean,
+            r.client_accuracy_mean,
             r.train_loss,
             r.bytes_up,
             r.bytes_down,

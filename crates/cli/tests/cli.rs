@@ -70,6 +70,7 @@ fn quickstart_on_bundled_digits() {
         "global_accuracy",
         "global_loss",
         "local_accuracy_mean",
+        "client_accuracy_mean",
         "bytes_up",
         "bytes_down",
         "global_params",
@@ -87,6 +88,10 @@ fn quickstart_on_bundled_digits() {
         .map(|r| r["bytes_up"].as_u64().unwrap() + r["bytes_down"].as_u64().unwrap())
         .sum();
     assert_eq!(results["final"]["bytes_total"].as_u64(), Some(total));
+    // Each client's own upload on its own test split: trained on that client's data, so above
+    // chance by far.
+    let own = rounds[19]["client_accuracy_mean"].as_f64().unwrap();
+    assert!(own > 0.8 && own <= 1.0, "client accuracy {own}");
     let csv = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
     assert_eq!(csv.lines().count(), 21);
     // The saved model is the final global model and loads back.

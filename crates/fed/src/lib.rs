@@ -24,7 +24,7 @@ mod seed;
 mod simulator;
 
 pub use error::{FedError, Result};
-pub use method::{Aggregate, ClientContext, Fold, Method, Reply, standard_fit};
+pub use method::{Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, standard_fit};
 pub use methods::{
     BuildContext, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx, FedTrimmedAvg,
     MethodConfig, Pfnm, SeparateInits, ServerOptName, default_eps_grid,

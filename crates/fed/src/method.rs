@@ -49,6 +49,9 @@ pub trait Fold: Send {
 
 /// Config key for the proximal coefficient a server sends (Flower's `proximal-mu`).
 pub const PROXIMAL_MU: &str = "proximal_mu";
+/// Metric key of a reply's accuracy on the client's own test split (its uploaded model), which
+/// the simulator adds when local evaluation is on.
+pub const LOCAL_ACCURACY: &str = "local_accuracy";
 /// Config key for the round number a server sends (Flower's `server-round`).
 pub const SERVER_ROUND: &str = "server_round";
 

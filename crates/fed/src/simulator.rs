@@ -11,6 +11,7 @@ use rand::rngs::StdRng;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::method::LOCAL_ACCURACY;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
 
 /// Replies in flight per worker thread when a method folds replies as they arrive.
@@ -94,6 +95,10 @@ pub struct RoundMetrics {
     /// Mean over clients of the global model's accuracy on each client's own test split
     /// (NaN when local evaluation is off).
     pub local_accuracy_mean: f64,
+    /// Mean over accepted replies of each client's uploaded model on its own test split (the
+    /// FedSparse paper's "local accuracy"; NaN when local evaluation is off).
+    #[serde(default = "nan")]
+    pub client_accuracy_mean: f64,
     /// Mean training loss reported by the accepted clients, weighted by examples.
     pub train_loss: f64,
     /// Bytes of encoded replies (client to server).
@@ -111,6 +116,10 @@ pub struct RoundMetrics {
     pub method: BTreeMap<String, f64>,
     /// Wall time of the round in seconds.
     pub seconds: f64,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// A finished simulation.
@@ -156,6 +165,7 @@ fn client_task(
     id: usize,
     global: &Params,
     ctx: (&ClientData, &Trainer, &TrainConfig, u64),
+    local_eval: bool,
 ) -> Exchange {
     let down = match method
         .instruct(round, id, global)
@@ -180,11 +190,37 @@ fn client_task(
     let up = Record::decode(&down)
         .map_err(FedError::from)
         .and_then(|received| method.fit(received, &ctx))
+        .map(|mut reply| {
+            if local_eval
+                && !reply.metrics.contains_key(LOCAL_ACCURACY)
+                && let Some(acc) = own_accuracy(&reply.params, data, trainer)
+            {
+                reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
+            }
+            reply
+        })
         .and_then(|reply| Ok(reply.encode()?));
     Exchange {
         down: down.len(),
         up,
     }
+}
+
+/// The accuracy of a client's uploaded model on its own test split, as the client would
+/// measure it (the model's own architecture if it differs from the trainer's); `None` when
+/// there is no test split or the upload is not a model the trainer can run.
+fn own_accuracy(params: &Params, data: &ClientData, trainer: &Trainer) -> Option<f64> {
+    if data.test.is_empty() {
+        return None;
+    }
+    if params.check_layout(&trainer.spec().param_shapes()).is_ok() {
+        return trainer
+            .evaluate(params, &data.test)
+            .ok()
+            .map(|e| e.accuracy);
+    }
+    let own = Trainer::new(ModelSpec::infer_mlp(params).ok()?).ok()?;
+    own.evaluate(params, &data.test).ok().map(|e| e.accuracy)
 }
 
 /// Runs `cfg.rounds` rounds of `method` over `clients` from the global model `init`.
@@ -231,6 +267,7 @@ pub fn simulate(
         };
         let (mut bytes_up, mut bytes_down) = (0u64, 0u64);
         let (mut loss_sum, mut examples, mut accepted) = (0.0f64, 0.0f64, 0usize);
+        let (mut own_sum, mut own_count) = (0.0f64, 0usize);
         let mut replies = Vec::new();
         let mut rejected = Vec::new();
         for ids in sampled.chunks(chunk.max(1)) {
@@ -245,6 +282,7 @@ pub fn simulate(
                         id,
                         &global,
                         (&clients[id], trainer, &cfg.train, seed),
+                        cfg.local_eval,
                     );
                     progress(Progress::ClientDone { round });
                     (id, out)
@@ -268,6 +306,10 @@ pub fn simulate(
                         continue;
                     }
                 };
+                if let Some(acc) = record.metrics.get(LOCAL_ACCURACY) {
+                    own_sum += acc;
+                    own_count += 1;
+                }
                 let n = record.num_examples as f64;
                 if let Some(loss) = record.metrics.get("train_loss") {
                     loss_sum += loss * n;
@@ -318,6 +360,11 @@ pub fn simulate(
             global_accuracy: eval.accuracy,
             global_loss: eval.loss,
             local_accuracy_mean,
+            client_accuracy_mean: if own_count > 0 {
+                own_sum / own_count as f64
+            } else {
+                f64::NAN
+            },
             train_loss,
             bytes_up,
             bytes_down,

@@ -57,7 +57,7 @@ impl FedDrop {
         self.hidden
             .iter()
             .map(|&h| {
-                let keep = (h - (self.fraction * h as f64).round() as usize).max(1);
+                let keep = self.keep_count(h);
                 let mut units = rand::seq::index::sample(&mut rng, h, keep).into_vec();
                 units.sort_unstable();
                 units
@@ -82,10 +82,33 @@ impl FedDrop {
         Ok(())
     }
 
-    /// The layout of every round's sub-model (only which units differs between rounds).
-    fn sub_layout(&self, global: &Params) -> Result<Vec<ParamShape>> {
-        let kept: Vec<Vec<usize>> = self.kept(0);
-        Ok(sub_model(global, &kept)?.layout())
+    /// Units kept of a hidden layer of width `h` (at least one).
+    fn keep_count(&self, h: usize) -> usize {
+        (h - (self.fraction * h as f64).round() as usize).max(1)
+    }
+
+    /// The layout of every round's sub-model (only which units differs between rounds),
+    /// from the global layout alone: no sub-model is built to check a reply.
+    fn sub_layout(&self, global: &Params) -> Vec<ParamShape> {
+        let kept: Vec<usize> = self.hidden.iter().map(|&h| self.keep_count(h)).collect();
+        global
+            .layout()
+            .into_iter()
+            .enumerate()
+            .map(|(t, mut p)| {
+                // Tensors come in (weight, bias) pairs, one pair per layer.
+                let layer = t / 2;
+                if let (Some(&k), Some(rows)) = (kept.get(layer), p.shape.get_mut(0)) {
+                    *rows = k;
+                }
+                if let Some(below) = layer.checked_sub(1)
+                    && let (Some(&k), Some(cols)) = (kept.get(below), p.shape.get_mut(1))
+                {
+                    *cols = k;
+                }
+                p
+            })
+            .collect()
     }
 }
 
@@ -119,7 +142,7 @@ impl Method for FedDrop {
     }
 
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
-        reply.params.check_layout(&self.sub_layout(global)?)?;
+        reply.params.check_layout(&self.sub_layout(global))?;
         reply.params.check_finite()?;
         Ok(())
     }

@@ -289,7 +289,14 @@ impl Config {
             );
         }
         // Settings only; the architecture and validation split come at run time.
-        let spec = ModelSpec::mlp(1, &self.model.hidden, 2);
+        let spec = match self.model.kind {
+            ModelKind::Mlp => ModelSpec::mlp(1, &self.model.hidden, 2),
+            ModelKind::Lenet5 => ModelSpec::LeNet5 {
+                channels: 1,
+                side: 28,
+                classes: 10,
+            },
+        };
         let validation = fedfuse_data::Dataset::new(vec![0.0], vec![0], vec![1], 2)?;
         self.method
             .build_with(BuildContext {

@@ -101,6 +101,13 @@ impl Params {
             .map(|i| &mut self.tensors[i])
     }
 
+    /// Takes the tensor called `name` out of the set (the others keep their order).
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        let i = self.names.iter().position(|n| n == name)?;
+        self.names.remove(i);
+        Some(self.tensors.remove(i))
+    }
+
     /// Tensors in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Tensor)> {
         self.names

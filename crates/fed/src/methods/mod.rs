@@ -7,6 +7,7 @@ mod fedmedian;
 mod fedmix;
 mod fedopt;
 mod fedprox;
+mod fedsparse;
 mod fedtrimmedavg;
 mod pfnm;
 mod separate_inits;
@@ -18,6 +19,7 @@ pub use fedmedian::FedMedian;
 pub use fedmix::FedMix;
 pub use fedopt::FedOpt;
 pub use fedprox::FedProx;
+pub use fedsparse::{FedSparse, PI_TENSOR, V_TENSOR, Z_TENSOR};
 pub use fedtrimmedavg::FedTrimmedAvg;
 pub use pfnm::Pfnm;
 pub(crate) use pfnm::put_class_counts;
@@ -27,8 +29,8 @@ use std::sync::Arc;
 
 use fedfuse_core::ModelSpec;
 use fedfuse_data::Dataset;
-use fedfuse_fuse::{MixtureConfig, PfnmConfig, ServerOptimizer};
-use fedfuse_train::Init;
+use fedfuse_fuse::{FedSparseConfig, MixtureConfig, PfnmConfig, ServerOptimizer};
+use fedfuse_train::{Init, SparseConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::{FedError, Method, Result};
@@ -108,6 +110,43 @@ pub enum MethodConfig {
         #[serde(default = "quarter")]
         fraction: f64,
     },
+    /// FedSparse (fedsparse-em section 3): a gate per hidden unit / conv filter with learned
+    /// thresholds; clients upload one gate sample and only the kept units, the server prunes
+    /// units whose inclusion probability falls below `prune_eps` and sends only the rest.
+    /// Defaults are the paper's Appendix A.
+    #[serde(rename = "fedsparse")]
+    FedSparse {
+        /// `low`, `mid` or `high` sparsity: `lambda0` = 5e-7, 5e-6 or 5e-5.
+        #[serde(default)]
+        preset: SparsityPreset,
+        /// L0 strength per value of a kept group; overrides `preset`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lambda0: Option<f64>,
+        /// Gate temperature `T` of `sigmoid((||w_g|| - softplus(v_g)) / T)`.
+        #[serde(default = "sparse_temperature")]
+        temperature: f64,
+        /// The server prunes groups whose inclusion probability is below this.
+        #[serde(default = "tenth")]
+        prune_eps: f64,
+        /// Learning rate of the server's Adam on the weights (Kingma & Ba's default).
+        #[serde(default = "milli")]
+        server_lr: f64,
+        /// Learning rate of the server's Adamax on the thresholds.
+        #[serde(default = "centi")]
+        threshold_server_lr: f64,
+        /// Learning rate of the clients' Adamax on their thresholds.
+        #[serde(default = "milli")]
+        threshold_lr: f64,
+        /// Factor on the cross-entropy between client and server gate probabilities.
+        #[serde(default = "sparse_prior_scale")]
+        prior_scale: f64,
+        /// Precision of the drift term towards the server weights (paper: 0).
+        #[serde(default)]
+        drift: f64,
+        /// Inclusion probability of every group at the start (0.99: a dense start).
+        #[serde(default = "sparse_initial_theta")]
+        initial_theta: f64,
+    },
     /// FedTrimmedAvg: coordinate-wise mean without the `beta` tails.
     #[serde(rename = "fedtrimmedavg")]
     FedTrimmedAvg {
@@ -181,6 +220,49 @@ fn is_false(b: &bool) -> bool {
 fn default_beta() -> f64 {
     0.2
 }
+/// FedSparse's sparsity presets (the paper's LeNet-5 `lambda0` values, Appendix A).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SparsityPreset {
+    /// `lambda0 = 5e-7`.
+    Low,
+    /// `lambda0 = 5e-6`.
+    #[default]
+    Mid,
+    /// `lambda0 = 5e-5`.
+    High,
+}
+
+impl SparsityPreset {
+    /// The preset's `lambda0`.
+    pub fn lambda0(self) -> f64 {
+        match self {
+            Self::Low => 5e-7,
+            Self::Mid => 5e-6,
+            Self::High => 5e-5,
+        }
+    }
+}
+
+fn sparse_temperature() -> f64 {
+    SparseConfig::default().temperature
+}
+fn sparse_prior_scale() -> f64 {
+    SparseConfig::default().prior_scale
+}
+fn sparse_initial_theta() -> f64 {
+    SparseConfig::default().initial_theta
+}
+fn tenth() -> f64 {
+    0.1
+}
+fn milli() -> f64 {
+    1e-3
+}
+fn centi() -> f64 {
+    1e-2
+}
+
 /// Server optimizers of [`MethodConfig::FedOpt`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -387,6 +469,48 @@ impl MethodConfig {
                     reason: "FedDrop needs the model's architecture".into(),
                 })?;
                 Box::new(FedDrop::new(*fraction, spec, ctx.seed)?)
+            }
+            Self::FedSparse {
+                preset,
+                lambda0,
+                temperature,
+                prune_eps,
+                server_lr,
+                threshold_server_lr,
+                threshold_lr,
+                prior_scale,
+                drift,
+                initial_theta,
+            } => {
+                let spec = ctx.spec.as_ref().ok_or(FedError::InvalidSetting {
+                    field: "model",
+                    reason: "FedSparse needs the model's architecture".into(),
+                })?;
+                let client = SparseConfig {
+                    lambda0: lambda0.unwrap_or(preset.lambda0()),
+                    temperature: *temperature,
+                    drift: *drift,
+                    threshold_lr: *threshold_lr,
+                    prior_scale: *prior_scale,
+                    initial_theta: *initial_theta,
+                };
+                let server = FedSparseConfig {
+                    temperature: *temperature,
+                    prune_eps: *prune_eps,
+                    weights_opt: ServerOptimizer::KingmaAdam {
+                        lr: *server_lr,
+                        beta1: 0.9,
+                        beta2: 0.999,
+                        eps: 1e-8,
+                    },
+                    thresholds_opt: ServerOptimizer::Adamax {
+                        lr: *threshold_server_lr,
+                        beta1: 0.9,
+                        beta2: 0.999,
+                        eps: 1e-8,
+                    },
+                };
+                Box::new(FedSparse::new(client, server, spec)?)
             }
             Self::FedTrimmedAvg { beta } => {
                 if !(0.0..0.5).contains(beta) {

@@ -1,0 +1,357 @@
+//! FedSparse (fedsparse-em section 3, Appendix I Algorithms 1 and 2): a spike-and-slab prior
+//! with one gate per group (hidden unit or conv filter), learned thresholds, and sparse
+//! traffic both ways.
+//!
+//! The client half is [`Trainer::fit_sparse`](fedfuse_train::Trainer::fit_sparse), the server
+//! half [`FedSparseServer`]; this module carries what travels between them:
+//!
+//! - down: the pruned server weights `w` (a sparse record: pruned groups cost nothing) and the
+//!   thresholds `v` as the tensor [`V_TENSOR`], one value per group;
+//! - up: `w_s * z_s` (sparse: dropped groups cost nothing), the gates `z_s` as the tensor
+//!   [`Z_TENSOR`] (0/1) and the client's gate probabilities `pi_s` as [`PI_TENSOR`] (for the
+//!   total variation of Appendix C; one value per group, under 1% of a LeNet-5 upload).
+//!
+//! Which tensors are gated is [`fedfuse_train::groups`]' definition (every layer but the
+//! output layer); the server's [`GroupLayout`] is derived from it, so the two halves agree on
+//! group order by construction.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fedfuse_core::{ConfigValue, ModelSpec, ParamShape, Params, Record};
+use fedfuse_fuse::{FedSparseConfig, FedSparseServer, GroupLayout, SparseReply, total_variation};
+use fedfuse_train::{SparseConfig, groups};
+
+use crate::method::{LOCAL_ACCURACY, SERVER_ROUND};
+use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
+
+/// Name of the thresholds tensor in an instruction.
+pub const V_TENSOR: &str = "fedsparse.v";
+/// Name of the gates tensor in a reply.
+pub const Z_TENSOR: &str = "fedsparse.z";
+/// Name of the gate-probabilities tensor in a reply.
+pub const PI_TENSOR: &str = "fedsparse.pi";
+
+/// FedSparse: client and server settings, and the server's state across rounds.
+pub struct FedSparse {
+    client: SparseConfig,
+    server_config: FedSparseConfig,
+    spec: ModelSpec,
+    layout: GroupLayout,
+    /// Per grouped layer, its number of groups (to split `v` for the client).
+    layer_groups: Vec<usize>,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Created from the first global model the method sees.
+    server: Option<FedSparseServer>,
+    /// `theta` of the open round (what the clients were sent), for the total variation.
+    theta: Vec<f64>,
+    figures: BTreeMap<String, f64>,
+}
+
+impl FedSparse {
+    /// FedSparse for `spec` with the client settings `client` and the server settings
+    /// `server` (both checked).
+    pub fn new(client: SparseConfig, server: FedSparseConfig, spec: &ModelSpec) -> Result<Self> {
+        client.check()?;
+        server.check()?;
+        if (client.temperature - server.temperature).abs() > 0.0 {
+            return Err(FedError::InvalidSetting {
+                field: "method.temperature",
+                reason: "client and server must use the same gate temperature".into(),
+            });
+        }
+        let grouped = groups(spec);
+        if grouped.is_empty() {
+            return Err(FedError::InvalidSetting {
+                field: "model",
+                reason: "FedSparse gates hidden units; the model has no hidden layer".into(),
+            });
+        }
+        let shapes = spec.param_shapes();
+        let gated: Vec<&str> = grouped
+            .iter()
+            .flat_map(|g| [g.weight.as_str(), g.bias.as_str()])
+            .collect();
+        let ungated: Vec<&str> = shapes
+            .iter()
+            .map(|s| s.name.as_str())
+            .filter(|n| !gated.contains(n))
+            .collect();
+        let layout = GroupLayout::output_units(&shapes, &ungated)?;
+        let layer_groups: Vec<usize> = grouped.iter().map(|g| g.units).collect();
+        if layer_groups.iter().sum::<usize>() != layout.num_groups() {
+            return Err(FedError::InvalidSetting {
+                field: "model",
+                reason: format!(
+                    "client and server group the model differently ({} vs {} groups)",
+                    layer_groups.iter().sum::<usize>(),
+                    layout.num_groups()
+                ),
+            });
+        }
+        Ok(Self {
+            client,
+            server_config: server,
+            spec: spec.clone(),
+            layout,
+            layer_groups,
+            state: Arc::new(Mutex::new(State::default())),
+        })
+    }
+
+    /// Groups (gates) of the model.
+    pub fn num_groups(&self) -> usize {
+        self.layout.num_groups()
+    }
+
+    /// The server state, created from `global` (thresholds giving every group
+    /// `initial_theta`) and with its first round begun, on first use.
+    fn server<'a>(&self, state: &'a mut State, global: &Params) -> Result<&'a FedSparseServer> {
+        if state.server.is_none() {
+            let mut server = FedSparseServer::with_initial_theta(
+                self.server_config,
+                self.layout.clone(),
+                global.clone(),
+                self.client.initial_theta,
+            )?;
+            let start = server.begin_round()?;
+            state.theta = start.theta;
+            state.server = Some(server);
+        }
+        state.server.as_ref().ok_or(FedError::InvalidSetting {
+            field: "method",
+            reason: "the FedSparse server could not be created".into(),
+        })
+    }
+
+    /// Splits the flat per-group vector `v` into one vector per grouped layer.
+    fn split_layers(&self, flat: &[f32]) -> Vec<Vec<f32>> {
+        let mut rest = flat;
+        self.layer_groups
+            .iter()
+            .map(|&n| {
+                let (head, tail) = rest.split_at(n.min(rest.len()));
+                rest = tail;
+                head.to_vec()
+            })
+            .collect()
+    }
+}
+
+fn lock(state: &Mutex<State>) -> Result<MutexGuard<'_, State>> {
+    state.lock().map_err(|_| FedError::InvalidSetting {
+        field: "method",
+        reason: "the FedSparse server state was poisoned by an earlier panic".into(),
+    })
+}
+
+/// Takes a one-axis tensor of `groups` values out of `params`.
+fn take_vector(params: &mut Params, name: &str, groups: usize) -> Result<Vec<f32>> {
+    let t = params
+        .remove(name)
+        .ok_or_else(|| fedfuse_core::CoreError::MissingTensor(name.to_string()))?;
+    if t.shape != [groups] {
+        return Err(FedError::InvalidSetting {
+            field: "method",
+            reason: format!(
+                "`{name}` has shape {:?}; the model has {groups} groups",
+                t.shape
+            ),
+        });
+    }
+    Ok(t.data)
+}
+
+impl Method for FedSparse {
+    fn name(&self) -> &'static str {
+        "fedsparse"
+    }
+
+    /// The pruned server weights and the thresholds `v`, sparse on the wire.
+    fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
+        let mut state = lock(&self.state)?;
+        let server = self.server(&mut state, global)?;
+        let mut params = server.weights().clone();
+        params.push(
+            V_TENSOR,
+            vec![self.num_groups()],
+            server.thresholds().to_vec(),
+        )?;
+        Ok(Record::from_params(params)
+            .with_sparse(true)
+            .with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
+    }
+
+    /// Algorithm 2: local training with hard-concrete gates from the server's `w` and `v`;
+    /// uploads `w_s * z_s`, `z_s` and `pi_s`.
+    fn fit(&self, mut instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        let v = take_vector(&mut instruction.params, V_TENSOR, self.num_groups())?;
+        let start = instruction.params;
+        start.check_layout(&self.spec.param_shapes())?;
+        let fit = ctx.trainer.fit_sparse(
+            &start,
+            &self.split_layers(&v),
+            &ctx.data.train,
+            ctx.train,
+            &self.client,
+            ctx.seed,
+        )?;
+        let (on, all) = fit.kept();
+        let own_accuracy = if ctx.data.test.is_empty() {
+            None
+        } else {
+            Some(ctx.trainer.evaluate(&fit.params, &ctx.data.test)?.accuracy)
+        };
+        let mut params = fit.params;
+        let z: Vec<f32> = fit
+            .z
+            .iter()
+            .flatten()
+            .map(|&z| f32::from(u8::from(z)))
+            .collect();
+        let pi: Vec<f32> = fit.pi.into_iter().flatten().collect();
+        params.push(Z_TENSOR, vec![z.len()], z)?;
+        params.push(PI_TENSOR, vec![pi.len()], pi)?;
+        let mut reply = Record::from_params(params)
+            .with_num_examples(fit.examples as u64)
+            .with_sparse(true);
+        reply.metrics.insert("train_loss".into(), fit.loss);
+        reply
+            .metrics
+            .insert("groups_on".into(), on as f64 / all.max(1) as f64);
+        if let Some(acc) = own_accuracy {
+            reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
+        }
+        Ok(reply)
+    }
+
+    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
+        let g = self.num_groups();
+        let mut layout = global.layout();
+        for name in [Z_TENSOR, PI_TENSOR] {
+            layout.push(ParamShape {
+                name: name.into(),
+                shape: vec![g],
+            });
+        }
+        reply.params.check_layout(&layout)?;
+        reply.params.check_finite()?;
+        let bad = |what: &str| FedError::InvalidSetting {
+            field: "reply",
+            reason: format!("`{what}` holds values outside its range"),
+        };
+        let z = reply.params.require(Z_TENSOR)?;
+        if z.data.iter().any(|&x| x != 0.0 && x != 1.0) {
+            return Err(bad(Z_TENSOR));
+        }
+        let pi = reply.params.require(PI_TENSOR)?;
+        if pi.data.iter().any(|x| !(0.0..=1.0).contains(x)) {
+            return Err(bad(PI_TENSOR));
+        }
+        Ok(())
+    }
+
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        let mut fold = self.new_fold();
+        for r in replies {
+            fold.add(r.clone())?;
+        }
+        Box::new(fold).finish(round, global)
+    }
+
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        Some(Box::new(self.new_fold()))
+    }
+
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        lock(&self.state)
+            .map(|s| s.figures.clone())
+            .unwrap_or_default()
+    }
+}
+
+impl FedSparse {
+    fn new_fold(&self) -> GradientFold {
+        GradientFold {
+            state: Arc::clone(&self.state),
+            groups: self.num_groups(),
+            pis: Vec::new(),
+            groups_on: 0.0,
+        }
+    }
+}
+
+/// Adds each reply to the server's open round as it arrives (Algorithm 1's sums).
+struct GradientFold {
+    state: Arc<Mutex<State>>,
+    groups: usize,
+    pis: Vec<Vec<f64>>,
+    groups_on: f64,
+}
+
+impl Fold for GradientFold {
+    fn add(&mut self, reply: Reply) -> Result<()> {
+        let Reply { client, record } = reply;
+        let mut params = record.params;
+        let z = take_vector(&mut params, Z_TENSOR, self.groups)?;
+        let pi = take_vector(&mut params, PI_TENSOR, self.groups)?;
+        let z: Vec<bool> = z.iter().map(|&x| x != 0.0).collect();
+        self.groups_on += z.iter().filter(|&&z| z).count() as f64 / self.groups.max(1) as f64;
+        self.pis.push(pi.iter().map(|&p| f64::from(p)).collect());
+        let mut state = lock(&self.state)?;
+        let server = state.server.as_mut().ok_or(FedError::BadReply {
+            client,
+            reason: "a FedSparse reply arrived before any instruction was sent".into(),
+        })?;
+        server.add_reply(SparseReply {
+            z: &z,
+            w_hat: &params,
+        })?;
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>, _round: usize, _global: &Params) -> Result<Aggregate> {
+        let mut state = lock(&self.state)?;
+        let tv = {
+            let pis: Vec<&[f64]> = self.pis.iter().map(Vec::as_slice).collect();
+            total_variation(&pis, &state.theta)?
+        };
+        let server = state.server.as_mut().ok_or(FedError::InvalidSetting {
+            field: "method",
+            reason: "FedSparse finished a round it never began".into(),
+        })?;
+        server.finish_round()?;
+        // The next round starts here: prune, so that the global model evaluated now is the
+        // one the clients will receive.
+        let start = server.begin_round()?;
+        let next = server.weights().clone();
+        let groups = start.kept.len().max(1) as f64;
+        let kept = start.kept.iter().filter(|&&k| k).count() as f64;
+        let zero = next
+            .iter()
+            .flat_map(|(_, t)| &t.data)
+            .filter(|&&x| x == 0.0)
+            .count() as f64;
+        let replies = self.pis.len().max(1) as f64;
+        state.figures = BTreeMap::from([
+            ("groups_pruned".to_string(), 1.0 - kept / groups),
+            (
+                "weights_zero".to_string(),
+                zero / next.num_values().max(1) as f64,
+            ),
+            ("client_groups_on".to_string(), self.groups_on / replies),
+            (
+                "theta_mean".to_string(),
+                start.theta.iter().sum::<f64>() / groups,
+            ),
+            ("tv_mean".to_string(), tv.mean),
+            ("tv_max".to_string(), tv.max),
+        ]);
+        state.theta = start.theta;
+        Ok(Aggregate::Replace(next))
+    }
+}

@@ -35,6 +35,22 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Compare methods on one federation set-up over seeds (e.g. FedSparse against FedAvg,
+    /// FedDrop and FedL1): per-round rows, a summary table of accuracy, traffic and sparsity,
+    /// and plots of accuracy against traffic.
+    Compare {
+        /// The comparison file (see experiments/, files with `[[arms]]`).
+        config: PathBuf,
+        /// Output folder (created).
+        #[arg(long)]
+        out: PathBuf,
+        /// Folder holding the dataset files (instead of the cache).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Replace the seeds, e.g. `--seeds 0,1,2`.
+        #[arg(long, value_delimiter = ',')]
+        seeds: Option<Vec<u64>>,
+    },
     /// Run a grid of experiments (seeds x partitions x clients x depths) and write a table
     /// (results.csv, summary.csv, summary.md) and plots.
     Sweep {
@@ -169,6 +185,21 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 cfg.data_dir = data_dir;
             }
             crate::run::run(&cfg, &out, quiet)
+        }
+        Command::Compare {
+            config,
+            out,
+            data_dir,
+            seeds,
+        } => {
+            let mut cfg = crate::compare::CompareConfig::load(&config)?;
+            if let Some(seeds) = seeds {
+                if seeds.is_empty() {
+                    anyhow::bail!("--seeds needs at least one seed");
+                }
+                cfg.seeds = seeds;
+            }
+            crate::compare::run(&cfg, &out, data_dir.as_deref())
         }
         Command::Sweep {
             config,

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod compare;
 mod config;
 mod data_cmd;
 mod fuse_cmd;

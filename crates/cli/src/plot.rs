@@ -119,7 +119,7 @@ where
 }
 
 /// Writes `stem.png` and `stem.svg`.
-fn write_chart(out: &Path, stem: &str, chart: &Chart) -> Result<()> {
+pub fn write_chart(out: &Path, stem: &str, chart: &Chart) -> Result<()> {
     register_font();
     let png = out.join(format!("{stem}.png"));
     draw(

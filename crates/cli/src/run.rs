@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use fedfuse_data::{client_splits, holdout, load_dataset, partition};
-use fedfuse_fed::{BuildContext, SimConfig, derive_seed, simulate};
+use fedfuse_fed::{BuildContext, Progress, RunResult, SimConfig, derive_seed, simulate};
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -23,6 +23,26 @@ pub fn run(cfg: &Config, out: &Path, quiet: bool) -> Result<ExitCode> {
     std::fs::write(out.join("config.toml"), resolved)
         .with_context(|| format!("cannot write {}", out.join("config.toml").display()))?;
 
+    let reporter = Reporter::new(cfg.rounds, quiet);
+    let result = federate(cfg, &|p| reporter.event(p))?;
+    reporter.finish();
+
+    crate::output::write_results(out, cfg, &result)?;
+    crate::plot::write_plots(out, &result.rounds)?;
+    let model_path = out.join("model.safetensors");
+    fedfuse_core::save_safetensors(&result.params, &model_path)?;
+    if let Some(last) = result.rounds.last() {
+        eprintln!(
+            "final global accuracy {:.4}; results in {}",
+            last.global_accuracy,
+            out.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the data of `cfg`, splits it among clients and runs the federation.
+pub fn federate(cfg: &Config, progress: &(dyn Fn(Progress<'_>) + Sync)) -> Result<RunResult> {
     let data = load_dataset(&cfg.dataset.name, cfg.data_dir.as_deref())
         .with_context(|| format!("dataset `{}`", cfg.dataset.name))?;
     let mut rng = StdRng::seed_from_u64(cfg.seed);
@@ -72,28 +92,13 @@ pub fn run(cfg: &Config, out: &Path, quiet: bool) -> Result<ExitCode> {
         cfg.rounds,
         spec.num_params()
     );
-    let reporter = Reporter::new(cfg.rounds, quiet);
-    let result = simulate(
+    Ok(simulate(
         method.as_mut(),
         &trainer,
         &clients,
         &data.test,
         init,
         &sim,
-        &|p| reporter.event(p),
-    )?;
-    reporter.finish();
-
-    crate::output::write_results(out, cfg, &result)?;
-    crate::plot::write_plots(out, &result.rounds)?;
-    let model_path = out.join("model.safetensors");
-    fedfuse_core::save_safetensors(&result.params, &model_path)?;
-    if let Some(last) = result.rounds.last() {
-        eprintln!(
-            "final global accuracy {:.4}; results in {}",
-            last.global_accuracy,
-            out.display()
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+        progress,
+    )?)
 }

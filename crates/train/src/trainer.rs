@@ -10,6 +10,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
+use crate::groups::check_per_group;
 use crate::net::Net;
 use crate::{OptimizerConfig, Result, TrainConfig, TrainError, params};
 
@@ -115,7 +116,7 @@ impl Trainer {
         prox: Option<(&Params, f64)>,
         seed: u64,
     ) -> Result<Fitted> {
-        self.fit_inner(start, data, cfg, prox, 0.0, seed)
+        self.fit_inner(start, data, cfg, prox, 0.0, None, seed)
     }
 
     /// FedL1 local training: [`fit_with`](Self::fit_with) without a proximal term, the loss
@@ -138,9 +139,36 @@ impl Trainer {
                 reason: format!("{l1} is not >= 0"),
             });
         }
-        self.fit_inner(start, data, cfg, None, l1, seed)
+        self.fit_inner(start, data, cfg, None, l1, None, seed)
     }
 
+    /// Training with every unit of the grouped layers (see [`groups`](crate::groups())) scaled
+    /// by a fixed factor `gates[layer][unit]`: federated dropout on a model of full size, with
+    /// 0 for a dropped unit or filter (it then gets no gradient, and neither do the weights
+    /// reading it) and `1/keep` for a kept one (inverted dropout).
+    pub fn fit_gated(
+        &self,
+        start: &Params,
+        gates: &[Vec<f32>],
+        data: &Dataset,
+        cfg: &TrainConfig,
+        seed: u64,
+    ) -> Result<Fitted> {
+        check_per_group(&self.spec, gates, "unit gates")?;
+        if let Some(g) = gates
+            .iter()
+            .flatten()
+            .find(|g| !(g.is_finite() && **g >= 0.0))
+        {
+            return Err(TrainError::InvalidConfig {
+                field: "gates",
+                reason: format!("{g} is not a finite non-negative factor"),
+            });
+        }
+        self.fit_inner(start, data, cfg, None, 0.0, Some(gates), seed)
+    }
+
+    #[allow(clippy::too_many_arguments)] // private; the public entry points each fix some
     fn fit_inner(
         &self,
         start: &Params,
@@ -148,6 +176,7 @@ impl Trainer {
         cfg: &TrainConfig,
         prox: Option<(&Params, f64)>,
         l1: f64,
+        gates: Option<&[Vec<f32>]>,
         seed: u64,
     ) -> Result<Fitted> {
         cfg.check()?;
@@ -156,6 +185,11 @@ impl Trainer {
             return Err(TrainError::DataMismatch("no training samples".into()));
         }
         let device = Device::flex().autodiff();
+        let gates: Vec<Tensor<1>> = gates
+            .unwrap_or_default()
+            .iter()
+            .map(|g| Tensor::from_data(TensorData::new(g.clone(), [g.len()]), &device))
+            .collect();
         let mut net = params::build(&self.spec, start, &device)?;
         let anchor = match prox {
             Some((anchor, mu)) if mu > 0.0 => {
@@ -173,7 +207,7 @@ impl Trainer {
             let mut loss_sum = 0.0;
             for batch in order.chunks(cfg.batch_size) {
                 let (x, targets) = self.batch(data, batch, &device);
-                let nll = cross_entropy(net.forward(x), targets);
+                let nll = cross_entropy(net.forward_gated(x, &gates), targets);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
                 let mut loss = match &anchor {
                     Some((a, mu)) => nll + params::sq_distance(&net, a).mul_scalar(mu / 2.0),

@@ -1,7 +1,12 @@
 //! Federated dropout (Caldas, Konečný, McMahan & Talwalkar 2018): each round the server drops
-//! a fixed fraction of the units of every hidden layer, clients train the smaller dense
-//! sub-model, and the averaged sub-model is written back into the kept coordinates. Both
-//! directions carry only the sub-model. MLPs; one sub-model per round, shared by its clients.
+//! a fixed fraction of the units of every hidden layer (the filters of conv layers), clients
+//! train what is left, and the averaged result is written back into the kept coordinates. Both
+//! directions carry only the kept part. One sub-model per round, shared by its clients.
+//!
+//! MLPs travel as the smaller dense sub-model and train as one (faster). Other models (LeNet-5)
+//! keep their shapes: the dropped units' weights in and out are zeroed, the record is sparse
+//! (zeros cost only their index bits), and the client trains with the dropped units gated off
+//! ([`Trainer::fit_gated`]), which gives them and the weights reading them no gradient.
 //!
 //! As in (inverted) dropout, the weights leaving a thinned layer are scaled by `1/keep` in the
 //! sub-model and by `keep` on the way back, so the next layer sees pre-activations of the same
@@ -11,7 +16,7 @@
 
 use fedfuse_core::{ConfigValue, ModelSpec, ParamShape, Params, Record};
 use fedfuse_fuse::{WeightedSum, scatter_sub_model, sub_model};
-use fedfuse_train::Trainer;
+use fedfuse_train::{Trainer, groups};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -23,10 +28,12 @@ use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result, der
 pub struct FedDrop {
     /// Fraction of each hidden layer's units dropped per round, in [0, 1).
     pub fraction: f64,
-    /// Hidden widths of the global MLP.
+    /// Units (or filters) of each grouped layer: the hidden widths of an MLP.
     pub hidden: Vec<usize>,
     /// Seed of the per-round choice of units.
     pub seed: u64,
+    /// `None` for an MLP (dense sub-models); otherwise the model, trained masked.
+    masked: Option<ModelSpec>,
 }
 
 impl FedDrop {
@@ -38,16 +45,21 @@ impl FedDrop {
                 reason: format!("{fraction} is not in [0, 1)"),
             });
         }
-        let ModelSpec::Mlp { hidden, .. } = spec else {
+        let hidden: Vec<usize> = groups(spec).iter().map(|g| g.units).collect();
+        if hidden.is_empty() {
             return Err(FedError::InvalidSetting {
-                field: "model.kind",
-                reason: "FedDrop drops hidden units of MLPs; use kind = \"mlp\"".into(),
+                field: "model",
+                reason: "FedDrop drops hidden units; the model has no hidden layer".into(),
             });
-        };
+        }
         Ok(Self {
             fraction,
-            hidden: hidden.clone(),
+            hidden,
             seed,
+            masked: match spec {
+                ModelSpec::Mlp { .. } => None,
+                other => Some(other.clone()),
+            },
         })
     }
 
@@ -112,6 +124,80 @@ impl FedDrop {
     }
 }
 
+/// Whether each value of each tensor belongs to a kept unit: a grouped layer's rows (and
+/// bias entries) of dropped units are out, and so are the next layer's input columns that read
+/// them (for a conv output flattened into a dense layer, its block of `h * w` columns).
+fn kept_values(spec: &ModelSpec, kept: &[Vec<usize>]) -> Vec<Vec<bool>> {
+    let shapes = spec.param_shapes();
+    let mut mask: Vec<Vec<bool>> = shapes
+        .iter()
+        .map(|s| vec![true; s.shape.iter().product()])
+        .collect();
+    let index = |name: &str| shapes.iter().position(|s| s.name == name);
+    for (g, units) in groups(spec).iter().zip(kept) {
+        let mut on = vec![false; g.units];
+        for &u in units {
+            if let Some(o) = on.get_mut(u) {
+                *o = true;
+            }
+        }
+        if let (Some(w), Some(b)) = (index(&g.weight), index(&g.bias)) {
+            // Only ever clear: the previous layer has already cleared some of these columns.
+            for (u, _) in on.iter().enumerate().filter(|(_, keep)| !**keep) {
+                mask[w][u * g.fan_in..(u + 1) * g.fan_in].fill(false);
+                mask[b][u] = false;
+            }
+            // The next tensor after the bias is the weight of the layer reading these units.
+            if let Some(next) = shapes.get(b + 1) {
+                let rows = next.shape.first().copied().unwrap_or(0);
+                let row_len: usize = next.shape.iter().skip(1).product();
+                let per_unit = row_len / g.units.max(1);
+                for r in 0..rows {
+                    for (u, &keep) in on.iter().enumerate() {
+                        if !keep {
+                            let start = r * row_len + u * per_unit;
+                            mask[b + 1][start..start + per_unit].fill(false);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    mask
+}
+
+/// Zeroes the values outside `mask`.
+fn apply_mask(params: &mut Params, mask: &[Vec<bool>]) {
+    for ((_, t), m) in params.iter_mut().zip(mask) {
+        for (v, &keep) in t.data.iter_mut().zip(m) {
+            if !keep {
+                *v = 0.0;
+            }
+        }
+    }
+}
+
+impl FedDrop {
+    /// The gate factors of `round` for [`Trainer::fit_gated`]: `1/keep` on kept units, 0 on
+    /// dropped ones.
+    fn gates(&self, round: usize) -> Vec<Vec<f32>> {
+        self.kept(round)
+            .iter()
+            .zip(&self.hidden)
+            .map(|(units, &h)| {
+                let scale = h as f32 / units.len().max(1) as f32;
+                let mut g = vec![0.0; h];
+                for &u in units {
+                    if let Some(x) = g.get_mut(u) {
+                        *x = scale;
+                    }
+                }
+                g
+            })
+            .collect()
+    }
+}
+
 impl Method for FedDrop {
     fn name(&self) -> &'static str {
         "feddrop"
@@ -120,13 +206,45 @@ impl Method for FedDrop {
     /// This round's sub-model.
     fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
         let kept = self.kept(round);
+        if let Some(spec) = &self.masked {
+            let mut params = global.clone();
+            apply_mask(&mut params, &kept_values(spec, &kept));
+            return Ok(Record::from_params(params)
+                .with_sparse(true)
+                .with_config(SERVER_ROUND, ConfigValue::Int(round as i64)));
+        }
         let mut sub = sub_model(global, &kept)?;
         self.rescale(&mut sub, &kept, true)?;
         Ok(Record::from_params(sub).with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
     }
 
-    /// Trains the sub-model as the dense network it is.
+    /// Trains the sub-model as the dense network it is (MLPs), or the full model with the
+    /// dropped units gated off.
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        if let Some(spec) = &self.masked {
+            let round = instruction
+                .config
+                .get(SERVER_ROUND)
+                .and_then(ConfigValue::as_f64)
+                .ok_or(FedError::InvalidSetting {
+                    field: "instruction",
+                    reason: format!("FedDrop needs `{SERVER_ROUND}` to know the dropped units"),
+                })? as usize;
+            let fitted = ctx.trainer.fit_gated(
+                &instruction.params,
+                &self.gates(round),
+                &ctx.data.train,
+                ctx.train,
+                ctx.seed,
+            )?;
+            let mut params = fitted.params;
+            apply_mask(&mut params, &kept_values(spec, &self.kept(round)));
+            let mut reply = Record::from_params(params)
+                .with_num_examples(fitted.examples as u64)
+                .with_sparse(true);
+            reply.metrics.insert("train_loss".into(), fitted.loss);
+            return Ok(reply);
+        }
         let trainer = Trainer::new(ModelSpec::infer_mlp(&instruction.params)?)?;
         let fitted = trainer.fit_with(
             &instruction.params,
@@ -142,7 +260,11 @@ impl Method for FedDrop {
     }
 
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
-        reply.params.check_layout(&self.sub_layout(global))?;
+        let layout = match self.masked {
+            Some(_) => global.layout(),
+            None => self.sub_layout(global),
+        };
+        reply.params.check_layout(&layout)?;
         reply.params.check_finite()?;
         Ok(())
     }
@@ -182,6 +304,18 @@ impl Fold for MeanOfSubModels {
     fn finish(self: Box<Self>, round: usize, global: &Params) -> Result<Aggregate> {
         let mut mean = self.sum.mean()?;
         let kept = self.method.kept(round);
+        if let Some(spec) = &self.method.masked {
+            let mask = kept_values(spec, &kept);
+            let mut next = global.clone();
+            for (((_, n), (_, m)), keep) in next.iter_mut().zip(mean.iter()).zip(&mask) {
+                for ((x, y), &k) in n.data.iter_mut().zip(&m.data).zip(keep) {
+                    if k {
+                        *x = *y;
+                    }
+                }
+            }
+            return Ok(Aggregate::Replace(next));
+        }
         self.method.rescale(&mut mean, &kept, false)?;
         let mut next = global.clone();
         scatter_sub_model(&mut next, &mean, &kept)?;

@@ -1,13 +1,16 @@
-//! FedL1, the group-sparsity baseline of fedsparse-em: clients add a group-L1 penalty
-//! `l1 * sum_g ||w_g||` (groups: hidden units and conv filters) to their loss, soft-threshold
-//! the groups before upload and send a sparse record; the server averages as FedAvg.
+//! FedL1, the group-sparsity baseline of fedsparse-em (Appendix A, eqs. 24-25): clients add a
+//! group-L1 penalty `l1 * sum_g ||w_g||` (groups: hidden units and conv filters) to their loss;
+//! both sides zero every group whose norm is at most `threshold` before they send (hard
+//! thresholding, which the paper found better than soft), so uploads and downloads are sparse
+//! records. The server averages as FedAvg.
 
 use std::collections::BTreeMap;
 
-use fedfuse_core::{Params, Record};
-use fedfuse_train::soft_threshold_groups;
+use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
+use fedfuse_train::hard_threshold_groups;
 
 use super::FedAvg;
+use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
 
 /// Metric key of the number of all-zero groups in a reply.
@@ -18,14 +21,16 @@ const ZERO_GROUPS: &str = "zero_groups";
 pub struct FedL1 {
     /// Group-L1 coefficient.
     pub l1: f64,
-    /// Soft-threshold applied to every group before upload.
+    /// The architecture (for its groups).
+    spec: ModelSpec,
+    /// Groups with a norm at most this are zeroed before upload and download.
     pub threshold: f64,
     zero_groups: f64,
 }
 
 impl FedL1 {
-    /// FedL1; checks the settings.
-    pub fn new(l1: f64, threshold: f64) -> Result<Self> {
+    /// FedL1 for `spec`; checks the settings.
+    pub fn new(l1: f64, threshold: f64, spec: &ModelSpec) -> Result<Self> {
         for (field, v) in [("method.l1", l1), ("method.threshold", threshold)] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(FedError::InvalidSetting {
@@ -36,6 +41,7 @@ impl FedL1 {
         }
         Ok(Self {
             l1,
+            spec: spec.clone(),
             threshold,
             zero_groups: f64::NAN,
         })
@@ -45,6 +51,15 @@ impl FedL1 {
 impl Method for FedL1 {
     fn name(&self) -> &'static str {
         "fedl1"
+    }
+
+    /// The global model with its small groups zeroed, sparse on the wire.
+    fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
+        let mut params = global.clone();
+        hard_threshold_groups(&self.spec, &mut params, self.threshold)?;
+        Ok(Record::from_params(params)
+            .with_sparse(true)
+            .with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
     }
 
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
@@ -57,7 +72,7 @@ impl Method for FedL1 {
             ctx.seed,
         )?;
         let mut params = fitted.params;
-        let zero = soft_threshold_groups(spec, &mut params, self.threshold)?;
+        let zero = hard_threshold_groups(spec, &mut params, self.threshold)?;
         let mut reply = Record::from_params(params)
             .with_num_examples(fitted.examples as u64)
             .with_sparse(true);

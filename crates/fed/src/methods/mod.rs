@@ -56,13 +56,13 @@ pub enum MethodConfig {
     /// FedMedian: coordinate-wise median (hard-EM with a Laplace prior).
     #[serde(rename = "fedmedian")]
     FedMedian {},
-    /// FedL1: clients train with a group-L1 penalty, soft-threshold groups and upload sparse
-    /// records; the server averages.
+    /// FedL1: clients train with a group-L1 penalty; groups with small norms are zeroed before
+    /// every upload and download (sparse records); the server averages.
     #[serde(rename = "fedl1")]
     FedL1 {
         /// Group-L1 coefficient.
         l1: f64,
-        /// Soft-threshold applied to each group before upload.
+        /// Groups with a norm at most this are zeroed before upload and download.
         threshold: f64,
     },
     /// A Gaussian-mixture prior (fedsparse-em App. J.2): `components` server models, clients
@@ -441,7 +441,13 @@ impl MethodConfig {
                 Box::new(FedProx { mu: *mu })
             }
             Self::FedMedian {} => Box::new(FedMedian),
-            Self::FedL1 { l1, threshold } => Box::new(FedL1::new(*l1, *threshold)?),
+            Self::FedL1 { l1, threshold } => {
+                let spec = ctx.spec.as_ref().ok_or(FedError::InvalidSetting {
+                    field: "model",
+                    reason: "FedL1 needs the model's architecture".into(),
+                })?;
+                Box::new(FedL1::new(*l1, *threshold, spec)?)
+            }
             Self::FedMix {
                 components,
                 lambda,

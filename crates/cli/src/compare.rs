@@ -41,6 +41,10 @@ pub struct Arm {
     pub label: String,
     /// The `[method]` table of a run config.
     pub method: toml::Table,
+    /// The `[server]` table of a run config (a server optimizer step after the method's
+    /// aggregate), if any.
+    #[serde(default)]
+    pub server: Option<toml::Table>,
     /// Overrides of the base for this arm only, as `fedfuse run --set` takes them.
     #[serde(default)]
     pub set: Vec<String>,
@@ -63,7 +67,7 @@ impl CompareConfig {
         if cfg.arms.is_empty() {
             bail!("no `[[arms]]`: give at least one method to run");
         }
-        for key in ["method", "seed"] {
+        for key in ["method", "server", "seed"] {
             if cfg.base.contains_key(key) {
                 bail!("`base.{key}` is set per arm and per seed; remove it from [base]");
             }
@@ -82,6 +86,9 @@ impl CompareConfig {
     pub fn arm_config(&self, arm: &Arm, seed: u64, data_dir: Option<&Path>) -> Result<Config> {
         let mut table = self.base.clone();
         table.insert("method".into(), toml::Value::Table(arm.method.clone()));
+        if let Some(server) = &arm.server {
+            table.insert("server".into(), toml::Value::Table(server.clone()));
+        }
         table.insert("seed".into(), toml::Value::Integer(seed as i64));
         let text = toml::to_string(&table)?;
         let mut cfg =
@@ -363,6 +370,7 @@ hidden = [16]
 [[arms]]
 label = "FedAvg"
 method = { name = "fedavg" }
+server = { optimizer = "kingma-adam", lr = 0.01 }
 [[arms]]
 label = "FedSparse, mid"
 method = { name = "fedsparse", preset = "mid" }
@@ -381,6 +389,17 @@ set = ["train.lr=0.1"]
         ));
         let first = cfg.arm_config(&cfg.arms[0], 1, None).unwrap();
         assert!(first.train.lr != 0.1);
+        assert_eq!(first.server.unwrap().lr, Some(0.01));
+        // FedSparse steps its own server: a [server] table on it is refused, naming the arm.
+        let both = TEXT.replace(
+            "preset = \"mid\" }",
+            "preset = \"mid\" }\nserver = { optimizer = \"adam\" }",
+        );
+        let err = format!("{:#}", CompareConfig::parse(&both).unwrap_err());
+        assert!(
+            err.contains("FedSparse, mid") && err.contains("[server]"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use fedfuse_core::ModelSpec;
 use fedfuse_data::PartitionSpec;
-use fedfuse_fed::{BuildContext, ClientsPerRound, MethodConfig};
+use fedfuse_fed::{BuildContext, ClientsPerRound, MethodConfig, ServerStepConfig};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +36,10 @@ pub struct Config {
     pub partition: PartitionSpec,
     /// The federated method and its parameters.
     pub method: MethodConfig,
+    /// A server optimizer step after the method's aggregate (e.g. Adam on the difference, as
+    /// fedsparse-em runs FedDrop and FedL1); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerStepConfig>,
     /// The network.
     pub model: ModelSection,
     /// Local training.
@@ -298,13 +302,17 @@ impl Config {
             },
         };
         let validation = fedfuse_data::Dataset::new(vec![0.0], vec![0], vec![1], 2)?;
-        self.method
+        let method = self
+            .method
             .build_with(BuildContext {
                 spec: Some(spec),
                 validation: Some(std::sync::Arc::new(validation)),
                 ..BuildContext::default()
             })
             .map_err(anyhow::Error::from)?;
+        if let Some(server) = &self.server {
+            server.wrap(&self.method, method)?;
+        }
         Ok(())
     }
 

@@ -75,6 +75,9 @@ pub fn federate(cfg: &Config, progress: &(dyn Fn(Progress<'_>) + Sync)) -> Resul
         spec: Some(spec.clone()),
         validation,
     })?;
+    if let Some(server) = &cfg.server {
+        method = server.wrap(&cfg.method, method)?;
+    }
     let sim = SimConfig {
         rounds: cfg.rounds,
         clients_per_round: cfg.clients_per_round,

@@ -27,8 +27,8 @@ pub use error::{FedError, Result};
 pub use method::{Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, standard_fit};
 pub use methods::{
     BuildContext, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx, FedSparse,
-    FedTrimmedAvg, MethodConfig, PI_TENSOR, Pfnm, SeparateInits, ServerOptName, SparsityPreset,
-    V_TENSOR, Z_TENSOR, default_eps_grid,
+    FedTrimmedAvg, MethodConfig, PI_TENSOR, Pfnm, SeparateInits, ServerOptName, ServerStep,
+    ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid,
 };
 pub use seed::derive_seed;
 pub use simulator::{

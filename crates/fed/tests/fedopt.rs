@@ -88,3 +88,74 @@ fn settings_an_optimizer_lacks_are_named() {
         .to_string();
     assert!(err.contains("lr"), "{err}");
 }
+
+fn stepped(
+    method: &MethodConfig,
+    optimizer: ServerOptName,
+    lr: Option<f64>,
+    rounds: usize,
+) -> RunResult {
+    let d = common::digits(8, &common::dirichlet(), 4);
+    let spec = ModelSpec::mlp(64, &[32], 10);
+    let server = fedfuse_fed::ServerStepConfig {
+        optimizer,
+        lr,
+        beta1: None,
+        beta2: None,
+        tau: None,
+        momentum: None,
+    };
+    let inner = method
+        .build_with(fedfuse_fed::BuildContext {
+            spec: Some(spec.clone()),
+            seed: 4,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut m = server.wrap(method, inner).unwrap();
+    common::run(m.as_mut(), &d, &spec, rounds, 4, common::sgd(0.0, 1))
+}
+
+#[test]
+fn a_server_step_on_any_method_is_fedopt_on_fedavg_and_identity_at_unit_sgd() {
+    let avg = MethodConfig::FedAvg {
+        separate_inits: false,
+    };
+    // FedAvg + a Kingma-Adam step is FedOpt with that optimizer.
+    let adam = stepped(&avg, ServerOptName::KingmaAdam, Some(0.01), 3);
+    let fedopt_adam = run(&fedopt(ServerOptName::KingmaAdam, Some(0.01), None), 3);
+    assert_eq!(adam.params, fedopt_adam.params);
+    // SGD at rate 1 leaves FedDrop's aggregate as it is.
+    let drop = MethodConfig::FedDrop { fraction: 0.25 };
+    let plain = {
+        let d = common::digits(8, &common::dirichlet(), 4);
+        let spec = ModelSpec::mlp(64, &[32], 10);
+        let mut m = drop
+            .build_with(fedfuse_fed::BuildContext {
+                spec: Some(spec.clone()),
+                seed: 4,
+                ..Default::default()
+            })
+            .unwrap();
+        common::run(m.as_mut(), &d, &spec, 2, 4, common::sgd(0.0, 1))
+    };
+    assert_eq!(
+        stepped(&drop, ServerOptName::Sgd, None, 2).params,
+        plain.params
+    );
+    assert_ne!(
+        stepped(&drop, ServerOptName::KingmaAdam, None, 2).params,
+        plain.params
+    );
+    // Methods with their own server step refuse another one.
+    let server = fedfuse_fed::ServerStepConfig {
+        optimizer: ServerOptName::Adam,
+        lr: None,
+        beta1: None,
+        beta2: None,
+        tau: None,
+        momentum: None,
+    };
+    let own = fedopt(ServerOptName::Adam, None, None);
+    assert!(server.wrap(&own, own.build().unwrap()).is_err());
+}

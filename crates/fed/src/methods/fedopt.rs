@@ -4,12 +4,15 @@
 //! SGD with momentum (FedAvgM). In the hierarchical-model view (fedsparse-em section 2) it is
 //! a partial M-step.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use fedfuse_core::Params;
+use fedfuse_core::{Params, Record};
+use fedfuse_data::Dataset;
 use fedfuse_fuse::{ServerOptState, ServerOptimizer, WeightedSum};
+use fedfuse_train::Trainer;
 
-use crate::{Aggregate, FedError, Fold, Method, Reply, Result};
+use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
 
 /// FedOpt with one server optimizer; its moments persist across rounds.
 pub struct FedOpt {
@@ -73,5 +76,89 @@ impl Method for FedOpt {
             sum: WeightedSum::new(),
             state: Arc::clone(&self.state),
         }))
+    }
+}
+
+/// Any method whose aggregate is a model of the global layout, followed by a server optimizer
+/// step towards that model (see [`ServerStepConfig`](crate::ServerStepConfig)). The client side
+/// and the checks are the inner method's.
+pub struct ServerStep {
+    inner: Box<dyn Method>,
+    state: Arc<Mutex<ServerOptState>>,
+}
+
+impl ServerStep {
+    /// `inner` followed by steps of `optimizer` (checked).
+    pub fn new(inner: Box<dyn Method>, optimizer: ServerOptimizer) -> Result<Self> {
+        Ok(Self {
+            inner,
+            state: Arc::new(Mutex::new(ServerOptState::new(optimizer)?)),
+        })
+    }
+}
+
+fn step_towards(
+    state: &Mutex<ServerOptState>,
+    global: &Params,
+    target: Aggregate,
+) -> Result<Aggregate> {
+    match target {
+        Aggregate::Replace(target) => step(state, global, &target),
+        Aggregate::Keep => Ok(Aggregate::Keep),
+    }
+}
+
+struct StepFold {
+    inner: Box<dyn Fold>,
+    state: Arc<Mutex<ServerOptState>>,
+}
+
+impl Fold for StepFold {
+    fn add(&mut self, reply: Reply) -> Result<()> {
+        self.inner.add(reply)
+    }
+
+    fn finish(self: Box<Self>, round: usize, global: &Params) -> Result<Aggregate> {
+        let target = self.inner.finish(round, global)?;
+        step_towards(&self.state, global, target)
+    }
+}
+
+impl Method for ServerStep {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
+        self.inner.instruct(round, client, global)
+    }
+
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        self.inner.fit(instruction, ctx)
+    }
+
+    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
+        self.inner.check_reply(global, reply)
+    }
+
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        let target = self.inner.aggregate(round, global, replies)?;
+        step_towards(&self.state, global, target)
+    }
+
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        let inner = self.inner.fold()?;
+        Some(Box::new(StepFold {
+            inner,
+            state: Arc::clone(&self.state),
+        }))
+    }
+
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        self.inner.round_metrics()
+    }
+
+    fn evaluate(&self, trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
+        self.inner.evaluate(trainer, test)
     }
 }

@@ -17,7 +17,7 @@ pub use feddrop::FedDrop;
 pub use fedl1::FedL1;
 pub use fedmedian::FedMedian;
 pub use fedmix::FedMix;
-pub use fedopt::FedOpt;
+pub use fedopt::{FedOpt, ServerStep};
 pub use fedprox::FedProx;
 pub use fedsparse::{FedSparse, PI_TENSOR, V_TENSOR, Z_TENSOR};
 pub use fedtrimmedavg::FedTrimmedAvg;
@@ -84,7 +84,8 @@ pub enum MethodConfig {
     /// Kingma & Ba's for adamax; FedAvg's for sgd).
     #[serde(rename = "fedopt")]
     FedOpt {
-        /// `adam`, `yogi`, `adagrad`, `adamax` or `sgd` (with `momentum`: FedAvgM).
+        /// `adam`, `kingma-adam`, `yogi`, `adagrad`, `adamax` or `sgd` (with `momentum`:
+        /// FedAvgM).
         optimizer: ServerOptName,
         /// Server learning rate.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,6 +278,72 @@ pub enum ServerOptName {
     Adamax,
     /// SGD with momentum (FedAvgM).
     Sgd,
+    /// Adam with Kingma & Ba's bias correction and defaults (`lr = 1e-3`, `beta2 = 0.999`,
+    /// `tau` as their `eps = 1e-8`): the server optimizer of fedsparse-em's experiments.
+    #[serde(rename = "kingma-adam")]
+    KingmaAdam,
+}
+
+/// A server optimizer step on top of another method's aggregate (`[server]` in a run config):
+/// the method's next global model becomes a target, and the server moves towards it by one
+/// step on the difference (Reddi et al.; fedsparse-em App. A runs every method this way).
+/// Unset hyper-parameters take the optimizer's defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerStepConfig {
+    /// `adam`, `kingma-adam`, `yogi`, `adagrad`, `adamax` or `sgd`.
+    pub optimizer: ServerOptName,
+    /// Server learning rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// First-moment decay (adam, kingma-adam, yogi, adamax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta1: Option<f64>,
+    /// Second-moment decay (adam, kingma-adam, yogi, adamax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta2: Option<f64>,
+    /// Adaptivity `tau` (adam, yogi, adagrad) or `eps` (kingma-adam, adamax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tau: Option<f64>,
+    /// Heavy-ball momentum (sgd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum: Option<f64>,
+}
+
+impl ServerStepConfig {
+    /// The checked optimizer.
+    pub fn optimizer(&self) -> Result<ServerOptimizer> {
+        let opt = server_optimizer(
+            self.optimizer,
+            self.lr,
+            self.beta1,
+            self.beta2,
+            self.tau,
+            self.momentum,
+        )?;
+        opt.check()?;
+        Ok(opt)
+    }
+
+    /// `method` with this server step after its aggregate. Methods that already step their
+    /// own server state (FedOpt, FedSparse) or change widths (neuron matching) cannot take it.
+    pub fn wrap(&self, config: &MethodConfig, method: Box<dyn Method>) -> Result<Box<dyn Method>> {
+        if config.matching()
+            || matches!(
+                config,
+                MethodConfig::FedOpt { .. } | MethodConfig::FedSparse { .. }
+            )
+        {
+            return Err(FedError::InvalidSetting {
+                field: "server",
+                reason: format!(
+                    "`{}` has its own server step; remove the [server] table",
+                    method.name()
+                ),
+            });
+        }
+        Ok(Box::new(ServerStep::new(method, self.optimizer()?)?))
+    }
 }
 
 /// The optimizer `name` with its defaults replaced by the settings given; a setting the
@@ -295,6 +362,7 @@ fn server_optimizer(
         ServerOptName::Adagrad => ServerOptimizer::fedadagrad(),
         ServerOptName::Adamax => ServerOptimizer::adamax(),
         ServerOptName::Sgd => ServerOptimizer::fedavg(),
+        ServerOptName::KingmaAdam => ServerOptimizer::kingma_adam(),
     };
     let set = |slot: &mut f64, value: Option<f64>| {
         if let Some(v) = value {

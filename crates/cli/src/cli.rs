@@ -193,12 +193,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             seeds,
         } => {
             let mut cfg = crate::compare::CompareConfig::load(&config)?;
-            if let Some(seeds) = seeds {
-                if seeds.is_empty() {
-                    anyhow::bail!("--seeds needs at least one seed");
-                }
-                cfg.seeds = seeds;
-            }
+            replace_seeds(&mut cfg.seeds, seeds)?;
             crate::compare::run(&cfg, &out, data_dir.as_deref())
         }
         Command::Sweep {
@@ -208,12 +203,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             seeds,
         } => {
             let mut cfg = crate::sweep::SweepConfig::load(&config)?;
-            if let Some(seeds) = seeds {
-                if seeds.is_empty() {
-                    anyhow::bail!("--seeds needs at least one seed");
-                }
-                cfg.seeds = seeds;
-            }
+            replace_seeds(&mut cfg.seeds, seeds)?;
             crate::sweep::run(&cfg, &out, data_dir.as_deref())
         }
         Command::Data { command } => crate::data_cmd::run(command),
@@ -262,4 +252,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             } => crate::bench::sim(clients, rounds, width, &step, collect),
         },
     }
+}
+
+/// `--seeds`, when given, replaces the file's seeds.
+fn replace_seeds(seeds: &mut Vec<u64>, given: Option<Vec<u64>>) -> anyhow::Result<()> {
+    if let Some(given) = given {
+        if given.is_empty() {
+            anyhow::bail!("--seeds needs at least one seed");
+        }
+        *seeds = given;
+    }
+    Ok(())
 }

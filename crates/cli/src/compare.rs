@@ -207,14 +207,7 @@ fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
     if v.is_empty() {
         return (f64::NAN, f64::NAN);
     }
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let var = if v.len() > 1 {
-        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
-    };
-    (mean, var.sqrt())
+    crate::sweep::mean_std(&v)
 }
 
 /// Final figures of one arm over its seeds.

@@ -659,7 +659,8 @@ struct Summary {
     eps: Vec<f64>,
 }
 
-fn mean_std(v: &[f64]) -> (f64, f64) {
+/// Mean and sample standard deviation of a non-empty slice (0 for one value).
+pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
     // Sample standard deviation; 0 for a single seed.

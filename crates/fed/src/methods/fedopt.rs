@@ -9,47 +9,21 @@ use std::sync::{Arc, Mutex};
 
 use fedfuse_core::{Params, Record};
 use fedfuse_data::Dataset;
-use fedfuse_fuse::{ServerOptState, ServerOptimizer, WeightedSum};
+use fedfuse_fuse::{ServerOptState, ServerOptimizer};
+
+use super::FedAvg;
 use fedfuse_train::Trainer;
 
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
 
-/// FedOpt with one server optimizer; its moments persist across rounds.
-pub struct FedOpt {
-    state: Arc<Mutex<ServerOptState>>,
-}
+/// FedOpt with one server optimizer; its moments persist across rounds. It is FedAvg followed
+/// by a [`ServerStep`].
+pub struct FedOpt(ServerStep);
 
 impl FedOpt {
     /// FedOpt with `optimizer` (checked).
     pub fn new(optimizer: ServerOptimizer) -> Result<Self> {
-        Ok(Self {
-            state: Arc::new(Mutex::new(ServerOptState::new(optimizer)?)),
-        })
-    }
-}
-
-/// Steps the shared state from `global` towards `mean`.
-fn step(state: &Mutex<ServerOptState>, global: &Params, mean: &Params) -> Result<Aggregate> {
-    let mut state = state.lock().map_err(|_| FedError::InvalidSetting {
-        field: "method",
-        reason: "the server optimizer state was poisoned by an earlier panic".into(),
-    })?;
-    Ok(Aggregate::Replace(state.step(global, mean)?))
-}
-
-struct OptFold {
-    sum: WeightedSum,
-    state: Arc<Mutex<ServerOptState>>,
-}
-
-impl Fold for OptFold {
-    fn add(&mut self, reply: Reply) -> Result<()> {
-        let weight = reply.record.num_examples as f64;
-        Ok(self.sum.add(&reply.record.params, weight)?)
-    }
-
-    fn finish(self: Box<Self>, _round: usize, global: &Params) -> Result<Aggregate> {
-        step(&self.state, global, &self.sum.mean()?)
+        Ok(Self(ServerStep::new(Box::new(FedAvg), optimizer)?))
     }
 }
 
@@ -58,25 +32,22 @@ impl Method for FedOpt {
         "fedopt"
     }
 
-    fn aggregate(
-        &mut self,
-        _round: usize,
-        global: &Params,
-        replies: &[Reply],
-    ) -> Result<Aggregate> {
-        let mut sum = WeightedSum::new();
-        for r in replies {
-            sum.add(&r.record.params, r.record.num_examples as f64)?;
-        }
-        step(&self.state, global, &sum.mean()?)
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        self.0.aggregate(round, global, replies)
     }
 
     fn fold(&self) -> Option<Box<dyn Fold>> {
-        Some(Box::new(OptFold {
-            sum: WeightedSum::new(),
-            state: Arc::clone(&self.state),
-        }))
+        self.0.fold()
     }
+}
+
+/// Steps the shared state from `global` towards `target`.
+fn step(state: &Mutex<ServerOptState>, global: &Params, target: &Params) -> Result<Aggregate> {
+    let mut state = state.lock().map_err(|_| FedError::InvalidSetting {
+        field: "method",
+        reason: "the server optimizer state was poisoned by an earlier panic".into(),
+    })?;
+    Ok(Aggregate::Replace(state.step(global, target)?))
 }
 
 /// Any method whose aggregate is a model of the global layout, followed by a server optimizer

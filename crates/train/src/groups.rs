@@ -132,17 +132,7 @@ pub fn soft_threshold_groups(
     params: &mut Params,
     threshold: f64,
 ) -> Result<usize> {
-    check_threshold(threshold)?;
-    let mut zero = 0;
-    scale_groups(spec, params, |_, _, norm| {
-        if norm <= threshold {
-            zero += 1;
-            0.0
-        } else {
-            1.0 - threshold / norm
-        }
-    })?;
-    Ok(zero)
+    threshold_groups(spec, params, threshold, |norm| 1.0 - threshold / norm)
 }
 
 /// Group hard-thresholding (the FedL1 paper's eq. 25, which it found to work better than
@@ -153,6 +143,17 @@ pub fn hard_threshold_groups(
     params: &mut Params,
     threshold: f64,
 ) -> Result<usize> {
+    threshold_groups(spec, params, threshold, |_| 1.0)
+}
+
+/// Zeroes the groups with norm at most `threshold` and scales the others by `kept(norm)`;
+/// returns how many groups are zero afterwards.
+fn threshold_groups(
+    spec: &ModelSpec,
+    params: &mut Params,
+    threshold: f64,
+    kept: impl Fn(f64) -> f64,
+) -> Result<usize> {
     check_threshold(threshold)?;
     let mut zero = 0;
     scale_groups(spec, params, |_, _, norm| {
@@ -160,7 +161,7 @@ pub fn hard_threshold_groups(
             zero += 1;
             0.0
         } else {
-            1.0
+            kept(norm)
         }
     })?;
     Ok(zero)

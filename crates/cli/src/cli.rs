@@ -41,30 +41,16 @@ enum Command {
     Compare {
         /// The comparison file (see experiments/, files with `[[arms]]`).
         config: PathBuf,
-        /// Output folder (created).
-        #[arg(long)]
-        out: PathBuf,
-        /// Folder holding the dataset files (instead of the cache).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Replace the seeds, e.g. `--seeds 0,1,2`.
-        #[arg(long, value_delimiter = ',')]
-        seeds: Option<Vec<u64>>,
+        #[command(flatten)]
+        grid: GridArgs,
     },
     /// Run a grid of experiments (seeds x partitions x clients x depths) and write a table
     /// (results.csv, summary.csv, summary.md) and plots.
     Sweep {
         /// The sweep file (see experiments/).
         config: PathBuf,
-        /// Output folder (created).
-        #[arg(long)]
-        out: PathBuf,
-        /// Folder holding the dataset files (instead of the cache).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Replace the seeds, e.g. `--seeds 0,1,2`.
-        #[arg(long, value_delimiter = ',')]
-        seeds: Option<Vec<u64>>,
+        #[command(flatten)]
+        grid: GridArgs,
     },
     /// Fetch, verify and describe datasets.
     Data {
@@ -186,25 +172,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
             crate::run::run(&cfg, &out, quiet)
         }
-        Command::Compare {
-            config,
-            out,
-            data_dir,
-            seeds,
-        } => {
+        Command::Compare { config, grid } => {
             let mut cfg = crate::compare::CompareConfig::load(&config)?;
-            replace_seeds(&mut cfg.seeds, seeds)?;
-            crate::compare::run(&cfg, &out, data_dir.as_deref())
+            replace_seeds(&mut cfg.seeds, grid.seeds)?;
+            crate::compare::run(&cfg, &grid.out, grid.data_dir.as_deref())
         }
-        Command::Sweep {
-            config,
-            out,
-            data_dir,
-            seeds,
-        } => {
+        Command::Sweep { config, grid } => {
             let mut cfg = crate::sweep::SweepConfig::load(&config)?;
-            replace_seeds(&mut cfg.seeds, seeds)?;
-            crate::sweep::run(&cfg, &out, data_dir.as_deref())
+            replace_seeds(&mut cfg.seeds, grid.seeds)?;
+            crate::sweep::run(&cfg, &grid.out, grid.data_dir.as_deref())
         }
         Command::Data { command } => crate::data_cmd::run(command),
         Command::Fuse {
@@ -252,6 +228,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
             } => crate::bench::sim(clients, rounds, width, &step, collect),
         },
     }
+}
+
+/// What `compare` and `sweep` take besides their file.
+#[derive(Debug, clap::Args)]
+pub struct GridArgs {
+    /// Output folder (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// Folder holding the dataset files (instead of the cache).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Replace the seeds, e.g. `--seeds 0,1,2`.
+    #[arg(long, value_delimiter = ',')]
+    seeds: Option<Vec<u64>>,
 }
 
 /// `--seeds`, when given, replaces the file's seeds.

@@ -19,6 +19,18 @@ pub enum FuseError {
     /// A client model or matrix cannot be matched (wrong layout, non-finite values, ...).
     #[error("invalid matching input: {0}")]
     InvalidInput(String),
+    /// GEMS: the learners' good-enough balls have no common point.
+    #[error(
+        "the good-enough balls of {balls} learners do not intersect (remaining violation \
+         {violation:.4}); raise epsilon (a looser criterion gives larger balls), or retrain the \
+         learners from other initialisations"
+    )]
+    NoIntersection {
+        /// How many balls.
+        balls: usize,
+        /// `sum_k max(0, ||theta - c_k|| - R_k)` where the search stopped.
+        violation: f64,
+    },
     /// The linear sum assignment could not be solved.
     #[error("linear sum assignment failed: {0}")]
     Solver(String),

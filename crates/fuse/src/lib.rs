@@ -15,6 +15,7 @@
 mod elementwise;
 mod error;
 mod fedsparse;
+pub mod gems;
 mod matching;
 mod mixture;
 mod serveropt;

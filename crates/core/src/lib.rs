@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 
 mod error;
+mod features;
 mod io;
 mod npz;
 mod params;
@@ -32,6 +33,7 @@ pub mod sparse;
 mod spec;
 
 pub use error::{CoreError, Result};
+pub use features::{BlockKind, FeatureBlock};
 pub use io::{load_safetensors, params_from_safetensors, params_to_safetensors, save_safetensors};
 pub use npz::{load_npz, load_params, params_from_npz};
 pub use params::{Params, Tensor};

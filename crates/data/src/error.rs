@@ -100,6 +100,43 @@ pub enum DataError {
         /// What is wrong and what to use instead.
         msg: String,
     },
+
+    /// A [`crate::Table`] was built from inconsistent columns, or asked for a row or column it
+    /// does not have.
+    #[error("invalid table: {0}")]
+    InvalidTable(String),
+
+    /// A column named by a loader or an [`crate::Encoding`] is absent.
+    #[error(
+        "{source_name}: no column {column:?} ({what}); check the file or table against the \
+         documented feature set"
+    )]
+    MissingColumn {
+        /// The file (or "table") that lacks the column.
+        source_name: String,
+        /// The column that was looked for.
+        column: String,
+        /// What the column was needed for.
+        what: String,
+    },
+
+    /// A categorical value is not in the shared vocabulary of an [`crate::Encoding`].
+    #[error(
+        "column {column:?}: level {level:?} is not in the shared vocabulary [{known}]; rebuild \
+         the Encoding from statistics that include every client's levels"
+    )]
+    UnknownLevel {
+        /// The categorical column.
+        column: String,
+        /// The level that is not in the vocabulary.
+        level: String,
+        /// The vocabulary, comma separated.
+        known: String,
+    },
+
+    /// Client statistics or encoded values that cannot make or use an [`crate::Encoding`].
+    #[error("encoding: {0}")]
+    Encoding(String),
 }
 
 /// `Result` with [`DataError`].

@@ -27,15 +27,23 @@
 //! (`fedfuse data get NAME`), [`cache_dir`] by default.
 #![deny(missing_docs)]
 
+mod cdc;
 mod cifar;
 mod csv;
 mod dataset;
 mod download;
 mod error;
+mod ggm;
 mod idx;
 mod partition;
 mod registry;
+mod tabular;
+mod transform;
 
+pub use cdc::{
+    CDC_2015_ZIP, CDC_FEATURES, CdcClient, CdcData, CdcExtra, CdcOptions, CdcSplit, CdcSummary,
+    load_cdc,
+};
 pub use cifar::read_cifar10_batch;
 pub use csv::{ColumnRef, CsvOptions, CsvTable, LabelColumn, read_csv, read_csv_table};
 pub use dataset::{ClientData, Dataset, TrainTest};
@@ -43,9 +51,15 @@ pub use download::{
     DownloadEvent, VerifyStatus, download, download_from, sha256_file, verify, verify_files,
 };
 pub use error::{DataError, Result};
+pub use ggm::{Ggm, GgmConfig, GraphShape, cholesky, conditional_mean, sample_ggm};
 pub use idx::{read_idx_images, read_idx_labels, write_idx};
 pub use partition::{PartitionSpec, client_splits, holdout, partition};
 pub use registry::{
     DatasetInfo, RemoteFile, cache_dir, dataset_info, default_dataset_dir, digits, known_datasets,
     load_dataset,
 };
+pub use tabular::{
+    BlockKind, Coding, Column, ColumnStats, Encoded, Encoding, FeatureBlock, FeatureCoding, Table,
+    TableStats,
+};
+pub use transform::{map_labels, permute_features, select_classes};

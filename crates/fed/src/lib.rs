@@ -26,9 +26,10 @@ mod simulator;
 pub use error::{FedError, Result};
 pub use method::{Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, standard_fit};
 pub use methods::{
-    BuildContext, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx, FedSparse,
-    FedTrimmedAvg, MethodConfig, PI_TENSOR, Pfnm, SeparateInits, ServerOptName, ServerStep,
-    ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid,
+    BuildContext, CriterionKind, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx,
+    FedSparse, FedTrimmedAvg, Gems, GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind,
+    PI_TENSOR, Pfnm, SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig,
+    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid,
 };
 pub use seed::derive_seed;
 pub use simulator::{

@@ -103,6 +103,12 @@ pub trait Method: Send + Sync {
     fn evaluate(&self, _trainer: &Trainer, _test: &Dataset) -> Result<BTreeMap<String, f64>> {
         Ok(BTreeMap::new())
     }
+
+    /// Whether the method has built its final model, so that the run can stop before
+    /// `rounds` (one-shot methods with a few stages, such as GEMS). `false` by default.
+    fn finished(&self) -> bool {
+        false
+    }
 }
 
 /// Trains from the received parameters on the client's training split, adding the proximal

@@ -376,6 +376,9 @@ pub fn simulate(
         };
         progress(Progress::RoundEnd(&metrics));
         rounds.push(metrics);
+        if method.finished() {
+            break;
+        }
     }
     Ok(RunResult {
         rounds,

@@ -31,6 +31,9 @@ pub enum FuseError {
         /// `sum_k max(0, ||theta - c_k|| - R_k)` where the search stopped.
         violation: f64,
     },
+    /// A graph is malformed or two graphs cannot be compared (FedNGM graph maths).
+    #[error("invalid graph: {0}")]
+    InvalidGraph(String),
     /// The linear sum assignment could not be solved.
     #[error("linear sum assignment failed: {0}")]
     Solver(String),

@@ -16,6 +16,7 @@ mod elementwise;
 mod error;
 mod fedsparse;
 pub mod gems;
+mod graph;
 mod matching;
 mod mixture;
 mod serveropt;
@@ -30,6 +31,10 @@ pub use fedsparse::{
     FedSparseConfig, FedSparseServer, GroupLayout, Grouping, RoundStart, SparseGradSum,
     SparseGradients, SparseReply, Stationary, TotalVariation, fedsparse_gradients,
     fedsparse_stationary, group_norms, prune, theta, thresholds_for_theta, total_variation,
+};
+pub use graph::{
+    EdgeMetrics, Glasso, GlassoConfig, Graph, consensus, covariance, edge_precision_recall,
+    expand_to_units, graph_from_scores, graphical_lasso, partial_correlations,
 };
 pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,

@@ -9,6 +9,7 @@ mod fedopt;
 mod fedprox;
 mod fedsparse;
 mod fedtrimmedavg;
+mod gems;
 mod pfnm;
 mod separate_inits;
 
@@ -21,6 +22,9 @@ pub use fedopt::{FedOpt, ServerStep};
 pub use fedprox::FedProx;
 pub use fedsparse::{FedSparse, PI_TENSOR, V_TENSOR, Z_TENSOR};
 pub use fedtrimmedavg::FedTrimmedAvg;
+pub use gems::{
+    CriterionKind, Gems, GemsSettings, NeuronCriterionKind, SearchKind, Shape as GemsShape,
+};
 pub use pfnm::Pfnm;
 pub(crate) use pfnm::put_class_counts;
 pub use separate_inits::SeparateInits;
@@ -195,6 +199,9 @@ pub enum MethodConfig {
         #[serde(default = "default_eps_grid")]
         eps_grid: Vec<f64>,
     },
+    /// GEMS (Guha & Smith): good-enough balls per learner, neurons merged where balls
+    /// intersect, one hidden layer per round, then the output layer; MLPs only.
+    Gems(GemsSettings),
 }
 
 fn pfnm_config(sigma: f64, sigma0: f64, gamma: f64, iters: usize, eps: f64) -> PfnmConfig {
@@ -464,12 +471,19 @@ impl MethodConfig {
     /// Whether the method fuses networks whose hidden units may be permuted (MLPs only, the
     /// global width may change).
     pub fn matching(&self) -> bool {
-        matches!(self, Self::Pfnm { .. } | Self::GpiFnm { .. })
+        matches!(
+            self,
+            Self::Pfnm { .. } | Self::GpiFnm { .. } | Self::Gems(_)
+        )
     }
 
     /// Whether the method needs a server validation split.
     pub fn needs_validation(&self) -> bool {
-        matches!(self, Self::GpiFnm { eps: None, .. })
+        match self {
+            Self::GpiFnm { eps: None, .. } => true,
+            Self::Gems(s) => s.finetune_samples > 0,
+            _ => false,
+        }
     }
 
     /// Checks the settings and builds the method.
@@ -629,6 +643,19 @@ impl MethodConfig {
                     )?
                 }
             },
+            Self::Gems(settings) => {
+                let spec = ctx.spec.clone().ok_or(FedError::InvalidSetting {
+                    field: "model",
+                    reason: "GEMS needs the learners' architecture".into(),
+                })?;
+                Box::new(Gems::new(
+                    settings.clone(),
+                    spec,
+                    ctx.init,
+                    ctx.seed,
+                    ctx.validation.clone(),
+                )?)
+            }
         })
     }
 }

@@ -137,11 +137,11 @@ pub fn layers_to_params(layers: &[Layer]) -> Result<Params> {
     let mut p = Params::new();
     for (i, l) in layers.iter().enumerate() {
         p.push(
-            &format!("layers.{i}.weight"),
+            format!("layers.{i}.weight"),
             vec![l.out, l.inp],
             l.weight.clone(),
         )?;
-        p.push(&format!("layers.{i}.bias"), vec![l.out], l.bias.clone())?;
+        p.push(format!("layers.{i}.bias"), vec![l.out], l.bias.clone())?;
     }
     Ok(p)
 }
@@ -267,7 +267,7 @@ pub fn output_layers_good(
     criterion: Criterion,
 ) -> bool {
     let n = val.n();
-    let d = if n == 0 { 0 } else { val.x.len() / n };
+    let d = val.x.len().checked_div(n).unwrap_or(0);
     let per = classes * d + classes;
     // All candidates' weight rows stacked: (count * classes) x d, biases alongside.
     let mut w = Vec::with_capacity(count * classes * d);

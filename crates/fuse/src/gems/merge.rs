@@ -32,7 +32,7 @@ pub fn kmeans<R: Rng + ?Sized>(
     iters: usize,
     rng: &mut R,
 ) -> Vec<usize> {
-    let n = if dim == 0 { 0 } else { points.len() / dim };
+    let n = points.len().checked_div(dim).unwrap_or(0);
     let k = k.min(n).max(1);
     if n == 0 {
         return Vec::new();

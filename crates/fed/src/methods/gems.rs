@@ -1,0 +1,802 @@
+//! GEMS (Guha & Smith, arXiv 1805.07782) as a federated method: one hidden layer per round,
+//! then the output layer, then done.
+//!
+//! - **Hidden layer `l`** (round `l + 1`): each learner passes its data through the fused
+//!   layers below `l`, trains the rest of the network from its own initialisation, and sends
+//!   one ball per neuron of layer `l` (centre = incoming weights and bias, radius from the
+//!   radius search on its validation split). The server merges neurons of different learners
+//!   whose balls intersect and keeps the others, so the fused width is at most the sum of the
+//!   learners' widths.
+//! - **Output layer**: each learner trains softmax regression on the fused hidden features and
+//!   sends its ball (sphere or Fisher ellipsoid); the server takes a point in the intersection
+//!   of all balls. When there is none, learners retrain from other initialisations (up to
+//!   `max_retries` further rounds; the server keeps every ball it was sent and tries their
+//!   combinations), then the run stops with an error that says to raise epsilon.
+//! - **Fine-tuning** (optional): the server trains only the output layer for a few epochs on
+//!   `finetune_samples` public samples (its validation split), from the GEMS point.
+//!
+//! A model with no hidden layer is shallow GEMS: the output stage alone.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
+use fedfuse_data::{Dataset, holdout};
+use fedfuse_fuse::FuseError;
+use fedfuse_fuse::gems::dense::{
+    Criterion, Layer, NeuronCriterion, NeuronSearch, Validation, layers_to_params, mlp_layers,
+    output_layers_good, softmax_fisher,
+};
+use fedfuse_fuse::gems::{
+    Ball, IntersectConfig, NeuronBall, RadiusSearch, fisher_axes, intersect_balls, merge_neurons,
+    search_radius,
+};
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+
+use crate::method::SERVER_ROUND;
+use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
+
+const STAGE: &str = "gems_stage";
+const CENTRES: &str = "centres";
+const RADII: &str = "radii";
+const AXES: &str = "axes";
+/// Stage value of the output layer (hidden layers are 0, 1, ...).
+const OUTPUT: i64 = -1;
+/// Stage value once the model is complete.
+const DONE: i64 = -2;
+
+/// What makes the output layer good enough.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum CriterionKind {
+    /// Validation cross-entropy at most epsilon (the paper).
+    #[default]
+    Loss,
+    /// Validation accuracy at least epsilon (the authors' code).
+    Accuracy,
+}
+
+/// What makes a perturbed hidden neuron good enough.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NeuronCriterionKind {
+    /// The learner's network with only that neuron changed keeps its validation loss at most
+    /// `neuron_epsilon` (the paper's Algorithm 2).
+    #[default]
+    Loss,
+    /// The neuron's validation activations move by at most `neuron_epsilon` (L2 norm over the
+    /// split, divided by its size: the authors' code, `hidden_slack = 1.0`).
+    Activation,
+}
+
+/// How radii are searched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SearchKind {
+    /// Bisection on `[0, r_max]` (the authors' code).
+    #[default]
+    Bisection,
+    /// Grow by `step` until a sample fails (the paper's procedure).
+    Increasing,
+}
+
+/// The shape of the output layer's region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    /// A ball.
+    #[default]
+    Sphere,
+    /// An ellipsoid whose axes follow the diagonal Fisher (the code's `ellipse_type = 'fisher'`).
+    Fisher,
+}
+
+/// GEMS settings (`[method] name = "gems"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemsSettings {
+    /// Output-layer criterion.
+    #[serde(default)]
+    pub criterion: CriterionKind,
+    /// Output-layer threshold (a loss, or an accuracy in [0, 1]).
+    #[serde(default = "epsilon")]
+    pub epsilon: f64,
+    /// Per-learner thresholds by client id, overriding `epsilon` (e.g. for very unequal data).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub epsilon_by_client: BTreeMap<String, f64>,
+    /// Hidden-neuron criterion.
+    #[serde(default)]
+    pub neuron_criterion: NeuronCriterionKind,
+    /// Hidden-neuron threshold (a loss, or an activation change).
+    #[serde(default = "epsilon")]
+    pub neuron_epsilon: f64,
+    /// Surface samples per tested radius.
+    #[serde(default = "samples")]
+    pub samples: usize,
+    /// Radius search.
+    #[serde(default)]
+    pub search: SearchKind,
+    /// Largest radius.
+    #[serde(default = "r_max")]
+    pub r_max: f64,
+    /// Bisection tolerance for the output layer.
+    #[serde(default = "tol")]
+    pub tol: f64,
+    /// Bisection tolerance for hidden neurons.
+    #[serde(default = "neuron_tol")]
+    pub neuron_tol: f64,
+    /// Increment of the increasing search.
+    #[serde(default = "step")]
+    pub step: f64,
+    /// Output-layer region.
+    #[serde(default)]
+    pub shape: Shape,
+    /// Fraction of output-layer coordinates (highest Fisher first) that are constrained; the
+    /// rest are free. 1 constrains all.
+    #[serde(default = "one")]
+    pub fisher_prop: f64,
+    /// k-means clusters within which neurons are paired (the code's 75); 0 pairs across the
+    /// whole layer.
+    #[serde(default)]
+    pub clusters: usize,
+    /// Fraction of each learner's training data kept as its validation split.
+    #[serde(default = "validation_fraction")]
+    pub validation_fraction: f64,
+    /// Output-stage retries with new initialisations when the balls do not intersect.
+    #[serde(default = "max_retries")]
+    pub max_retries: usize,
+    /// Epochs of the learners' output-layer training (the code's `secondary_epochs`).
+    #[serde(default = "output_epochs")]
+    pub output_epochs: usize,
+    /// Public samples for fine-tuning the output layer on the server (0: no fine-tuning).
+    #[serde(default)]
+    pub finetune_samples: usize,
+    /// Fine-tuning epochs (Adam).
+    #[serde(default = "finetune_epochs")]
+    pub finetune_epochs: usize,
+    /// Fine-tuning learning rate.
+    #[serde(default = "finetune_lr")]
+    pub finetune_lr: f64,
+}
+
+fn epsilon() -> f64 {
+    0.5
+}
+fn samples() -> usize {
+    500
+}
+fn r_max() -> f64 {
+    4000.0
+}
+fn tol() -> f64 {
+    0.01
+}
+fn neuron_tol() -> f64 {
+    1.0
+}
+fn step() -> f64 {
+    0.5
+}
+fn one() -> f64 {
+    1.0
+}
+fn validation_fraction() -> f64 {
+    0.2
+}
+fn max_retries() -> usize {
+    3
+}
+fn output_epochs() -> usize {
+    10
+}
+fn finetune_epochs() -> usize {
+    5
+}
+fn finetune_lr() -> f64 {
+    0.01
+}
+
+impl Default for GemsSettings {
+    fn default() -> Self {
+        Self {
+            criterion: CriterionKind::Loss,
+            epsilon: epsilon(),
+            epsilon_by_client: BTreeMap::new(),
+            neuron_criterion: NeuronCriterionKind::Loss,
+            neuron_epsilon: epsilon(),
+            samples: samples(),
+            search: SearchKind::Bisection,
+            r_max: r_max(),
+            tol: tol(),
+            neuron_tol: neuron_tol(),
+            step: step(),
+            shape: Shape::Sphere,
+            fisher_prop: one(),
+            clusters: 0,
+            validation_fraction: validation_fraction(),
+            max_retries: max_retries(),
+            output_epochs: output_epochs(),
+            finetune_samples: 0,
+            finetune_epochs: finetune_epochs(),
+            finetune_lr: finetune_lr(),
+        }
+    }
+}
+
+impl GemsSettings {
+    /// Checks every number once.
+    pub fn check(&self) -> Result<()> {
+        let bad =
+            |field: &'static str, reason: String| Err(FedError::InvalidSetting { field, reason });
+        let eps_ok = |e: f64| match self.criterion {
+            CriterionKind::Loss => e.is_finite() && e > 0.0,
+            CriterionKind::Accuracy => (0.0..=1.0).contains(&e),
+        };
+        if !eps_ok(self.epsilon) {
+            return bad(
+                "method.epsilon",
+                format!(
+                    "{}: a positive loss, or an accuracy in [0, 1] with criterion = \"accuracy\"",
+                    self.epsilon
+                ),
+            );
+        }
+        for (client, &e) in &self.epsilon_by_client {
+            if client.parse::<usize>().is_err() || !eps_ok(e) {
+                return bad(
+                    "method.epsilon_by_client",
+                    format!("`{client} = {e}`: keys are client ids, values like `epsilon`"),
+                );
+            }
+        }
+        if !(self.neuron_epsilon.is_finite() && self.neuron_epsilon > 0.0) {
+            return bad(
+                "method.neuron_epsilon",
+                format!("{}: must be a positive number", self.neuron_epsilon),
+            );
+        }
+        if self.samples == 0 {
+            return bad("method.samples", "0; the code uses 500".into());
+        }
+        self.search(false).check()?;
+        self.search(true).check()?;
+        if !(self.validation_fraction > 0.0 && self.validation_fraction < 1.0) {
+            return bad(
+                "method.validation_fraction",
+                format!(
+                    "{}: must lie in (0, 1); 0.2 is usual",
+                    self.validation_fraction
+                ),
+            );
+        }
+        if self.output_epochs == 0 {
+            return bad("method.output_epochs", "0; at least one epoch".into());
+        }
+        if self.finetune_samples > 0 && !(self.finetune_lr.is_finite() && self.finetune_lr > 0.0) {
+            return bad(
+                "method.finetune_lr",
+                format!("{}: must be positive", self.finetune_lr),
+            );
+        }
+        fisher_axes(&[1.0], self.fisher_prop, false)?;
+        Ok(())
+    }
+
+    fn search(&self, neuron: bool) -> RadiusSearch {
+        match self.search {
+            SearchKind::Bisection => RadiusSearch::Bisection {
+                r_max: self.r_max,
+                tol: if neuron { self.neuron_tol } else { self.tol },
+            },
+            SearchKind::Increasing => RadiusSearch::Increasing {
+                step: self.step,
+                r_max: self.r_max,
+            },
+        }
+    }
+
+    fn output_criterion(&self, client: usize) -> Criterion {
+        let eps = self
+            .epsilon_by_client
+            .get(&client.to_string())
+            .copied()
+            .unwrap_or(self.epsilon);
+        match self.criterion {
+            CriterionKind::Loss => Criterion::Loss(eps),
+            CriterionKind::Accuracy => Criterion::Accuracy(eps),
+        }
+    }
+
+    fn neuron_criterion(&self) -> NeuronCriterion {
+        match self.neuron_criterion {
+            NeuronCriterionKind::Loss => NeuronCriterion::Loss(self.neuron_epsilon),
+            NeuronCriterionKind::Activation => NeuronCriterion::Activation(self.neuron_epsilon),
+        }
+    }
+}
+
+/// GEMS in the federation.
+#[derive(Debug)]
+pub struct Gems {
+    settings: GemsSettings,
+    spec: ModelSpec,
+    hidden: Vec<usize>,
+    init: Init,
+    seed: u64,
+    public: Option<Arc<Dataset>>,
+    /// Fused hidden layers so far.
+    fused: Vec<Layer>,
+    /// Next stage: hidden layer index, [`OUTPUT`] or [`DONE`].
+    stage: i64,
+    /// Output-layer balls received so far, per client, one per attempt.
+    output_balls: BTreeMap<usize, Vec<Ball>>,
+    /// Output stages run so far.
+    attempts: usize,
+    /// The GEMS model before fine-tuning (reported next to the tuned one).
+    untuned: Option<Params>,
+    report: BTreeMap<String, f64>,
+}
+
+impl Gems {
+    /// GEMS for clients of architecture `spec` (an MLP); `public` is the server's public set
+    /// for fine-tuning.
+    pub fn new(
+        settings: GemsSettings,
+        spec: ModelSpec,
+        init: Init,
+        seed: u64,
+        public: Option<Arc<Dataset>>,
+    ) -> Result<Self> {
+        settings.check()?;
+        let Some(widths) = spec.mlp_widths() else {
+            return Err(FedError::InvalidSetting {
+                field: "model.kind",
+                reason: "GEMS fuses MLPs (neuron balls need dense layers); use kind = \"mlp\""
+                    .into(),
+            });
+        };
+        let hidden = widths[1..widths.len() - 1].to_vec();
+        if settings.finetune_samples > 0 && public.as_ref().is_none_or(|p| p.is_empty()) {
+            return Err(FedError::InvalidSetting {
+                field: "method.finetune_samples",
+                reason: "fine-tuning needs public data on the server; set \
+                         dataset.validation_fraction (e.g. 0.05) or finetune_samples = 0"
+                    .into(),
+            });
+        }
+        let stage = if hidden.is_empty() { OUTPUT } else { 0 };
+        Ok(Self {
+            settings,
+            spec,
+            hidden,
+            init,
+            seed,
+            public,
+            fused: Vec::new(),
+            stage,
+            output_balls: BTreeMap::new(),
+            attempts: 0,
+            untuned: None,
+            report: BTreeMap::new(),
+        })
+    }
+
+    fn stage_of(record: &Record) -> Result<i64> {
+        match record.config.get(STAGE) {
+            Some(ConfigValue::Int(s)) => Ok(*s),
+            _ => Err(FedError::InvalidSetting {
+                field: "gems_stage",
+                reason: "the instruction carries no GEMS stage".into(),
+            }),
+        }
+    }
+
+    /// Trains on the output layer's features and returns the fitted output layer.
+    fn server_finetune(&self, output: &Layer) -> Result<Layer> {
+        let Some(public) = self.public.as_ref() else {
+            return Ok(output.clone());
+        };
+        let n = self.settings.finetune_samples.min(public.len());
+        let idx: Vec<usize> = (0..n).collect();
+        let subset = public.subset(&idx);
+        let features = through(&self.fused, &subset)?;
+        let spec = ModelSpec::mlp(output.inp, &[], output.out);
+        let trainer = Trainer::new(spec)?;
+        let start = layers_to_params(std::slice::from_ref(output))?;
+        let cfg = TrainConfig {
+            optimizer: OptimizerConfig::Adam {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                amsgrad: false,
+            },
+            lr: self.settings.finetune_lr,
+            epochs: self.settings.finetune_epochs,
+            batch_size: 32,
+        };
+        let seed = derive_seed(self.seed, usize::MAX, 0);
+        let fitted = trainer.fit_with(&start, &features, &cfg, None, seed)?;
+        Ok(mlp_layers(&fitted.params)?.remove(0))
+    }
+
+    /// A point in one ball per client: the newest attempt's balls first, then other
+    /// combinations of earlier attempts (at most 256).
+    fn intersect_output(&self) -> Result<Vec<f32>> {
+        let clients: Vec<&Vec<Ball>> = self.output_balls.values().collect();
+        let cfg = IntersectConfig::default();
+        let mut last_err = None;
+        let total: usize = clients.iter().map(|b| b.len()).product();
+        for combo in 0..total.min(256) {
+            // Mixed-radix index, newest attempt first.
+            let mut rest = combo;
+            let chosen: Vec<&Ball> = clients
+                .iter()
+                .map(|balls| {
+                    let pick = balls.len() - 1 - rest % balls.len();
+                    rest /= balls.len();
+                    &balls[pick]
+                })
+                .collect();
+            match intersect_balls(&chosen, &cfg) {
+                Ok(point) => return Ok(point),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(FuseError::Empty).into())
+    }
+}
+
+/// `data` passed through the fused hidden layers (ReLU after each), as a dataset of features.
+fn through(fused: &[Layer], data: &Dataset) -> Result<Dataset> {
+    let n = data.len();
+    let mut h = data.x.clone();
+    for l in fused {
+        h = l.forward(&h, n, true);
+    }
+    let dim = fused.last().map_or(data.dim(), |l| l.out);
+    Ok(
+        Dataset::new(h, data.y.clone(), vec![dim], data.num_classes).map_err(|e| {
+            FedError::InvalidSetting {
+                field: "dataset",
+                reason: e.to_string(),
+            }
+        })?,
+    )
+}
+
+fn fused_from(record: &Record) -> Result<Vec<Layer>> {
+    let mut fused = Params::new();
+    for (name, t) in record.params.iter() {
+        if let Some(rest) = name.strip_prefix("fused.") {
+            fused.push(&format!("layers.{rest}"), t.shape.clone(), t.data.clone())?;
+        }
+    }
+    if fused.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(mlp_layers(&fused)?)
+}
+
+impl Method for Gems {
+    fn name(&self) -> &'static str {
+        "gems"
+    }
+
+    fn instruct(&self, round: usize, _client: usize, _global: &Params) -> Result<Record> {
+        let mut record = Record::from_params(Params::new());
+        for (i, l) in self.fused.iter().enumerate() {
+            record.params.push(
+                &format!("fused.{i}.weight"),
+                vec![l.out, l.inp],
+                l.weight.clone(),
+            )?;
+            record
+                .params
+                .push(&format!("fused.{i}.bias"), vec![l.out], l.bias.clone())?;
+        }
+        Ok(record
+            .with_config(SERVER_ROUND, ConfigValue::Int(round as i64))
+            .with_config(STAGE, ConfigValue::Int(self.stage)))
+    }
+
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        let stage = Self::stage_of(&instruction)?;
+        if stage == DONE {
+            return Ok(Record::default());
+        }
+        let fused = fused_from(&instruction)?;
+        // A split that stays the same across rounds, so every layer's balls are measured on
+        // the same validation data.
+        let mut split_rng = StdRng::seed_from_u64(derive_seed(self.seed, 0, ctx.id));
+        let (train, val) = holdout(
+            &ctx.data.train,
+            self.settings.validation_fraction,
+            &mut split_rng,
+        )
+        .map_err(|e| FedError::BadReply {
+            client: ctx.id,
+            reason: e.to_string(),
+        })?;
+        if train.is_empty() || val.is_empty() {
+            return Err(FedError::BadReply {
+                client: ctx.id,
+                reason: format!(
+                    "{} training samples cannot be split into training and validation data",
+                    ctx.data.train.len()
+                ),
+            });
+        }
+        let train = through(&fused, &train)?;
+        let val = through(&fused, &val)?;
+        let classes = self.spec.classes();
+        let d = train.dim();
+        let mut rng = StdRng::seed_from_u64(ctx.seed);
+        let mut reply = Record::default().with_num_examples(train.len() as u64);
+        if stage == OUTPUT {
+            let spec = ModelSpec::mlp(d, &[], classes);
+            let trainer = Trainer::new(spec.clone())?;
+            let start = init_params(&spec, self.init, ctx.seed);
+            let cfg = TrainConfig {
+                epochs: self.settings.output_epochs,
+                ..ctx.train.clone()
+            };
+            let fitted = trainer.fit_with(&start, &train, &cfg, None, ctx.seed)?;
+            let layer = mlp_layers(&fitted.params)?.remove(0);
+            let centre = layer.flat();
+            let axes = match self.settings.shape {
+                Shape::Sphere if self.settings.fisher_prop >= 1.0 => None,
+                shape => {
+                    let fisher = softmax_fisher(&layer, &val.x, val.len(), &mut rng);
+                    Some(fisher_axes(
+                        &fisher,
+                        self.settings.fisher_prop,
+                        shape == Shape::Fisher,
+                    )?)
+                }
+            };
+            let criterion = self.settings.output_criterion(ctx.id);
+            let v = Validation {
+                x: &val.x,
+                y: &val.y,
+            };
+            let radius = search_radius(
+                &centre,
+                axes.as_deref(),
+                &self.settings.search(false),
+                self.settings.samples,
+                &mut rng,
+                |pts, n| Ok(output_layers_good(pts, n, classes, v, criterion)),
+            )?;
+            let eval = trainer.evaluate(&fitted.params, &val)?;
+            reply.params.push(CENTRES, vec![centre.len()], centre)?;
+            reply.params.push(RADII, vec![1], vec![radius as f32])?;
+            if let Some(a) = axes {
+                reply.params.push(AXES, vec![a.len()], a)?;
+            }
+            reply.metrics.insert("val_accuracy".into(), eval.accuracy);
+            reply.metrics.insert("val_loss".into(), eval.loss);
+            reply.metrics.insert("train_loss".into(), fitted.loss);
+            return Ok(reply);
+        }
+        let l = usize::try_from(stage)
+            .ok()
+            .filter(|&l| l < self.hidden.len() && l == fused.len())
+            .ok_or_else(|| FedError::BadReply {
+                client: ctx.id,
+                reason: format!(
+                    "stage {stage} with {} fused layers does not fit hidden widths {:?}",
+                    fused.len(),
+                    self.hidden
+                ),
+            })?;
+        let spec = ModelSpec::mlp(d, &self.hidden[l..], classes);
+        let trainer = Trainer::new(spec.clone())?;
+        let start = init_params(&spec, self.init, ctx.seed);
+        let fitted = trainer.fit_with(&start, &train, ctx.train, None, ctx.seed)?;
+        let layers = mlp_layers(&fitted.params)?;
+        let v = Validation {
+            x: &val.x,
+            y: &val.y,
+        };
+        let search = NeuronSearch::new(
+            &layers[0],
+            &layers[1..],
+            v,
+            self.settings.neuron_criterion(),
+        )?;
+        let h = layers[0].out;
+        let mut centres = Vec::with_capacity(h * (d + 1));
+        let mut radii = Vec::with_capacity(h);
+        for j in 0..h {
+            let centre = layers[0].unit(j);
+            let r = search_radius(
+                &centre,
+                None,
+                &self.settings.search(true),
+                self.settings.samples,
+                &mut rng,
+                |pts, n| Ok(search.all_good(j, pts, n)),
+            )?;
+            centres.extend_from_slice(&centre);
+            radii.push(r as f32);
+        }
+        let eval = trainer.evaluate(&fitted.params, &val)?;
+        reply.params.push(CENTRES, vec![h, d + 1], centres)?;
+        reply.params.push(RADII, vec![h], radii)?;
+        reply.metrics.insert("val_accuracy".into(), eval.accuracy);
+        reply.metrics.insert("val_loss".into(), eval.loss);
+        reply.metrics.insert("train_loss".into(), fitted.loss);
+        Ok(reply)
+    }
+
+    fn check_reply(&self, _global: &Params, reply: &Record) -> Result<()> {
+        if self.stage == DONE {
+            return Ok(());
+        }
+        reply.params.check_finite()?;
+        let bad = |reason: String| {
+            Err(FedError::InvalidSetting {
+                field: "reply",
+                reason,
+            })
+        };
+        let (Some(c), Some(r)) = (reply.params.get(CENTRES), reply.params.get(RADII)) else {
+            return bad("a GEMS reply needs `centres` and `radii`".into());
+        };
+        let d = self.fused.last().map_or(self.spec.input_len(), |l| l.out);
+        let (rows, cols) = if self.stage == OUTPUT {
+            (1, self.spec.classes() * (d + 1))
+        } else {
+            let l = self.stage as usize;
+            (self.hidden[l], d + 1)
+        };
+        if c.data.len() != rows * cols || r.data.len() != rows {
+            return bad(format!(
+                "{} centre values and {} radii; stage {} expects {rows} x {cols} and {rows}",
+                c.data.len(),
+                r.data.len(),
+                self.stage
+            ));
+        }
+        if r.data.iter().any(|&x| x < 0.0) {
+            return bad("a negative radius".into());
+        }
+        if let Some(a) = reply.params.get(AXES)
+            && a.data.len() != cols
+        {
+            return bad(format!("{} axes for {cols} coordinates", a.data.len()));
+        }
+        Ok(())
+    }
+
+    fn aggregate(
+        &mut self,
+        round: usize,
+        _global: &Params,
+        replies: &[Reply],
+    ) -> Result<Aggregate> {
+        self.report.clear();
+        if self.stage == DONE {
+            return Ok(Aggregate::Keep);
+        }
+        let get = |r: &Reply, name: &str| -> Result<Vec<f32>> {
+            Ok(r.record.params.require(name)?.data.clone())
+        };
+        if self.stage == OUTPUT {
+            for r in replies {
+                let ball = Ball {
+                    centre: get(r, CENTRES)?,
+                    radius: f64::from(get(r, RADII)?[0]),
+                    axes: r.record.params.get(AXES).map(|a| a.data.clone()),
+                };
+                self.output_balls.entry(r.client).or_default().push(ball);
+            }
+            self.attempts += 1;
+            let point = match self.intersect_output() {
+                Ok(p) => p,
+                Err(_) if self.attempts <= self.settings.max_retries => {
+                    self.report.insert("retry".into(), self.attempts as f64);
+                    self.report.insert("intersected".into(), 0.0);
+                    return Ok(Aggregate::Keep);
+                }
+                Err(e) => return Err(e),
+            };
+            let d = self.fused.last().map_or(self.spec.input_len(), |l| l.out);
+            let output = Layer::from_flat(&point, self.spec.classes(), d)?;
+            let mut layers = self.fused.clone();
+            layers.push(output.clone());
+            let gems = layers_to_params(&layers)?;
+            let global = if self.settings.finetune_samples > 0 {
+                let tuned = self.server_finetune(&output)?;
+                *layers.last_mut().ok_or(FuseError::Empty)? = tuned;
+                self.untuned = Some(gems);
+                layers_to_params(&layers)?
+            } else {
+                gems
+            };
+            self.stage = DONE;
+            self.report.insert("intersected".into(), 1.0);
+            self.report.insert("attempts".into(), self.attempts as f64);
+            let radii: Vec<f64> = self
+                .output_balls
+                .values()
+                .filter_map(|b| b.last())
+                .map(|b| b.radius)
+                .collect();
+            self.report.insert(
+                "output_radius_mean".into(),
+                radii.iter().sum::<f64>() / radii.len().max(1) as f64,
+            );
+            for (i, l) in self.fused.iter().enumerate() {
+                self.report.insert(format!("width.{i}"), l.out as f64);
+            }
+            return Ok(Aggregate::Replace(global));
+        }
+        // A hidden layer.
+        let l = self.stage as usize;
+        let mut neurons = Vec::new();
+        for r in replies {
+            let centres = r.record.params.require(CENTRES)?;
+            let radii = get(r, RADII)?;
+            let cols = centres.row_len();
+            for (j, c) in centres.data.chunks_exact(cols).enumerate() {
+                neurons.push(NeuronBall {
+                    learner: r.client,
+                    ball: Ball::sphere(c.to_vec(), f64::from(radii[j])),
+                });
+            }
+        }
+        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, round, usize::MAX));
+        let units = merge_neurons(
+            &neurons,
+            self.settings.clusters,
+            &IntersectConfig::default(),
+            &mut rng,
+        );
+        let d = self.fused.last().map_or(self.spec.input_len(), |x| x.out);
+        let weights: Vec<Vec<f32>> = units.iter().map(|u| u.weights.clone()).collect();
+        let merged = units.iter().filter(|u| u.members.len() > 1).count();
+        let radii: Vec<f64> = neurons.iter().map(|n| n.ball.radius).collect();
+        self.fused.push(Layer::from_units(&weights, d)?);
+        self.report.insert(format!("width.{l}"), units.len() as f64);
+        self.report
+            .insert(format!("merged_units.{l}"), merged as f64);
+        self.report.insert(
+            format!("neuron_radius_mean.{l}"),
+            radii.iter().sum::<f64>() / radii.len().max(1) as f64,
+        );
+        self.report.insert(
+            format!("zero_radius.{l}"),
+            radii.iter().filter(|&&r| r == 0.0).count() as f64,
+        );
+        self.stage = if l + 1 < self.hidden.len() {
+            (l + 1) as i64
+        } else {
+            OUTPUT
+        };
+        Ok(Aggregate::Keep)
+    }
+
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        self.report.clone()
+    }
+
+    fn evaluate(&self, _trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
+        let mut out = BTreeMap::new();
+        if let Some(untuned) = &self.untuned {
+            let trainer = Trainer::new(ModelSpec::infer_mlp(untuned)?)?;
+            let eval = trainer.evaluate(untuned, test)?;
+            out.insert("untuned_accuracy".into(), eval.accuracy);
+            out.insert("untuned_loss".into(), eval.loss);
+        }
+        Ok(out)
+    }
+
+    fn finished(&self) -> bool {
+        self.stage == DONE
+    }
+}

@@ -52,6 +52,14 @@ enum Command {
         #[command(flatten)]
         grid: GridArgs,
     },
+    /// Run a GEMS experiment (learner data, local models, averaging, GEMS, fine-tuning, the
+    /// pooled gold model) and write a table (results.csv, summary.csv, summary.md).
+    Gems {
+        /// The experiment file (see experiments/gems-*.toml).
+        config: PathBuf,
+        #[command(flatten)]
+        grid: GridArgs,
+    },
     /// Fetch, verify and describe datasets.
     Data {
         #[command(subcommand)]
@@ -181,6 +189,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let mut cfg = crate::sweep::SweepConfig::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             crate::sweep::run(&cfg, &grid.out, grid.data_dir.as_deref())
+        }
+        Command::Gems { config, grid } => {
+            let mut cfg = crate::gems_exp::GemsExperiment::load(&config)?;
+            replace_seeds(&mut cfg.seeds, grid.seeds)?;
+            crate::gems_exp::run(&cfg, &grid.out, grid.data_dir.as_deref())
         }
         Command::Data { command } => crate::data_cmd::run(command),
         Command::Fuse {

@@ -6,6 +6,7 @@ mod compare;
 mod config;
 mod data_cmd;
 mod fuse_cmd;
+mod gems_exp;
 mod output;
 mod plot;
 mod progress;

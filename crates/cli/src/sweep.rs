@@ -845,9 +845,14 @@ mod tests {
         let mut n = 0;
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
-            // Comparisons (`[[arms]]`) are `fedfuse compare` files, checked in compare.rs.
+            // Comparisons (`[[arms]]`) are `fedfuse compare` files, checked in compare.rs;
+            // `gems-*` are `fedfuse gems` files, checked in gems_exp.rs.
             let comparison = std::fs::read_to_string(&path).is_ok_and(|t| t.contains("[[arms]]"));
-            if path.extension().is_some_and(|e| e == "toml") && !comparison {
+            let gems = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("gems-"));
+            if path.extension().is_some_and(|e| e == "toml") && !comparison && !gems {
                 SweepConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
                 n += 1;
             }

@@ -394,35 +394,6 @@ impl Gems {
         }
     }
 
-    /// Trains on the output layer's features and returns the fitted output layer.
-    fn server_finetune(&self, output: &Layer) -> Result<Layer> {
-        let Some(public) = self.public.as_ref() else {
-            return Ok(output.clone());
-        };
-        let n = self.settings.finetune_samples.min(public.len());
-        let idx: Vec<usize> = (0..n).collect();
-        let subset = public.subset(&idx);
-        let features = through(&self.fused, &subset)?;
-        let spec = ModelSpec::mlp(output.inp, &[], output.out);
-        let trainer = Trainer::new(spec)?;
-        let start = layers_to_params(std::slice::from_ref(output))?;
-        let cfg = TrainConfig {
-            optimizer: OptimizerConfig::Adam {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.0,
-                amsgrad: false,
-            },
-            lr: self.settings.finetune_lr,
-            epochs: self.settings.finetune_epochs,
-            batch_size: 32,
-        };
-        let seed = derive_seed(self.seed, usize::MAX, 0);
-        let fitted = trainer.fit_with(&start, &features, &cfg, None, seed)?;
-        Ok(mlp_layers(&fitted.params)?.remove(0))
-    }
-
     /// A point in one ball per client: the newest attempt's balls first, then other
     /// combinations of earlier attempts (at most 256).
     fn intersect_output(&self) -> Result<Vec<f32>> {
@@ -448,6 +419,43 @@ impl Gems {
         }
         Err(last_err.unwrap_or(FuseError::Empty).into())
     }
+}
+
+/// Fine-tunes only the output layer of the MLP `params` on the first `samples` of `public`
+/// (the hidden layers stay frozen) with Adam at `lr` for `epochs`, batch 32: GEMS's use of a
+/// little public data (the authors' notebooks: 5 epochs, lr 0.01).
+pub fn finetune_output_layer(
+    params: &Params,
+    public: &Dataset,
+    samples: usize,
+    epochs: usize,
+    lr: f64,
+    seed: u64,
+) -> Result<Params> {
+    let mut layers = mlp_layers(params)?;
+    let output = layers.pop().ok_or(FuseError::Empty)?;
+    let idx: Vec<usize> = (0..samples.min(public.len())).collect();
+    if idx.is_empty() || epochs == 0 {
+        return Ok(params.clone());
+    }
+    let features = through(&layers, &public.subset(&idx))?;
+    let trainer = Trainer::new(ModelSpec::mlp(output.inp, &[], output.out))?;
+    let start = layers_to_params(std::slice::from_ref(&output))?;
+    let cfg = TrainConfig {
+        optimizer: OptimizerConfig::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+        },
+        lr,
+        epochs,
+        batch_size: 32,
+    };
+    let fitted = trainer.fit_with(&start, &features, &cfg, None, seed)?;
+    layers.push(mlp_layers(&fitted.params)?.remove(0));
+    Ok(layers_to_params(&layers)?)
 }
 
 /// `data` passed through the fused hidden layers (ReLU after each), as a dataset of features.
@@ -708,15 +716,22 @@ impl Method for Gems {
             let d = self.fused.last().map_or(self.spec.input_len(), |l| l.out);
             let output = Layer::from_flat(&point, self.spec.classes(), d)?;
             let mut layers = self.fused.clone();
-            layers.push(output.clone());
+            layers.push(output);
             let gems = layers_to_params(&layers)?;
-            let global = if self.settings.finetune_samples > 0 {
-                let tuned = self.server_finetune(&output)?;
-                *layers.last_mut().ok_or(FuseError::Empty)? = tuned;
-                self.untuned = Some(gems);
-                layers_to_params(&layers)?
-            } else {
-                gems
+            let global = match (&self.public, self.settings.finetune_samples) {
+                (Some(public), n) if n > 0 => {
+                    let tuned = finetune_output_layer(
+                        &gems,
+                        public,
+                        n,
+                        self.settings.finetune_epochs,
+                        self.settings.finetune_lr,
+                        derive_seed(self.seed, round, usize::MAX - 1),
+                    )?;
+                    self.untuned = Some(gems);
+                    tuned
+                }
+                _ => gems,
             };
             self.stage = DONE;
             self.report.insert("intersected".into(), 1.0);

@@ -30,6 +30,28 @@ pub enum TrainError {
     /// The tensor library failed to hand back values.
     #[error("tensor library: {0}")]
     Backend(String),
+    /// NGM feature blocks do not tile the units.
+    #[error("feature blocks do not fit the units: {0}")]
+    Blocks(String),
+    /// An NGM feature graph is malformed or does not match the feature blocks.
+    #[error("feature graph: {0}")]
+    Graph(String),
+    /// Data holds a NaN or infinity where a value is needed.
+    #[error(
+        "{what} holds a non-finite value at row {row}, unit {unit}; impute or drop it before \
+         calling (only unknown entries of inference input may be NaN)"
+    )]
+    NonFinite {
+        /// The argument (`x`, `targets`, ...).
+        what: &'static str,
+        /// Row, from 0.
+        row: usize,
+        /// Unit (column), from 0.
+        unit: usize,
+    },
+    /// An argument that needs rows has none.
+    #[error("{0} has no rows; pass at least one sample")]
+    EmptyData(&'static str),
 }
 
 /// Result with [`TrainError`].

@@ -19,6 +19,12 @@
 //! println!("accuracy {:.3}", eval.accuracy);
 //! # Ok(()) }
 //! ```
+//!
+//! Neural Graphical Models ([`Ngm`]): an MLP over normalised feature units whose input-output
+//! paths are penalised off a feature graph ([`Ngm::fit`], Algorithm 1), with inference
+//! ([`Ngm::infer`]), sampling ([`Ngm::sample`]), FedNGM's server distillation
+//! ([`Ngm::fit_distill`]) and stitching ([`Ngm::stitch`]), and graph recovery with Neural Graph
+//! Revealers ([`Ngm::fit_ngr`], [`ngr_graph`]).
 #![deny(missing_docs)]
 
 mod config;
@@ -27,6 +33,7 @@ mod groups;
 pub mod hard_concrete;
 mod init;
 mod net;
+mod ngm;
 mod params;
 mod sparse;
 mod trainer;
@@ -37,6 +44,13 @@ pub use groups::{
     GroupLayout, group_norms, groups, hard_threshold_groups, mask_groups, soft_threshold_groups,
 };
 pub use init::{Init, init_params};
+pub use ngm::{
+    BlockAggregate, CategoricalLoss, Distill, EpochLog, FeatureGraph, FirstDraw, InferConfig,
+    InferMethod, Inference, Known, LambdaSchedule, Marginals, Ngm, NgmConfig, NgmFit, PathNorm,
+    PenaltyKind, SampleConfig, SampleNoise, StitchConfig, StitchMode, StructureReport, ngr_graph,
+    ngr_scores, path_matrix, sensitivity_bounds, stitch_params, structure_penalty,
+    structure_report, unit_mask,
+};
 pub use sparse::{
     SparseConfig, SparseFit, gate_probabilities, initial_thresholds, softplus_f64, softplus_inv,
 };

@@ -466,21 +466,19 @@ fn through(fused: &[Layer], data: &Dataset) -> Result<Dataset> {
         h = l.forward(&h, n, true);
     }
     let dim = fused.last().map_or(data.dim(), |l| l.out);
-    Ok(
-        Dataset::new(h, data.y.clone(), vec![dim], data.num_classes).map_err(|e| {
-            FedError::InvalidSetting {
-                field: "dataset",
-                reason: e.to_string(),
-            }
-        })?,
-    )
+    Dataset::new(h, data.y.clone(), vec![dim], data.num_classes).map_err(|e| {
+        FedError::InvalidSetting {
+            field: "dataset",
+            reason: e.to_string(),
+        }
+    })
 }
 
 fn fused_from(record: &Record) -> Result<Vec<Layer>> {
     let mut fused = Params::new();
     for (name, t) in record.params.iter() {
         if let Some(rest) = name.strip_prefix("fused.") {
-            fused.push(&format!("layers.{rest}"), t.shape.clone(), t.data.clone())?;
+            fused.push(format!("layers.{rest}"), t.shape.clone(), t.data.clone())?;
         }
     }
     if fused.is_empty() {
@@ -498,13 +496,13 @@ impl Method for Gems {
         let mut record = Record::from_params(Params::new());
         for (i, l) in self.fused.iter().enumerate() {
             record.params.push(
-                &format!("fused.{i}.weight"),
+                format!("fused.{i}.weight"),
                 vec![l.out, l.inp],
                 l.weight.clone(),
             )?;
             record
                 .params
-                .push(&format!("fused.{i}.bias"), vec![l.out], l.bias.clone())?;
+                .push(format!("fused.{i}.bias"), vec![l.out], l.bias.clone())?;
         }
         Ok(record
             .with_config(SERVER_ROUND, ConfigValue::Int(round as i64))

@@ -1,0 +1,122 @@
+//! Neural Graph Revealers (note 1.5): an NGM trained without a given graph, whose sparse path
+//! matrix is read as the graph.
+
+use fedfuse_core::Params;
+use serde::{Deserialize, Serialize};
+
+use super::fit::Task;
+use super::penalty::{PathNorm, path_of};
+use super::{FeatureBlock, FeatureGraph, Ngm, NgmConfig, NgmFit, check_blocks, unit_owner};
+use crate::{Result, TrainError};
+
+/// How a feature pair's unit entries of `P_sym` become one score.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockAggregate {
+    /// The largest unit entry: a pair is as connected as its strongest unit path.
+    #[default]
+    Max,
+    /// The sum of the unit entries (favours features with many units).
+    Sum,
+}
+
+impl Ngm {
+    /// NGR training: like [`fit`](Self::fit) but ignoring the graph, with the penalty
+    /// `lambda (sum |P_sym| / U^2 + sum_{same feature} |P_sym| / U^2)` (a sparsity term and a
+    /// "no self-paths" term; the note's `D` is the unit count here, and the reference code's
+    /// diagonal generalises to each feature's own block). `P_sym = (P + P^T) / 2` has the same
+    /// weighted sum as `P` against these symmetric weights, so `P` is penalised directly. The
+    /// reference demo uses `lambda = 100`, a wide hidden layer and a low learning rate; here,
+    /// with the regression loss averaged over units, use [`PathNorm::Raw`] and `lambda` around
+    /// 0.01-0.1 (with the row-normalised `P` the all-entries term is minimised by routing
+    /// every input to one output, and the readout collapses to a star).
+    pub fn fit_ngr(&self, start: Option<&Params>, x: &[f32], cfg: &NgmConfig) -> Result<NgmFit> {
+        self.fit_task(
+            start,
+            Task {
+                inputs: x,
+                targets: x,
+                public: None,
+                weights: self.ngr_weights(),
+                frozen: None,
+            },
+            cfg,
+        )
+    }
+
+    /// NGR penalty weights `(1 + [same feature]) / U^2`.
+    fn ngr_weights(&self) -> Vec<f32> {
+        let u = self.units();
+        let owner = unit_owner(self.blocks(), u);
+        let scale = 1.0 / (u * u) as f32;
+        (0..u * u)
+            .map(|k| {
+                let same = owner[k / u] == owner[k % u];
+                scale * if same { 2.0 } else { 1.0 }
+            })
+            .collect()
+    }
+}
+
+/// Symmetric `D x D` feature scores (zero diagonal) from `P_sym = (P + P^T) / 2` of `params`
+/// (`P` of kind `path`, as trained), aggregated over each pair of blocks.
+pub fn ngr_scores(
+    params: &Params,
+    blocks: &[FeatureBlock],
+    path: PathNorm,
+    aggregate: BlockAggregate,
+) -> Result<Vec<f32>> {
+    let u = check_blocks(blocks)?;
+    let p = path_of(params, path)?;
+    if p.len() != u * u {
+        return Err(TrainError::DataMismatch(format!(
+            "the parameters' path matrix has {} entries but the blocks cover {u} units",
+            p.len()
+        )));
+    }
+    let d = blocks.len();
+    let mut scores = vec![0.0f32; d * d];
+    for (i, bi) in blocks.iter().enumerate() {
+        for (j, bj) in blocks.iter().enumerate().skip(i + 1) {
+            let mut s = 0.0f32;
+            for a in bi.range() {
+                for b in bj.range() {
+                    let v = 0.5 * (p[a * u + b] + p[b * u + a]);
+                    s = match aggregate {
+                        BlockAggregate::Max => s.max(v),
+                        BlockAggregate::Sum => s + v,
+                    };
+                }
+            }
+            scores[i * d + j] = s;
+            scores[j * d + i] = s;
+        }
+    }
+    Ok(scores)
+}
+
+/// The NGR graph: the top `sparsity` fraction (rounded, in `[0, 1]`) of the `D (D - 1) / 2`
+/// feature pairs by [`ngr_scores`] (ties broken by index), as the reference code's
+/// `graph_from_partial_correlations` keeps its top entries.
+pub fn ngr_graph(
+    params: &Params,
+    blocks: &[FeatureBlock],
+    sparsity: f64,
+    path: PathNorm,
+    aggregate: BlockAggregate,
+) -> Result<FeatureGraph> {
+    if !(0.0..=1.0).contains(&sparsity) {
+        return Err(TrainError::InvalidConfig {
+            field: "ngr.sparsity",
+            reason: format!("{sparsity} is not a fraction in [0, 1]"),
+        });
+    }
+    let scores = ngr_scores(params, blocks, path, aggregate)?;
+    let d = blocks.len();
+    let mut pairs: Vec<(usize, usize)> = (0..d)
+        .flat_map(|i| ((i + 1)..d).map(move |j| (i, j)))
+        .collect();
+    pairs.sort_by(|&(a, b), &(c, e)| scores[c * d + e].total_cmp(&scores[a * d + b]));
+    let keep = (sparsity * pairs.len() as f64).round() as usize;
+    FeatureGraph::from_edges(d, &pairs[..keep.min(pairs.len())])
+}

@@ -1,7 +1,9 @@
-//! GEMS in the federation: MNIST vs pixel-permuted MNIST (gems Table 1), the no-intersection
-//! error, determinism.
+//! GEMS in the federation: MNIST vs pixel-permuted MNIST (gems Table 1) and the
+//! no-intersection error.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::path::Path;
 
@@ -10,7 +12,7 @@ use fedfuse_data::{ClientData, Dataset, load_dataset, permute_features};
 use fedfuse_fed::{
     CriterionKind, Gems, GemsSettings, Method, NeuronCriterionKind, RunResult, SimConfig, simulate,
 };
-use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
+use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 
 fn mnist() -> fedfuse_data::TrainTest {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/mnist");
@@ -22,15 +24,7 @@ fn range(ds: &Dataset, from: usize, to: usize) -> Dataset {
 }
 
 fn train_cfg(epochs: usize) -> TrainConfig {
-    TrainConfig {
-        optimizer: OptimizerConfig::Sgd {
-            momentum: 0.9,
-            weight_decay: 0.0,
-        },
-        lr: 0.05,
-        epochs,
-        batch_size: 32,
-    }
+    common::sgd(0.9, epochs)
 }
 
 /// Learner 0 sees MNIST, learner 1 the same task with permuted pixels; the test set is both.

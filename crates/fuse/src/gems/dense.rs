@@ -435,7 +435,7 @@ pub fn softmax_fisher<R: Rng + ?Sized>(
                 u -= p;
                 u <= 0.0
             })
-            .unwrap_or(c - 1);
+            .unwrap_or(c.saturating_sub(1));
         for (k, gk) in g.iter_mut().enumerate() {
             *gk = f64::from(u8::from(k == drawn)) - e[k] / z;
         }

@@ -460,6 +460,18 @@ pub fn finetune_output_layer(
 
 /// `data` passed through the fused hidden layers (ReLU after each), as a dataset of features.
 fn through(fused: &[Layer], data: &Dataset) -> Result<Dataset> {
+    if let Some(first) = fused.first()
+        && first.inp != data.dim()
+    {
+        return Err(FedError::InvalidSetting {
+            field: "fused",
+            reason: format!(
+                "the fused layers read {} inputs but the data has {} features per sample",
+                first.inp,
+                data.dim()
+            ),
+        });
+    }
     let n = data.len();
     let mut h = data.x.clone();
     for l in fused {
@@ -660,7 +672,8 @@ impl Method for Gems {
             let l = self.stage as usize;
             (self.hidden[l], d + 1)
         };
-        if c.data.len() != rows * cols || r.data.len() != rows {
+        let hidden_layout_wrong = self.stage != OUTPUT && c.shape != [rows, cols];
+        if c.data.len() != rows * cols || r.data.len() != rows || hidden_layout_wrong {
             return bad(format!(
                 "{} centre values and {} radii; stage {} expects {rows} x {cols} and {rows}",
                 c.data.len(),
@@ -755,7 +768,8 @@ impl Method for Gems {
         for r in replies {
             let centres = r.record.params.require(CENTRES)?;
             let radii = get(r, RADII)?;
-            let cols = centres.row_len();
+            // `check_reply` fixed the layout: one row of `d + 1` values per neuron.
+            let cols = self.fused.last().map_or(self.spec.input_len(), |x| x.out) + 1;
             for (j, c) in centres.data.chunks_exact(cols).enumerate() {
                 neurons.push(NeuronBall {
                     learner: r.client,
@@ -811,5 +825,33 @@ impl Method for Gems {
 
     fn finished(&self) -> bool {
         self.stage == DONE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hidden_reply_must_have_one_row_per_neuron() {
+        let gems = Gems::new(
+            GemsSettings::default(),
+            ModelSpec::mlp(3, &[2], 2),
+            Init::Default,
+            0,
+            None,
+        )
+        .expect("valid settings");
+        let reply = |shape: Vec<usize>| {
+            let mut r = Record::default();
+            r.params.push(CENTRES, shape, vec![0.5; 8]).expect("fills");
+            r.params.push(RADII, vec![2], vec![1.0; 2]).expect("fills");
+            r
+        };
+        let global = Params::new();
+        assert!(gems.check_reply(&global, &reply(vec![2, 4])).is_ok());
+        // The right number of values in the wrong layout would misread the neurons.
+        assert!(gems.check_reply(&global, &reply(vec![8])).is_err());
+        assert!(gems.check_reply(&global, &reply(vec![4, 2])).is_err());
     }
 }

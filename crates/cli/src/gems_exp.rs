@@ -20,9 +20,10 @@ use fedfuse_data::{
     partition, permute_features, select_classes,
 };
 use fedfuse_fed::{
-    ClientsPerRound, Gems, GemsSettings, SimConfig, derive_seed, finetune_output_layer, simulate,
+    ClientsPerRound, Gems, GemsSettings, SimConfig, derive_seed, finetune_output_layer,
+    hidden_features, simulate,
 };
-use fedfuse_fuse::gems::dense::{Layer, mlp_layers};
+use fedfuse_fuse::gems::dense::mlp_layers;
 use fedfuse_fuse::weighted_mean_params;
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -240,9 +241,9 @@ impl GemsExperiment {
                     )?;
                     let hidden = mlp_layers(&fitted.params)?.remove(0);
                     (
-                        features(&hidden, &pool)?,
-                        features(&hidden, &data.test)?,
-                        features(&hidden, &public)?,
+                        hidden_features(std::slice::from_ref(&hidden), &pool)?,
+                        hidden_features(std::slice::from_ref(&hidden), &data.test)?,
+                        hidden_features(std::slice::from_ref(&hidden), &public)?,
                     )
                 } else {
                     (pool, data.test.clone(), public)
@@ -274,17 +275,6 @@ impl GemsExperiment {
             }
         })
     }
-}
-
-/// `ds` through one ReLU layer, as a dataset of features.
-fn features(layer: &Layer, ds: &Dataset) -> Result<Dataset> {
-    let x = layer.forward(&ds.x, ds.len(), true);
-    Ok(Dataset::new(
-        x,
-        ds.y.clone(),
-        vec![layer.out],
-        ds.num_classes,
-    )?)
 }
 
 fn widths(params: &Params) -> String {

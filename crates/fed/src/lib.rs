@@ -29,7 +29,7 @@ pub use methods::{
     BuildContext, CriterionKind, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx,
     FedSparse, FedTrimmedAvg, Gems, GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind,
     PI_TENSOR, Pfnm, SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig,
-    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer,
+    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
 };
 pub use seed::derive_seed;
 pub use simulator::{

@@ -438,7 +438,7 @@ pub fn finetune_output_layer(
     if idx.is_empty() || epochs == 0 {
         return Ok(params.clone());
     }
-    let features = through(&layers, &public.subset(&idx))?;
+    let features = hidden_features(&layers, &public.subset(&idx))?;
     let trainer = Trainer::new(ModelSpec::mlp(output.inp, &[], output.out))?;
     let start = layers_to_params(std::slice::from_ref(&output))?;
     let cfg = TrainConfig {
@@ -459,7 +459,7 @@ pub fn finetune_output_layer(
 }
 
 /// `data` passed through the fused hidden layers (ReLU after each), as a dataset of features.
-fn through(fused: &[Layer], data: &Dataset) -> Result<Dataset> {
+pub fn hidden_features(fused: &[Layer], data: &Dataset) -> Result<Dataset> {
     if let Some(first) = fused.first()
         && first.inp != data.dim()
     {
@@ -548,8 +548,8 @@ impl Method for Gems {
                 ),
             });
         }
-        let train = through(&fused, &train)?;
-        let val = through(&fused, &val)?;
+        let train = hidden_features(&fused, &train)?;
+        let val = hidden_features(&fused, &val)?;
         let classes = self.spec.classes();
         let d = train.dim();
         let mut rng = StdRng::seed_from_u64(ctx.seed);

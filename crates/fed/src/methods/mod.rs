@@ -24,7 +24,7 @@ pub use fedsparse::{FedSparse, PI_TENSOR, V_TENSOR, Z_TENSOR};
 pub use fedtrimmedavg::FedTrimmedAvg;
 pub use gems::{
     CriterionKind, Gems, GemsSettings, NeuronCriterionKind, SearchKind, Shape as GemsShape,
-    finetune_output_layer,
+    finetune_output_layer, hidden_features,
 };
 pub use pfnm::Pfnm;
 pub(crate) use pfnm::put_class_counts;

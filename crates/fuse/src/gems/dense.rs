@@ -395,14 +395,17 @@ impl<'a> NeuronSearch<'a> {
                             *p = z + delta * first.weight[k * h + j];
                         }
                     }
-                    let logits = if self.upper.len() == 1 {
-                        pre.clone()
+                    // The output layer's pre-activations are the logits; deeper nets run on.
+                    let deeper;
+                    let logits: &[f32] = if self.upper.len() == 1 {
+                        &pre
                     } else {
                         let relu: Vec<f32> = pre.iter().map(|v| v.max(0.0)).collect();
-                        forward(&self.upper[1..], &relu, n)
+                        deeper = forward(&self.upper[1..], &relu, n);
+                        &deeper
                     };
                     let classes = self.upper.last().map_or(1, |l| l.out);
-                    let (loss, _) = softmax_loss_accuracy(&logits, classes, self.val.y);
+                    let (loss, _) = softmax_loss_accuracy(logits, classes, self.val.y);
                     loss.is_finite() && loss <= eps
                 })
             }

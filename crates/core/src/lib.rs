@@ -33,7 +33,7 @@ pub mod sparse;
 mod spec;
 
 pub use error::{CoreError, Result};
-pub use features::{BlockKind, FeatureBlock};
+pub use features::{BlockAggregate, BlockKind, FeatureBlock, block_scores};
 pub use io::{load_safetensors, params_from_safetensors, params_to_safetensors, save_safetensors};
 pub use npz::{load_npz, load_params, params_from_npz};
 pub use params::{Params, Tensor};

@@ -81,6 +81,36 @@ impl Ggm {
     pub fn num_edges(&self) -> usize {
         self.adjacency.iter().filter(|&&a| a).count() / 2
     }
+
+    /// Feature names `x0`, `x1`, ... (zero-padded to sort in index order).
+    pub fn feature_names(&self) -> Vec<String> {
+        let width = self.d.saturating_sub(1).to_string().len();
+        (0..self.d).map(|k| format!("x{k:0width$}")).collect()
+    }
+
+    /// Samples `rows` as a table of real columns named by [`feature_names`](Self::feature_names).
+    pub fn table(&self, rows: std::ops::Range<usize>) -> Result<crate::Table> {
+        if rows.start > rows.end || rows.end > self.n {
+            return Err(DataError::InvalidArgument {
+                field: "rows",
+                msg: format!("rows {rows:?} of {} samples", self.n),
+            });
+        }
+        let d = self.d;
+        let columns = self
+            .feature_names()
+            .into_iter()
+            .enumerate()
+            .map(|(k, name)| {
+                let v = rows
+                    .clone()
+                    .map(|r| self.samples[r * d + k] as f32)
+                    .collect();
+                (name, crate::Column::Real(v))
+            })
+            .collect();
+        crate::Table::new(columns)
+    }
 }
 
 /// Draws a graph, a precision matrix with that pattern and `n` samples, all from `rng`.

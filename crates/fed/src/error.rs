@@ -8,6 +8,18 @@ pub enum FedError {
     /// Aggregation failed.
     #[error(transparent)]
     Fuse(#[from] fedfuse_fuse::FuseError),
+    /// Data could not be encoded or read.
+    #[error(transparent)]
+    Data(#[from] fedfuse_data::DataError),
+    /// A protocol message could not be read (FedNGM's set-up messages, which come from a named
+    /// party rather than a numbered client).
+    #[error("message from {from}: {reason}")]
+    BadMessage {
+        /// The sender: a client's name or `server`.
+        from: String,
+        /// What was wrong.
+        reason: String,
+    },
     /// A record or parameter set was malformed.
     #[error(transparent)]
     Core(#[from] fedfuse_core::CoreError),

@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod fedngm;
 mod method;
 mod methods;
 pub mod oneshot;

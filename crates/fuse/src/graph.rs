@@ -26,7 +26,7 @@
 
 use std::collections::BTreeSet;
 
-use fedfuse_core::FeatureBlock;
+use fedfuse_core::{BlockAggregate, FeatureBlock, block_scores};
 
 use crate::{FuseError, Result};
 
@@ -556,6 +556,77 @@ pub fn covariance<T: Copy + Into<f64>>(x: &[T], n: usize, d: usize) -> Result<Ve
         ));
     }
     Ok(cov)
+}
+
+/// Settings of [`recover_graph`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraphRecovery {
+    /// Graphical-lasso penalty on the unit *correlation* matrix (so reals and one-hot units
+    /// are penalised on one scale).
+    pub rho: f64,
+    /// Fraction of feature pairs kept as edges (the uGLAD/NGR readout).
+    pub sparsity: f64,
+    /// How a pair of multi-unit features scores from its unit partial correlations.
+    pub aggregate: BlockAggregate,
+}
+
+impl Default for GraphRecovery {
+    /// `rho` 0.05, a third of the pairs, strongest unit link.
+    fn default() -> Self {
+        GraphRecovery {
+            rho: 0.05,
+            sparsity: 1.0 / 3.0,
+            aggregate: BlockAggregate::Max,
+        }
+    }
+}
+
+/// A client's feature graph from its encoded rows (`n x U`, laid out by `blocks`): the
+/// graphical lasso on the units' correlation matrix, partial correlations, one score per
+/// feature pair ([`block_scores`]), and the top `sparsity` fraction of pairs as edges.
+/// Units without variance on this client (a level it never sees, a constant column) are
+/// left out of the lasso and link to nothing.
+pub fn recover_graph(
+    x: &[f32],
+    n: usize,
+    blocks: &[FeatureBlock],
+    cfg: &GraphRecovery,
+) -> Result<Graph> {
+    let u = blocks.iter().map(|b| b.start + b.len).max().unwrap_or(0);
+    if blocks.is_empty() || n < 2 {
+        return Err(FuseError::InvalidInput(format!(
+            "graph recovery needs at least one feature and two rows ({} features, {n} rows)",
+            blocks.len()
+        )));
+    }
+    if !(cfg.rho.is_finite() && cfg.rho >= 0.0) {
+        return Err(setting("graph.rho", format!("{} is not >= 0", cfg.rho)));
+    }
+    let cov = covariance(x, n, u)?;
+    // Units with variance, and the correlation matrix among them.
+    let live: Vec<usize> = (0..u).filter(|&k| cov[k * u + k] > 1e-12).collect();
+    let m = live.len();
+    let mut corr = vec![0f64; m * m];
+    for (a, &i) in live.iter().enumerate() {
+        for (b, &j) in live.iter().enumerate() {
+            corr[a * m + b] = cov[i * u + j] / (cov[i * u + i] * cov[j * u + j]).sqrt();
+        }
+    }
+    let mut unit_pc = vec![0f64; u * u];
+    if m >= 2 {
+        let fit = graphical_lasso(&corr, m, &GlassoConfig::new(cfg.rho))?;
+        let pc = partial_correlations(&fit.precision, m)?;
+        for (a, &i) in live.iter().enumerate() {
+            for (b, &j) in live.iter().enumerate() {
+                if i != j {
+                    unit_pc[i * u + j] = pc[a * m + b];
+                }
+            }
+        }
+    }
+    let scores = block_scores(&unit_pc, u, blocks, cfg.aggregate)?;
+    let names = blocks.iter().map(|b| b.name.clone()).collect();
+    graph_from_scores(names, &scores, cfg.sparsity)
 }
 
 fn check_square(m: &[f64], d: usize, what: &str) -> Result<()> {

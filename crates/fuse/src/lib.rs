@@ -33,8 +33,9 @@ pub use fedsparse::{
     fedsparse_stationary, group_norms, prune, theta, thresholds_for_theta, total_variation,
 };
 pub use graph::{
-    EdgeMetrics, Glasso, GlassoConfig, Graph, consensus, covariance, edge_precision_recall,
-    expand_to_units, graph_from_scores, graphical_lasso, partial_correlations,
+    EdgeMetrics, Glasso, GlassoConfig, Graph, GraphRecovery, consensus, covariance,
+    edge_precision_recall, expand_to_units, graph_from_scores, graphical_lasso,
+    partial_correlations, recover_graph,
 };
 pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,

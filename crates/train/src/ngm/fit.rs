@@ -362,6 +362,17 @@ impl Ngm {
         data: Distill<'_>,
         cfg: &NgmConfig,
     ) -> Result<NgmFit> {
+        self.distill_task(start, data, self.forbidden_weights(), cfg)
+    }
+
+    /// Distillation under given penalty weights (the graph's `S^c`, or NGR's).
+    pub(crate) fn distill_task(
+        &self,
+        start: Option<&Params>,
+        data: Distill<'_>,
+        weights: Vec<f32>,
+        cfg: &NgmConfig,
+    ) -> Result<NgmFit> {
         if !(data.gamma.is_finite() && data.gamma >= 0.0) {
             return Err(TrainError::InvalidConfig {
                 field: "distill.gamma",
@@ -374,7 +385,7 @@ impl Ngm {
                 inputs: data.inputs,
                 targets: data.targets,
                 public: data.public.map(|p| (p, data.gamma)),
-                weights: self.forbidden_weights(),
+                weights,
                 frozen: None,
             },
             cfg,

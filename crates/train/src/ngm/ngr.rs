@@ -1,24 +1,16 @@
 //! Neural Graph Revealers (note 1.5): an NGM trained without a given graph, whose sparse path
 //! matrix is read as the graph.
 
+pub use fedfuse_core::BlockAggregate;
 use fedfuse_core::Params;
-use serde::{Deserialize, Serialize};
+use fedfuse_core::block_scores;
 
 use super::fit::Task;
 use super::penalty::{PathNorm, path_of};
-use super::{FeatureBlock, FeatureGraph, Ngm, NgmConfig, NgmFit, check_blocks, unit_owner};
+use super::{
+    Distill, FeatureBlock, FeatureGraph, Ngm, NgmConfig, NgmFit, check_blocks, unit_owner,
+};
 use crate::{Result, TrainError};
-
-/// How a feature pair's unit entries of `P_sym` become one score.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BlockAggregate {
-    /// The largest unit entry: a pair is as connected as its strongest unit path.
-    #[default]
-    Max,
-    /// The sum of the unit entries (favours features with many units).
-    Sum,
-}
 
 impl Ngm {
     /// NGR training: like [`fit`](Self::fit) but ignoring the graph, with the penalty
@@ -42,6 +34,18 @@ impl Ngm {
             },
             cfg,
         )
+    }
+
+    /// FedNGR's server step: [`fit_distill`](Self::fit_distill) under the NGR penalty of
+    /// [`fit_ngr`](Self::fit_ngr) instead of the graph's, so the global graph can be read off
+    /// the distilled weights with [`ngr_graph`].
+    pub fn fit_distill_ngr(
+        &self,
+        start: Option<&Params>,
+        data: Distill<'_>,
+        cfg: &NgmConfig,
+    ) -> Result<NgmFit> {
+        self.distill_task(start, data, self.ngr_weights(), cfg)
     }
 
     /// NGR penalty weights `(1 + [same feature]) / U^2`.
@@ -74,25 +78,9 @@ pub fn ngr_scores(
             p.len()
         )));
     }
-    let d = blocks.len();
-    let mut scores = vec![0.0f32; d * d];
-    for (i, bi) in blocks.iter().enumerate() {
-        for (j, bj) in blocks.iter().enumerate().skip(i + 1) {
-            let mut s = 0.0f32;
-            for a in bi.range() {
-                for b in bj.range() {
-                    let v = 0.5 * (p[a * u + b] + p[b * u + a]);
-                    s = match aggregate {
-                        BlockAggregate::Max => s.max(v),
-                        BlockAggregate::Sum => s + v,
-                    };
-                }
-            }
-            scores[i * d + j] = s;
-            scores[j * d + i] = s;
-        }
-    }
-    Ok(scores)
+    let p: Vec<f64> = p.into_iter().map(f64::from).collect();
+    let scores = block_scores(&p, u, blocks, aggregate)?;
+    Ok(scores.into_iter().map(|v| v as f32).collect())
 }
 
 /// The NGR graph: the top `sparsity` fraction (rounded, in `[0, 1]`) of the `D (D - 1) / 2`

@@ -30,9 +30,14 @@ pub enum FirstDraw {
 pub enum SampleNoise {
     /// `v + Uniform(-c|v|, c|v|)` (the reference code: `c = 0.05` in `main.py`).
     Relative(f32),
-    /// `v + Normal(0, sd^2)`, `sd` in normalised units (e.g. a residual standard deviation),
-    /// for callers who want closer to conditional spread than the code's small relative noise.
+    /// `v + Normal(0, sd^2)`, `sd` in normalised units, the same for every unit.
     Gaussian(f32),
+    /// `v + Normal(0, sd_k^2)` with `sd_k` unit `k`'s residual standard deviation: the spread
+    /// of `x_k - f(x)_k` over the data ([`Marginals::with_residuals`]), i.e. the model's own
+    /// estimate of how far a value strays from its conditional mean. Unlike the reference
+    /// code's 5% relative noise, this keeps samples about as spread as the data, which is what
+    /// a model distilled on them needs to see (FedNGM's default).
+    Residual,
 }
 
 /// Settings of sampling.
@@ -77,6 +82,8 @@ pub struct Marginals {
     min: Vec<f32>,
     max: Vec<f32>,
     rows: Vec<f32>,
+    /// Per-unit residual standard deviations; empty until [`Marginals::with_residuals`].
+    residual_sd: Vec<f32>,
 }
 
 impl Marginals {
@@ -100,7 +107,71 @@ impl Marginals {
             min,
             max,
             rows: x.to_vec(),
+            residual_sd: Vec::new(),
         })
+    }
+
+    /// Marginals from summaries alone (per-unit means, minima and maxima, e.g. sent by a
+    /// client to a server that samples from the client's NGM): no data rows, so sampling must
+    /// use [`FirstDraw::Uniform`]; a categorical first feature is then drawn from its
+    /// frequencies (`means`).
+    pub fn from_summary(ngm: &Ngm, means: Vec<f32>, min: Vec<f32>, max: Vec<f32>) -> Result<Self> {
+        let u = ngm.units();
+        if means.len() != u || min.len() != u || max.len() != u {
+            return Err(TrainError::DataMismatch(format!(
+                "marginal summaries of {}/{}/{} units (means/min/max) for an NGM of {u}",
+                means.len(),
+                min.len(),
+                max.len()
+            )));
+        }
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+        if !(finite(&means) && finite(&min) && finite(&max))
+            || min.iter().zip(&max).any(|(a, b)| a > b)
+        {
+            return Err(TrainError::DataMismatch(
+                "marginal summaries must be finite with min <= max".into(),
+            ));
+        }
+        Ok(Self {
+            units: u,
+            means,
+            min,
+            max,
+            rows: Vec::new(),
+            residual_sd: Vec::new(),
+        })
+    }
+
+    /// These marginals with per-unit residual standard deviations of `params` on the data rows
+    /// (`sqrt(mean((x_k - f(x)_k)^2))`; 0 on categorical units), for
+    /// [`SampleNoise::Residual`]. Needs the rows ([`from_data`](Self::from_data)).
+    pub fn with_residuals(mut self, ngm: &Ngm, params: &Params) -> Result<Self> {
+        if self.rows.is_empty() {
+            return Err(TrainError::EmptyData("marginal rows for residuals"));
+        }
+        let out = ngm.predict(params, &self.rows)?;
+        self.residual_sd = residual_sd(ngm, &self.rows, &out);
+        Ok(self)
+    }
+
+    /// Sets the residual standard deviations directly (e.g. received from a client; length
+    /// `U`, finite, `>= 0`).
+    pub fn with_residual_sd(mut self, sd: Vec<f32>) -> Result<Self> {
+        if sd.len() != self.units || sd.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+            return Err(TrainError::DataMismatch(format!(
+                "{} residual deviations for {} units; give one finite value >= 0 per unit",
+                sd.len(),
+                self.units
+            )));
+        }
+        self.residual_sd = sd;
+        Ok(self)
+    }
+
+    /// Per-unit residual standard deviations (empty until set).
+    pub fn residual_sd(&self) -> &[f32] {
+        &self.residual_sd
     }
 
     /// Per-unit means (category frequencies on one-hot blocks).
@@ -117,6 +188,27 @@ impl Marginals {
     pub fn max(&self) -> &[f32] {
         &self.max
     }
+}
+
+/// `sqrt(mean((x - out)^2))` per real unit; 0 on categorical units.
+fn residual_sd(ngm: &Ngm, x: &[f32], out: &[f32]) -> Vec<f32> {
+    let u = ngm.units();
+    let n = (x.len() / u).max(1) as f64;
+    let mut se = vec![0.0f64; u];
+    for (r, o) in x.chunks_exact(u).zip(out.chunks_exact(u)) {
+        for k in 0..u {
+            se[k] += (f64::from(r[k]) - f64::from(o[k])).powi(2);
+        }
+    }
+    let mut sd: Vec<f32> = se.iter().map(|v| (v / n).sqrt() as f32).collect();
+    for b in ngm
+        .blocks()
+        .iter()
+        .filter(|b| b.kind == BlockKind::Categorical)
+    {
+        sd[b.range()].iter_mut().for_each(|v| *v = 0.0);
+    }
+    sd
 }
 
 /// Draws one category per sample from probability rows `probs` (`n x len`, clipped at 0 and
@@ -211,6 +303,20 @@ impl Ngm {
                     }
                 }
             }
+            (BlockKind::Categorical, _) if data_rows == 0 => {
+                let probs: Vec<f32> = (0..n)
+                    .flat_map(|_| marginals.means[first.range()].iter().copied())
+                    .collect();
+                draw_categories(&mut x, u, first, &probs, rng);
+            }
+            (BlockKind::Real, FirstDraw::Empirical) if data_rows == 0 => {
+                return Err(TrainError::InvalidConfig {
+                    field: "sample.first",
+                    reason: "an empirical first draw needs data rows, and these marginals \
+                             are summaries only; use `uniform`"
+                        .into(),
+                });
+            }
             _ => {
                 for row in x.chunks_exact_mut(u) {
                     let r = rng.random_range(0..data_rows);
@@ -240,8 +346,21 @@ impl Ngm {
                                 }
                             })?)
                         }
-                        SampleNoise::Relative(_) => None,
+                        SampleNoise::Relative(_) | SampleNoise::Residual => None,
                     };
+                    if cfg.noise == SampleNoise::Residual && marginals.residual_sd.len() != u {
+                        return Err(TrainError::InvalidConfig {
+                            field: "sample.noise",
+                            reason: "`residual` noise needs residual deviations; build the \
+                                     marginals with `with_residuals`"
+                                .into(),
+                        });
+                    }
+                    let std_normal =
+                        Normal::new(0.0f32, 1.0).map_err(|e| TrainError::InvalidConfig {
+                            field: "sample.noise",
+                            reason: format!("{e}"),
+                        })?;
                     for (row, inf) in x.chunks_exact_mut(u).zip(inferred.x.chunks_exact(u)) {
                         for k in block.range() {
                             let v = inf[k];
@@ -250,6 +369,9 @@ impl Ngm {
                                 (SampleNoise::Relative(c), None) => {
                                     let half = c.abs() * v.abs();
                                     v + half * (2.0 * rng.random::<f32>() - 1.0)
+                                }
+                                (SampleNoise::Residual, None) => {
+                                    v + marginals.residual_sd[k] * std_normal.sample(rng)
                                 }
                                 (SampleNoise::Gaussian(_), None) => v,
                             };

@@ -574,7 +574,12 @@ pub fn run_fedngm(
             locals.push(params);
         }
         let members = member_weights(&locals, &examples, cfg.weighting);
-        let targets = ngm.average_predictions(&members, &samples)?;
+        let targets = match cfg.variant {
+            FedNgmVariant::Ngm => ngm.average_predictions(&members, &samples)?,
+            FedNgmVariant::Ngr => {
+                leak_free_average(&ngm, &members, &samples, &leak_free_means(&ngm, &samples)?)?
+            }
+        };
         let mut gcfg = cfg.global.clone();
         gcfg.hidden = cfg.local.hidden.clone();
         gcfg.seed = derive_seed(cfg.seed, round, usize::MAX);
@@ -638,6 +643,40 @@ pub fn run_fedngm(
         rounds,
         traffic,
     })
+}
+
+/// Per-unit means of the distillation samples: where inference starts.
+fn leak_free_means(ngm: &Ngm, samples: &[f32]) -> Result<Vec<f32>> {
+    Ok(Marginals::from_data(ngm, samples)?.means().to_vec())
+}
+
+/// FedNGR's distillation targets: the weighted average of each client model's conditional
+/// means ([`Ngm::conditional_predictions`]). An NGR's raw outputs partly copy each feature's
+/// own input; a global model distilled onto those spends its path budget on the copies and
+/// its cross-feature paths, which the graph is read from, become noise.
+fn leak_free_average(
+    ngm: &Ngm,
+    members: &[(&Params, f64)],
+    samples: &[f32],
+    means: &[f32],
+) -> Result<Vec<f32>> {
+    let total: f64 = members.iter().map(|(_, a)| a).sum();
+    let infer = InferConfig {
+        method: fedfuse_train::InferMethod::MessagePassing,
+        lr: 1e-2,
+        max_itr: 100,
+        eps: 1e-8,
+    };
+    let parts: Vec<Vec<f32>> = members
+        .par_iter()
+        .map(|(p, _)| ngm.conditional_predictions(p, samples, means, &infer))
+        .collect::<std::result::Result<_, _>>()?;
+    let mut avg = vec![0.0f32; samples.len()];
+    for ((_, a), part) in members.iter().zip(&parts) {
+        let w = (a / total) as f32;
+        avg.iter_mut().zip(part).for_each(|(m, v)| *m += w * v);
+    }
+    Ok(avg)
 }
 
 /// A client's round: trains its model (warm-started from the global one after round 1) and

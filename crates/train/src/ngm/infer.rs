@@ -372,3 +372,31 @@ fn message_passing(
     let rl = row_loss(net.forward(x.clone()), x0, layout, sq_w, Some(&known));
     Ok((values(x)?, values(rl)?, iterations))
 }
+
+impl Ngm {
+    /// For every feature, the model's conditional mean of it given all the others, on each
+    /// row of `x` (`n x U`): message passing (`cfg`) with that feature's block unknown and
+    /// started at `means`. For a model whose outputs never read their own feature (an NGM that
+    /// respects its graph) this is [`predict`](Self::predict); for one that lets a feature
+    /// leak into its own output (an NGR at small `lambda`) it removes the leak, which is what
+    /// distillation targets of FedNGR need.
+    pub fn conditional_predictions(
+        &self,
+        params: &Params,
+        x: &[f32],
+        means: &[f32],
+        cfg: &InferConfig,
+    ) -> Result<Vec<f32>> {
+        let u = self.units;
+        let mut out = vec![0.0f32; x.len()];
+        for b in &self.blocks {
+            let mut known = vec![true; u];
+            known[b.range()].iter_mut().for_each(|k| *k = false);
+            let inf = self.infer(params, x, Known::Units(&known), means, cfg)?;
+            for (o, i) in out.chunks_exact_mut(u).zip(inf.x.chunks_exact(u)) {
+                o[b.range()].copy_from_slice(&i[b.range()]);
+            }
+        }
+        Ok(out)
+    }
+}

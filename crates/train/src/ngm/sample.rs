@@ -144,14 +144,39 @@ impl Marginals {
     }
 
     /// These marginals with per-unit residual standard deviations of `params` on the data rows
-    /// (`sqrt(mean((x_k - f(x)_k)^2))`; 0 on categorical units), for
-    /// [`SampleNoise::Residual`]. Needs the rows ([`from_data`](Self::from_data)).
+    /// (the first 4096 at most), for [`SampleNoise::Residual`]: for each real feature `k`,
+    /// `sqrt(mean((x_k - m_k)^2))` with `m_k` the model's conditional mean of `x_k` given
+    /// every other feature, by message passing with `x_k` unknown (so a model that lets
+    /// `x_k` leak into its own output, as an NGR at small `lambda` does, is not credited with
+    /// predicting it); 0 on categorical units. Needs the rows ([`from_data`](Self::from_data)).
     pub fn with_residuals(mut self, ngm: &Ngm, params: &Params) -> Result<Self> {
+        let u = self.units;
         if self.rows.is_empty() {
             return Err(TrainError::EmptyData("marginal rows for residuals"));
         }
-        let out = ngm.predict(params, &self.rows)?;
-        self.residual_sd = residual_sd(ngm, &self.rows, &out);
+        let rows = &self.rows[..self.rows.len().min(4096 * u)];
+        let n = rows.len() / u;
+        let infer = InferConfig {
+            method: InferMethod::MessagePassing,
+            lr: 1e-2,
+            max_itr: 100,
+            eps: 1e-8,
+        };
+        let mut sd = vec![0.0f32; u];
+        for b in ngm.blocks().iter().filter(|b| b.kind == BlockKind::Real) {
+            let mut known = vec![true; u];
+            known[b.range()].iter_mut().for_each(|k| *k = false);
+            let inf = ngm.infer(params, rows, Known::Units(&known), &self.means, &infer)?;
+            for k in b.range() {
+                let se: f64 = rows
+                    .chunks_exact(u)
+                    .zip(inf.x.chunks_exact(u))
+                    .map(|(r, m)| (f64::from(r[k]) - f64::from(m[k])).powi(2))
+                    .sum();
+                sd[k] = (se / n as f64).sqrt() as f32;
+            }
+        }
+        self.residual_sd = sd;
         Ok(self)
     }
 
@@ -188,27 +213,6 @@ impl Marginals {
     pub fn max(&self) -> &[f32] {
         &self.max
     }
-}
-
-/// `sqrt(mean((x - out)^2))` per real unit; 0 on categorical units.
-fn residual_sd(ngm: &Ngm, x: &[f32], out: &[f32]) -> Vec<f32> {
-    let u = ngm.units();
-    let n = (x.len() / u).max(1) as f64;
-    let mut se = vec![0.0f64; u];
-    for (r, o) in x.chunks_exact(u).zip(out.chunks_exact(u)) {
-        for k in 0..u {
-            se[k] += (f64::from(r[k]) - f64::from(o[k])).powi(2);
-        }
-    }
-    let mut sd: Vec<f32> = se.iter().map(|v| (v / n).sqrt() as f32).collect();
-    for b in ngm
-        .blocks()
-        .iter()
-        .filter(|b| b.kind == BlockKind::Categorical)
-    {
-        sd[b.range()].iter_mut().for_each(|v| *v = 0.0);
-    }
-    sd
 }
 
 /// Draws one category per sample from probability rows `probs` (`n x len`, clipped at 0 and
@@ -248,7 +252,8 @@ impl Ngm {
     /// unless `cfg.start` fixes it; the search continues from unvisited features when the
     /// graph is disconnected, so every sample shares one ordering). The first feature is drawn
     /// from the data (`cfg.first`). Each later feature is inferred with all earlier features
-    /// known and the rest started at their means; a real feature then gets `cfg.noise`, a
+    /// known and the rest started at their means; a real feature then gets `cfg.noise` and is
+    /// kept within the data range `[min, max]` (a non-finite value becomes the mean), a
     /// categorical one has its inferred probabilities clipped at 0, normalised and sampled,
     /// and is re-one-hot-encoded.
     pub fn sample(
@@ -374,6 +379,14 @@ impl Ngm {
                                     v + marginals.residual_sd[k] * std_normal.sample(rng)
                                 }
                                 (SampleNoise::Gaussian(_), None) => v,
+                            };
+                            // Within the data's range: a model iterated far from its data can
+                            // run off to huge values, and one such sample would wreck a fit.
+                            let (lo, hi) = (marginals.min[k], marginals.max[k]);
+                            row[k] = if row[k].is_finite() {
+                                row[k].clamp(lo, hi)
+                            } else {
+                                marginals.means[k]
                             };
                         }
                     }

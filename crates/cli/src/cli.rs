@@ -60,6 +60,15 @@ enum Command {
         #[command(flatten)]
         grid: GridArgs,
     },
+    /// Run a FedNGM experiment (synthetic GGM or the CDC file: client graphs, consensus,
+    /// local / global / pooled NGMs, FedNGR, stitching) and write a table (results.csv,
+    /// results.json, summary.csv, summary.md).
+    Ngm {
+        /// The experiment file (see experiments/ngm-*.toml).
+        config: PathBuf,
+        #[command(flatten)]
+        grid: GridArgs,
+    },
     /// Fetch, verify and describe datasets.
     Data {
         #[command(subcommand)]
@@ -194,6 +203,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             let mut cfg = crate::gems_exp::GemsExperiment::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             crate::gems_exp::run(&cfg, &grid.out, grid.data_dir.as_deref())
+        }
+        Command::Ngm { config, grid } => {
+            let mut cfg = crate::ngm_exp::NgmExperiment::load(&config)?;
+            replace_seeds(&mut cfg.seeds, grid.seeds)?;
+            crate::ngm_exp::run(&cfg, &grid.out, grid.data_dir.as_deref())
         }
         Command::Data { command } => crate::data_cmd::run(command),
         Command::Fuse {

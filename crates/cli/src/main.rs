@@ -7,6 +7,7 @@ mod config;
 mod data_cmd;
 mod fuse_cmd;
 mod gems_exp;
+mod ngm_exp;
 mod output;
 mod plot;
 mod progress;

@@ -96,7 +96,8 @@ impl Default for GraphSettings {
 }
 
 impl GraphSettings {
-    fn recovery(&self) -> GraphRecovery {
+    /// As the graph library's settings.
+    pub fn recovery(&self) -> GraphRecovery {
         GraphRecovery {
             rho: self.rho,
             sparsity: self.sparsity,
@@ -115,9 +116,13 @@ pub struct FedNgmConfig {
     pub graph: GraphSettings,
     /// Local training. Its `hidden` fixes the architecture of every model, the global one
     /// included; its `seed` is ignored (derived from [`seed`](Self::seed) per client and
-    /// round).
+    /// round). Keys left out of a config file take FedNGM's defaults (one hidden layer of
+    /// 64, 1000 epochs, lr 0.01), not those of a bare NGM.
+    #[serde(deserialize_with = "ngm_over_defaults")]
     pub local: NgmConfig,
-    /// The server's distillation. `hidden` and `seed` are ignored as for `local`.
+    /// The server's distillation. `hidden` and `seed` are ignored as for `local`; missing
+    /// keys default as for `local`.
+    #[serde(deserialize_with = "ngm_over_defaults")]
     pub global: NgmConfig,
     /// Rounds of local training and distillation; rounds after the first warm-start the
     /// clients from the global model.
@@ -141,14 +146,35 @@ pub struct FedNgmConfig {
     pub seed: u64,
 }
 
+/// FedNGM's NGM training defaults: one hidden layer of 64, 1000 full-batch epochs at lr
+/// 0.01 (the reference code's two layers of 20 at lr 0.001 for 1200 epochs underfit here).
+fn fedngm_ngm_defaults() -> NgmConfig {
+    NgmConfig {
+        hidden: vec![64],
+        epochs: 1000,
+        lr: 1e-2,
+        ..NgmConfig::default()
+    }
+}
+
+/// Reads an [`NgmConfig`] whose missing keys come from [`fedngm_ngm_defaults`] (unknown keys
+/// are still refused).
+fn ngm_over_defaults<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<NgmConfig, D::Error> {
+    use serde::de::Error;
+    let given = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
+    let mut merged = match serde_json::to_value(fedngm_ngm_defaults()) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => return Err(D::Error::custom("cannot lay out the NGM defaults")),
+    };
+    merged.extend(given);
+    serde_json::from_value(serde_json::Value::Object(merged)).map_err(D::Error::custom)
+}
+
 impl Default for FedNgmConfig {
     fn default() -> Self {
-        let ngm = NgmConfig {
-            hidden: vec![64],
-            epochs: 1000,
-            lr: 1e-2,
-            ..NgmConfig::default()
-        };
+        let ngm = fedngm_ngm_defaults();
         FedNgmConfig {
             variant: FedNgmVariant::Ngm,
             graph: GraphSettings::default(),
@@ -914,4 +940,24 @@ pub fn score_marginal(
         .take(test.n_rows() * means.len())
         .collect();
     score_rows(encoding, target, &rows, test)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_ngm_keys_take_fedngm_defaults_and_unknown_keys_fail() {
+        let cfg: FedNgmConfig =
+            serde_json::from_str(r#"{"local": {"lambda": 0.1}, "rounds": 2}"#).unwrap();
+        assert_eq!(cfg.local.lambda, 0.1);
+        assert_eq!(cfg.local.hidden, vec![64]);
+        assert_eq!(cfg.local.epochs, 1000);
+        assert_eq!(cfg.global, fedngm_ngm_defaults());
+        assert_eq!(cfg.rounds, 2);
+        let err = serde_json::from_str::<FedNgmConfig>(r#"{"local": {"lamda": 0.1}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lamda"), "{err}");
+    }
 }

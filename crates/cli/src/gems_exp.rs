@@ -601,17 +601,11 @@ mod tests {
 
     #[test]
     fn every_gems_experiment_file_parses_and_checks() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../experiments");
-        let mut seen = 0;
-        for entry in std::fs::read_dir(dir).expect("experiments folder") {
-            let path = entry.expect("entry").path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("gems-") && name.ends_with(".toml") {
-                GemsExperiment::load(&path).expect("valid experiment");
-                seen += 1;
-            }
+        let files = crate::experiment_files("gems-");
+        for path in &files {
+            GemsExperiment::load(path).expect("valid experiment");
         }
-        assert!(seen >= 5, "the five GEMS experiments (a)-(e)");
+        assert!(files.len() >= 5, "the five GEMS experiments (a)-(e)");
     }
 
     #[test]

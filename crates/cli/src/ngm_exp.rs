@@ -637,17 +637,11 @@ mod tests {
 
     #[test]
     fn every_ngm_experiment_file_parses_and_checks() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../experiments");
-        let mut seen = 0;
-        for entry in std::fs::read_dir(dir).expect("experiments folder") {
-            let path = entry.expect("entry").path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name.starts_with("ngm-") && name.ends_with(".toml") {
-                NgmExperiment::load(&path).expect("valid experiment");
-                seen += 1;
-            }
+        let files = crate::experiment_files("ngm-");
+        for path in &files {
+            NgmExperiment::load(path).expect("valid experiment");
         }
-        assert!(seen >= 2, "the synthetic and CDC experiments");
+        assert!(files.len() >= 2, "the synthetic and CDC experiments");
     }
 
     #[test]

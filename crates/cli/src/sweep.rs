@@ -846,12 +846,13 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             // Comparisons (`[[arms]]`) are `fedfuse compare` files, checked in compare.rs;
-            // `gems-*` are `fedfuse gems` files, checked in gems_exp.rs.
+            // `gems-*` and `ngm-*` are `fedfuse gems` / `fedfuse ngm` files, checked in
+            // gems_exp.rs and ngm_exp.rs.
             let comparison = std::fs::read_to_string(&path).is_ok_and(|t| t.contains("[[arms]]"));
             let gems = path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("gems-"));
+                .is_some_and(|n| n.starts_with("gems-") || n.starts_with("ngm-"));
             if path.extension().is_some_and(|e| e == "toml") && !comparison && !gems {
                 SweepConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
                 n += 1;

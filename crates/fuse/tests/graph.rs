@@ -4,8 +4,8 @@
 
 use fedfuse_core::{BlockKind, FeatureBlock};
 use fedfuse_fuse::{
-    GlassoConfig, Graph, consensus, covariance, edge_precision_recall, expand_to_units,
-    graph_from_scores, graphical_lasso, partial_correlations,
+    GlassoConfig, Graph, GraphRecovery, consensus, covariance, edge_precision_recall,
+    expand_to_units, graph_from_scores, graphical_lasso, partial_correlations, recover_graph,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -316,4 +316,67 @@ fn sample(d: usize, n: usize, p: f64, seed: u64) -> TestGgm {
         }
     }
     TestGgm { d, n, adj, samples }
+}
+
+/// Mixed rows: real `a`; categorical `b` (4 levels, the last never seen) set by `a`'s tercile;
+/// real `c`; real `d = c + noise`. The two strongest pairs are a-b and c-d, and the unseen
+/// level (a constant unit) neither breaks the lasso nor links to anything.
+#[test]
+fn recover_graph_reads_mixed_blocks_and_skips_constant_units() {
+    use rand_distr::{Distribution, Normal};
+    let mut rng = StdRng::seed_from_u64(5);
+    let normal = Normal::new(0.0f64, 1.0).unwrap();
+    let blocks = vec![
+        FeatureBlock {
+            name: "a".into(),
+            start: 0,
+            len: 1,
+            kind: BlockKind::Real,
+        },
+        FeatureBlock {
+            name: "b".into(),
+            start: 1,
+            len: 4,
+            kind: BlockKind::Categorical,
+        },
+        FeatureBlock {
+            name: "c".into(),
+            start: 5,
+            len: 1,
+            kind: BlockKind::Real,
+        },
+        FeatureBlock {
+            name: "d".into(),
+            start: 6,
+            len: 1,
+            kind: BlockKind::Real,
+        },
+    ];
+    let n = 600;
+    let mut x = Vec::with_capacity(n * 7);
+    for _ in 0..n {
+        let a = normal.sample(&mut rng);
+        let level = if a < -0.43 {
+            0
+        } else if a < 0.43 {
+            1
+        } else {
+            2
+        };
+        let c = normal.sample(&mut rng);
+        let d = c + 0.5 * normal.sample(&mut rng);
+        x.push(a as f32);
+        x.extend((0..4).map(|l| f32::from(u8::from(l == level))));
+        x.push(c as f32);
+        x.push(d as f32);
+    }
+    let cfg = GraphRecovery {
+        sparsity: 2.0 / 6.0,
+        ..GraphRecovery::default()
+    };
+    let g = recover_graph(&x, n, &blocks, &cfg).unwrap();
+    assert_eq!(g.features(), names(&["a", "b", "c", "d"]).as_slice());
+    assert_eq!(g.edges(), vec![(0, 1), (2, 3)]);
+    // One row is not enough to estimate anything.
+    assert!(recover_graph(&x[..7], 1, &blocks, &cfg).is_err());
 }

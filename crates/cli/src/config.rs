@@ -367,6 +367,20 @@ fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
     Ok(())
 }
 
+/// Reads the TOML file `path` as a `what` (e.g. "sweep config") and checks it with `check`;
+/// every error names the file.
+pub fn load_checked<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    check: impl FnOnce(&T) -> Result<()>,
+) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let cfg: T = toml::from_str(&text).with_context(|| format!("{what} {}", path.display()))?;
+    check(&cfg).with_context(|| format!("{what} {}", path.display()))?;
+    Ok(cfg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

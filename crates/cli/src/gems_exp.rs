@@ -108,13 +108,7 @@ pub struct GemsExperiment {
 impl GemsExperiment {
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read GEMS experiment {}", path.display()))?;
-        let cfg: Self =
-            toml::from_str(&text).with_context(|| format!("GEMS experiment {}", path.display()))?;
-        cfg.check()
-            .with_context(|| format!("GEMS experiment {}", path.display()))?;
-        Ok(cfg)
+        crate::config::load_checked(path, "GEMS experiment", Self::check)
     }
 
     /// Checks the settings that do not need data.

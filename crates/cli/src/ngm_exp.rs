@@ -125,13 +125,7 @@ pub struct NgmExperiment {
 impl NgmExperiment {
     /// Reads and checks an experiment file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read NGM experiment {}", path.display()))?;
-        let cfg: Self =
-            toml::from_str(&text).with_context(|| format!("NGM experiment {}", path.display()))?;
-        cfg.check()
-            .with_context(|| format!("NGM experiment {}", path.display()))?;
-        Ok(cfg)
+        crate::config::load_checked(path, "NGM experiment", Self::check)
     }
 
     /// Checks the settings that do not need data.

@@ -149,13 +149,7 @@ pub struct SweepConfig {
 impl SweepConfig {
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read sweep config {}", path.display()))?;
-        let cfg: SweepConfig =
-            toml::from_str(&text).with_context(|| format!("sweep config {}", path.display()))?;
-        cfg.check()
-            .with_context(|| format!("sweep config {}", path.display()))?;
-        Ok(cfg)
+        crate::config::load_checked(path, "sweep config", Self::check)
     }
 
     fn check(&self) -> Result<()> {

@@ -477,10 +477,9 @@ pub fn run_fedngm(
     let client_graphs: Vec<Graph> = clients
         .par_iter()
         .map(|c| -> Result<Graph> {
-            let enc = full_encoding.subset(c.table.names())?;
             match cfg.variant {
                 FedNgmVariant::Ngm => {
-                    let x = enc.encode(c.table)?;
+                    let x = full_encoding.subset(c.table.names())?.encode(c.table)?;
                     Ok(recover_graph(&x.x, x.n, &x.blocks, &cfg.graph.recovery())?)
                 }
                 FedNgmVariant::Ngr => {
@@ -603,7 +602,8 @@ pub fn run_fedngm(
         let targets = match cfg.variant {
             FedNgmVariant::Ngm => ngm.average_predictions(&members, &samples)?,
             FedNgmVariant::Ngr => {
-                leak_free_average(&ngm, &members, &samples, &leak_free_means(&ngm, &samples)?)?
+                let start = Marginals::from_data(&ngm, &samples)?;
+                leak_free_average(&ngm, &members, &samples, start.means())?
             }
         };
         let mut gcfg = cfg.global.clone();
@@ -669,11 +669,6 @@ pub fn run_fedngm(
         rounds,
         traffic,
     })
-}
-
-/// Per-unit means of the distillation samples: where inference starts.
-fn leak_free_means(ngm: &Ngm, samples: &[f32]) -> Result<Vec<f32>> {
-    Ok(Marginals::from_data(ngm, samples)?.means().to_vec())
 }
 
 /// FedNGR's distillation targets: the weighted average of each client model's conditional

@@ -20,12 +20,12 @@ mod error;
 pub mod fedngm;
 mod method;
 mod methods;
-pub mod oneshot;
 mod seed;
 mod simulator;
 
 pub use error::{FedError, Result};
 pub use method::{Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, standard_fit};
+pub use methods::put_class_counts;
 pub use methods::{
     BuildContext, CriterionKind, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx,
     FedSparse, FedTrimmedAvg, Gems, GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind,

@@ -47,7 +47,7 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
     };
     let path = out.join("results.json");
     let json = serde_json::to_string_pretty(&results).context("cannot serialise results")?;
-    std::fs::write(&path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    crate::table::write_atomic(&path, json.as_bytes())?;
 
     // Method-specific figures (chosen eps, widths, ...) become extra columns.
     let extra: BTreeSet<&str> = run
@@ -92,6 +92,6 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
         csv.push('\n');
     }
     let path = out.join("metrics.csv");
-    std::fs::write(&path, csv).with_context(|| format!("cannot write {}", path.display()))?;
+    crate::table::write_atomic(&path, csv.as_bytes())?;
     Ok(())
 }

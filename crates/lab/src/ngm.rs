@@ -15,7 +15,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -34,7 +33,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::sweep::mean_std;
+use crate::Observer;
+use crate::table::{Tables, mean_std, write_atomic};
 
 /// Where the clients' rows come from.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -316,7 +316,12 @@ fn message_passing() -> InferConfig {
     }
 }
 
-fn run_seed(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Vec<Row>> {
+fn run_seed(
+    cfg: &NgmExperiment,
+    seed: u64,
+    data_dir: &Path,
+    observer: &dyn Observer,
+) -> Result<Vec<Row>> {
     let p = prepare(cfg, seed, data_dir)?;
     let mut rows = Vec::new();
     let mut push = |kind, model: &str, target: &str, metric, value| {
@@ -341,15 +346,18 @@ fn run_seed(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Vec<Row>>
     };
     let started = Instant::now();
     let fed = run_fedngm(&clients, None, &fedngm, &|r| {
-        eprintln!(
+        observer.note(&format!(
             "  FedNGM round {}: distillation loss {:.5}, {} samples, {} KB up",
             r.round,
             r.distill_loss,
             r.samples,
             r.bytes_up / 1000
-        )
+        ))
     })?;
-    eprintln!("  FedNGM: {:.1} s", started.elapsed().as_secs_f64());
+    observer.note(&format!(
+        "  FedNGM: {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
     let features = fed.consensus.features().to_vec();
     let core = |t: &Table| t.select_columns(&features);
     let train_core = Table::concat(&p.train.iter().map(core).collect::<Result<Vec<_>, _>>()?)?;
@@ -537,11 +545,18 @@ fn bayes_rmse(t: &Truth, k: usize) -> Result<f64> {
 }
 
 /// Runs every seed and writes results.csv, results.json, summary.csv and summary.md.
-pub fn run(cfg: &NgmExperiment, out: &Path, data_dir: Option<&Path>) -> Result<ExitCode> {
+pub fn run(
+    cfg: &NgmExperiment,
+    out: &Path,
+    data_dir: Option<&Path>,
+    observer: &dyn Observer,
+) -> Result<()> {
     std::fs::create_dir_all(out)
         .with_context(|| format!("cannot create output folder {}", out.display()))?;
-    std::fs::write(out.join("experiment.toml"), toml::to_string_pretty(cfg)?)
-        .with_context(|| format!("cannot write {}", out.join("experiment.toml").display()))?;
+    write_atomic(
+        &out.join("experiment.toml"),
+        toml::to_string_pretty(cfg)?.as_bytes(),
+    )?;
     let dir = data_dir
         .map(Path::to_path_buf)
         .or_else(|| cfg.data_dir.clone())
@@ -549,17 +564,20 @@ pub fn run(cfg: &NgmExperiment, out: &Path, data_dir: Option<&Path>) -> Result<E
     let mut rows = Vec::new();
     for &seed in &cfg.seeds {
         let started = Instant::now();
-        eprintln!("seed {seed}");
-        rows.extend(run_seed(cfg, seed, &dir).with_context(|| format!("seed {seed}"))?);
-        eprintln!("seed {seed}: {:.0} s", started.elapsed().as_secs_f64());
+        observer.note(&format!("seed {seed}"));
+        rows.extend(run_seed(cfg, seed, &dir, observer).with_context(|| format!("seed {seed}"))?);
+        observer.note(&format!(
+            "seed {seed}: {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
         write_tables(cfg, &rows, out)?;
     }
-    std::fs::write(
-        out.join("results.json"),
-        serde_json::to_string_pretty(&rows)?,
+    write_atomic(
+        &out.join("results.json"),
+        serde_json::to_string_pretty(&rows)?.as_bytes(),
     )?;
-    eprintln!("wrote {}", out.join("summary.md").display());
-    Ok(ExitCode::SUCCESS)
+    observer.note(&format!("wrote {}", out.join("summary.md").display()));
+    Ok(())
 }
 
 fn write_tables(cfg: &NgmExperiment, rows: &[Row], out: &Path) -> Result<()> {
@@ -571,7 +589,6 @@ fn write_tables(cfg: &NgmExperiment, rows: &[Row], out: &Path) -> Result<()> {
             r.seed, r.kind, r.model, r.target, r.metric, r.value
         );
     }
-    std::fs::write(out.join("results.csv"), csv)?;
     // (kind, target, metric, model) in first-seen order -> values over seeds.
     let mut order: Vec<(&str, &str, &str, &str)> = Vec::new();
     let mut values: BTreeMap<(&str, &str, &str, &str), Vec<f64>> = BTreeMap::new();
@@ -620,9 +637,12 @@ fn write_tables(cfg: &NgmExperiment, rows: &[Row], out: &Path) -> Result<()> {
         }
         let _ = writeln!(md, "| {model} | {m:.4} ± {s:.4} | {} |", v.len());
     }
-    std::fs::write(out.join("summary.csv"), summary)?;
-    std::fs::write(out.join("summary.md"), md)?;
-    Ok(())
+    Tables {
+        results_csv: csv,
+        summary_csv: summary,
+        summary_md: md,
+    }
+    .write(out)
 }
 
 #[cfg(test)]
@@ -672,7 +692,7 @@ mod tests {
         .expect("parses");
         cfg.check().expect("valid");
         let dir = tempfile::tempdir().expect("tempdir");
-        run(&cfg, dir.path(), None).expect("runs");
+        run(&cfg, dir.path(), None, &crate::Silent).expect("runs");
         let md = std::fs::read_to_string(dir.path().join("summary.md")).expect("summary");
         for row in [
             "client 0 (glasso)",

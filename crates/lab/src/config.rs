@@ -9,6 +9,17 @@ use fedfuse_fed::{BuildContext, ClientsPerRound, MethodConfig, ServerStepConfig}
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 
+/// At most this many rounds: a typo such as `rounds = 1e15` is refused at load instead of
+/// aborting on an allocation later.
+pub const MAX_ROUNDS: usize = 1_000_000;
+/// At most this many clients.
+pub const MAX_CLIENTS: usize = 10_000_000;
+/// At most this many units in one hidden layer.
+pub const MAX_WIDTH: usize = 1_000_000;
+/// At most this many parameters in the model (2 GB of f32 per copy); checked once the data
+/// fixes the input size, before anything is allocated.
+pub const MAX_PARAMS: usize = 500_000_000;
+
 /// A whole experiment, as written in `CONFIG.toml`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +194,27 @@ impl Default for TrainSection {
 }
 
 impl TrainSection {
+    /// Refuses keys in `[train]` that the chosen optimizer does not read (they would silently
+    /// do nothing): `beta1`, `beta2`, `eps` with SGD, `momentum` with Adam or AMSGrad.
+    fn check_keys_used(&self, given: &toml::Table) -> Result<()> {
+        let unused: &[&str] = match self.optimizer {
+            OptimizerName::Sgd => &["beta1", "beta2", "eps"],
+            OptimizerName::Adam | OptimizerName::Amsgrad => &["momentum"],
+        };
+        if let Some(key) = unused.iter().find(|k| given.contains_key(**k)) {
+            bail!(
+                "`train.{key}` does nothing with `train.optimizer = \"{}\"`; remove it or choose \
+                 an optimizer that uses it",
+                match self.optimizer {
+                    OptimizerName::Sgd => "sgd",
+                    OptimizerName::Adam => "adam",
+                    OptimizerName::Amsgrad => "amsgrad",
+                }
+            );
+        }
+        Ok(())
+    }
+
     /// The trainer's typed settings.
     pub fn to_train_config(&self) -> TrainConfig {
         let optimizer = match self.optimizer {
@@ -233,6 +265,13 @@ impl ModelSection {
             }
         };
         spec.validate().context("model")?;
+        if spec.num_params() > MAX_PARAMS {
+            bail!(
+                "the model has {} parameters, above the limit of {MAX_PARAMS}; use smaller \
+                 `model.hidden` widths",
+                spec.num_params()
+            );
+        }
         Ok(spec)
     }
 }
@@ -251,7 +290,10 @@ impl Config {
         for o in overrides {
             apply_override(&mut value, o)?;
         }
-        let cfg: Config = toml::Value::Table(value).try_into()?;
+        let cfg: Config = toml::Value::Table(value.clone()).try_into()?;
+        if let Some(toml::Value::Table(train)) = value.get("train") {
+            cfg.train.check_keys_used(train)?;
+        }
         cfg.check()?;
         Ok(cfg)
     }
@@ -261,8 +303,51 @@ impl Config {
         if self.rounds == 0 {
             bail!("`rounds` must be at least 1");
         }
+        if self.rounds > MAX_ROUNDS {
+            bail!(
+                "`rounds` = {} is above the limit of {MAX_ROUNDS}; split a longer study into \
+                 runs",
+                self.rounds
+            );
+        }
         if self.clients == 0 {
             bail!("`clients` must be at least 1");
+        }
+        if self.clients > MAX_CLIENTS {
+            bail!(
+                "`clients` = {} is above the limit of {MAX_CLIENTS}",
+                self.clients
+            );
+        }
+        match self.clients_per_round {
+            ClientsPerRound::Count(0) => bail!("`clients_per_round` must be at least 1"),
+            ClientsPerRound::Count(c) if c > self.clients => bail!(
+                "`clients_per_round` = {c} is more than the {} clients; use at most {} (or a \
+                 fraction such as 0.1)",
+                self.clients,
+                self.clients
+            ),
+            ClientsPerRound::Fraction(f) if !(f > 0.0 && f <= 1.0) => bail!(
+                "`clients_per_round` = {f} is neither a count (an integer) nor a fraction in (0, 1]"
+            ),
+            _ => {}
+        }
+        if let Err(e) = self.partition.check() {
+            match e {
+                fedfuse_data::DataError::InvalidArgument { field, msg } => {
+                    bail!("`partition.{field}`: {msg}")
+                }
+                other => return Err(other.into()),
+            }
+        }
+        if let Some((i, &w)) = self
+            .model
+            .hidden
+            .iter()
+            .enumerate()
+            .find(|&(_, &w)| w > MAX_WIDTH)
+        {
+            bail!("`model.hidden[{i}]` = {w} is above the limit of {MAX_WIDTH} units per layer");
         }
         if !(0.0..1.0).contains(&self.dataset.local_test_fraction) {
             bail!(
@@ -480,6 +565,39 @@ hidden = [16]
                 .unwrap_err()
                 .contains("eps_grid")
         );
+    }
+
+    #[test]
+    fn hostile_and_silent_settings_are_refused_at_load() {
+        let err = |o: &[&str]| {
+            let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            format!("{:#}", Config::parse(BASE, &o).unwrap_err())
+        };
+        assert!(err(&["clients_per_round=5"]).contains("more than the 4 clients"));
+        assert!(err(&["clients_per_round=0"]).contains("clients_per_round"));
+        assert!(err(&["clients_per_round=1.5"]).contains("clients_per_round"));
+        assert!(Config::parse(BASE, &["clients_per_round=4".into()]).is_ok());
+        assert!(
+            err(&["partition.kind=dirichlet", "partition.alpha=0"]).contains("partition.alpha")
+        );
+        assert!(
+            err(&["partition.kind=dirichlet", "partition.alpha=-1"]).contains("partition.alpha")
+        );
+        assert!(err(&["rounds=1000000000000000"]).contains("rounds"));
+        assert!(err(&["model.hidden=[400000000]"]).contains("model.hidden[0]"));
+        assert!(err(&["train.beta1=0.5"]).contains("train.beta1"));
+        assert!(err(&["train.optimizer=adam", "train.momentum=0.9"]).contains("train.momentum"));
+        assert!(
+            Config::parse(
+                BASE,
+                &["train.optimizer=adam".into(), "train.beta1=0.5".into()]
+            )
+            .is_ok()
+        );
+        // Within the width limit but too many parameters once the input size is known.
+        let cfg = Config::parse(BASE, &["model.hidden=[900000, 900000]".into()]).unwrap();
+        let e = cfg.model.spec(&[64], 10).unwrap_err();
+        assert!(format!("{e:#}").contains("parameters"), "{e:#}");
     }
 
     #[test]

@@ -9,14 +9,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use fedfuse_core::{ModelSpec, Params};
-use fedfuse_data::{Dataset, PartitionSpec, client_splits, holdout, load_dataset, partition};
-use fedfuse_fed::oneshot::{LocalModel, Start, replies, train_locals};
+use fedfuse_data::{Dataset, PartitionSpec, load_dataset};
 use fedfuse_fed::{
     Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, default_eps_grid,
     derive_seed, simulate,
@@ -26,7 +24,11 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use crate::Observer;
 use crate::config::TrainSection;
+use crate::oneshot::{LocalModel, Start, replies, train_locals};
+use crate::pipeline::{ServerSplit, client_data, server_split};
+use crate::table::{mean_std, write_atomic};
 
 /// Rows of a sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -306,7 +308,7 @@ struct Setting<'a> {
 struct Sweep<'a> {
     cfg: &'a SweepConfig,
     pool: &'a Dataset,
-    validation: &'a Arc<Dataset>,
+    validation: Option<Arc<Dataset>>,
     test: &'a Dataset,
 }
 
@@ -346,7 +348,7 @@ impl Sweep<'_> {
                     init: self.cfg.init,
                     seed,
                     spec: Some(spec.clone()),
-                    validation: Some(Arc::clone(self.validation)),
+                    validation: self.validation.clone(),
                 })
                 .map_err(anyhow::Error::from)
             })
@@ -360,14 +362,7 @@ impl Sweep<'_> {
         oracle: &mut BTreeMap<(u64, Vec<usize>), Row>,
     ) -> Result<Vec<Row>> {
         let mut rng = StdRng::seed_from_u64(derive_seed(s.seed, 0, s.clients));
-        let parts = partition(
-            &self.pool.y,
-            self.pool.num_classes,
-            s.clients,
-            s.partition,
-            &mut rng,
-        )?;
-        let clients = client_splits(self.pool, &parts, 0.0, &mut rng)?;
+        let clients = client_data(self.pool, s.clients, s.partition, 0.0, &mut rng)?;
         let spec = ModelSpec::mlp(self.pool.dim(), s.hidden, self.pool.num_classes);
         let trainer = Trainer::new(spec.clone())?;
         let train = self.cfg.train.to_train_config();
@@ -525,11 +520,18 @@ impl Sweep<'_> {
 }
 
 /// Runs `fedfuse sweep`.
-pub fn run(cfg: &SweepConfig, out: &Path, data_dir: Option<&Path>) -> Result<ExitCode> {
+pub fn run(
+    cfg: &SweepConfig,
+    out: &Path,
+    data_dir: Option<&Path>,
+    observer: &dyn Observer,
+) -> Result<()> {
     std::fs::create_dir_all(out)
         .with_context(|| format!("cannot create output folder {}", out.display()))?;
-    std::fs::write(out.join("sweep.toml"), toml::to_string_pretty(cfg)?)
-        .with_context(|| format!("cannot write {}", out.join("sweep.toml").display()))?;
+    write_atomic(
+        &out.join("sweep.toml"),
+        toml::to_string_pretty(cfg)?.as_bytes(),
+    )?;
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut settings = Vec::new();
@@ -547,7 +549,7 @@ pub fn run(cfg: &SweepConfig, out: &Path, data_dir: Option<&Path>) -> Result<Exi
             }
         }
     }
-    eprintln!(
+    observer.note(&format!(
         "{}: {} settings x {} methods on {} ({} train / {} test)",
         cfg.title,
         settings.len(),
@@ -555,23 +557,24 @@ pub fn run(cfg: &SweepConfig, out: &Path, data_dir: Option<&Path>) -> Result<Exi
         cfg.dataset,
         data.train.len(),
         data.test.len()
-    );
+    ));
     let mut rows = Vec::new();
     let mut oracle = BTreeMap::new();
-    let mut held: BTreeMap<u64, (Dataset, Arc<Dataset>)> = BTreeMap::new();
+    // The server's validation split of the current seed, drawn before any partition.
+    let mut held: Option<(u64, ServerSplit<'_>)> = None;
     for (i, s) in settings.iter().enumerate() {
-        if !held.contains_key(&s.seed) {
-            // The server's validation split, per seed, before any partition.
-            let mut rng = StdRng::seed_from_u64(s.seed);
-            let (pool, val) = holdout(&data.train, cfg.validation_fraction, &mut rng)?;
-            held.clear();
-            held.insert(s.seed, (pool, Arc::new(val)));
-        }
-        let (pool, validation) = &held[&s.seed];
+        let (_, split) = match held.take() {
+            Some((seed, split)) if seed == s.seed => held.insert((seed, split)),
+            _ => {
+                let mut rng = StdRng::seed_from_u64(s.seed);
+                let split = server_split(&data.train, cfg.validation_fraction, &mut rng)?;
+                held.insert((s.seed, split))
+            }
+        };
         let ctx = Sweep {
             cfg,
-            pool,
-            validation,
+            pool: &split.pool,
+            validation: split.validation.clone(),
             test: &data.test,
         };
         let started = Instant::now();
@@ -597,7 +600,7 @@ pub fn run(cfg: &SweepConfig, out: &Path, data_dir: Option<&Path>) -> Result<Exi
         for r in new_rows.iter().filter(|r| r.round == cfg.rounds) {
             let _ = write!(line, " {} {:.3}", method_key(r.method), r.accuracy);
         }
-        eprintln!("{line}");
+        observer.note(&line);
         rows.extend(new_rows);
         // Partial results survive an interrupted sweep.
         write_rows(out, &rows)?;
@@ -605,8 +608,8 @@ pub fn run(cfg: &SweepConfig, out: &Path, data_dir: Option<&Path>) -> Result<Exi
     let summary = summarise(&rows);
     write_summary(out, cfg, &summary)?;
     crate::plot::write_sweep_plots(out, &cfg.title, &sweep_lines(cfg, &summary))?;
-    eprintln!("results in {}", out.display());
-    Ok(ExitCode::SUCCESS)
+    observer.note(&format!("results in {}", out.display()));
+    Ok(())
 }
 
 fn write_rows(out: &Path, rows: &[Row]) -> Result<()> {
@@ -631,8 +634,7 @@ fn write_rows(out: &Path, rows: &[Row]) -> Result<()> {
             r.seconds
         );
     }
-    let path = out.join("results.csv");
-    std::fs::write(&path, csv).with_context(|| format!("cannot write {}", path.display()))
+    write_atomic(&out.join("results.csv"), csv.as_bytes())
 }
 
 /// Mean and spread over seeds of one (partition, clients, hidden, round, method).
@@ -651,19 +653,6 @@ struct Summary {
     /// Mean total hidden width.
     width_mean: f64,
     eps: Vec<f64>,
-}
-
-/// Mean and sample standard deviation of a non-empty slice (0 for one value).
-pub(crate) fn mean_std(v: &[f64]) -> (f64, f64) {
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    // Sample standard deviation; 0 for a single seed.
-    let var = if v.len() > 1 {
-        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
-    };
-    (mean, var.sqrt())
 }
 
 fn summarise(rows: &[Row]) -> Vec<Summary> {
@@ -775,11 +764,8 @@ fn write_summary(out: &Path, cfg: &SweepConfig, summary: &[Summary]) -> Result<(
             if eps.is_empty() { "–".into() } else { eps }
         );
     }
-    for (name, text) in [("summary.csv", csv), ("summary.md", md)] {
-        let path = out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(())
+    write_atomic(&out.join("summary.csv"), csv.as_bytes())?;
+    write_atomic(&out.join("summary.md"), md.as_bytes())
 }
 
 /// Lines of the sweep's plots: one chart per partition (and per fixed other axis), x the axis

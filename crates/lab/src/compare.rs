@@ -9,15 +9,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use fedfuse_fed::RoundMetrics;
 use serde::Deserialize;
 
+use crate::Observer;
 use crate::config::Config;
 use crate::plot::{Chart, Line, write_chart};
-use crate::progress::Reporter;
+use crate::table::{Stats, Tables, csv_field, pm};
 
 /// A comparison, as written in `experiments/*.toml`.
 #[derive(Clone, Debug, Deserialize)]
@@ -109,18 +109,21 @@ struct Run {
 
 /// Runs every arm for every seed, writing `results.csv`, `summary.csv`, `summary.md` and the
 /// plots into `out` (the results so far after every run).
-pub fn run(cfg: &CompareConfig, out: &Path, data_dir: Option<&Path>) -> Result<ExitCode> {
+pub fn run(
+    cfg: &CompareConfig,
+    out: &Path,
+    data_dir: Option<&Path>,
+    observer: &dyn Observer,
+) -> Result<()> {
     std::fs::create_dir_all(out)
         .with_context(|| format!("cannot create output folder {}", out.display()))?;
     let mut runs = Vec::new();
     for &seed in &cfg.seeds {
         for (a, arm) in cfg.arms.iter().enumerate() {
             let run_cfg = cfg.arm_config(arm, seed, data_dir)?;
-            eprintln!("== {} (seed {seed})", arm.label);
-            let reporter = Reporter::new(run_cfg.rounds, true);
-            let result = crate::run::federate(&run_cfg, &|p| reporter.event(p))
+            observer.note(&format!("== {} (seed {seed})", arm.label));
+            let result = crate::run::federate(&run_cfg, observer)
                 .with_context(|| format!("arm `{}`, seed {seed}", arm.label))?;
-            reporter.finish();
             runs.push(Run {
                 arm: a,
                 seed,
@@ -129,19 +132,18 @@ pub fn run(cfg: &CompareConfig, out: &Path, data_dir: Option<&Path>) -> Result<E
             write_all(cfg, out, &runs)?;
         }
     }
-    eprint!("{}", summary_markdown(cfg, &runs));
-    eprintln!("results in {}", out.display());
-    Ok(ExitCode::SUCCESS)
-}
-
-fn write_file(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    observer.note(summary_markdown(cfg, &runs).trim_end());
+    observer.note(&format!("results in {}", out.display()));
+    Ok(())
 }
 
 fn write_all(cfg: &CompareConfig, out: &Path, runs: &[Run]) -> Result<()> {
-    write_file(&out.join("results.csv"), &results_csv(cfg, runs))?;
-    write_file(&out.join("summary.csv"), &summary_csv(cfg, runs))?;
-    write_file(&out.join("summary.md"), &summary_markdown(cfg, runs))?;
+    Tables {
+        results_csv: results_csv(cfg, runs),
+        summary_csv: summary_csv(cfg, runs),
+        summary_md: summary_markdown(cfg, runs),
+    }
+    .write(out)?;
     for (stem, what, local) in [
         ("global_accuracy_vs_traffic", "global model", false),
         ("local_accuracy_vs_traffic", "clients' own models", true),
@@ -193,21 +195,9 @@ fn results_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
     s
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
-
 /// Mean and sample standard deviation (0 for one value); NaNs are skipped.
 fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN);
-    }
-    crate::sweep::mean_std(&v)
+    Stats::of_finite(values).pair()
 }
 
 /// Final figures of one arm over its seeds.
@@ -262,14 +252,6 @@ fn summary_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
         }
     }
     s
-}
-
-fn pm(v: (f64, f64), scale: f64, digits: usize) -> String {
-    if v.0.is_nan() {
-        "-".into()
-    } else {
-        format!("{:.digits$} ± {:.digits$}", v.0 * scale, v.1 * scale)
-    }
 }
 
 fn summary_markdown(cfg: &CompareConfig, runs: &[Run]) -> String {

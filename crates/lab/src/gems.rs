@@ -6,18 +6,16 @@
 //! (with averaging fine-tuned and a model trained on the public data alone, as the authors'
 //! notebooks compare), and the pooled gold model: accuracy, cross-entropy, hidden width.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{
-    ClientData, Dataset, PartitionSpec, client_splits, holdout, load_dataset, map_labels,
-    partition, permute_features, select_classes,
+    ClientData, Dataset, PartitionSpec, holdout, load_dataset, map_labels, permute_features,
+    select_classes,
 };
 use fedfuse_fed::{
     ClientsPerRound, Gems, GemsSettings, SimConfig, derive_seed, finetune_output_layer,
@@ -30,9 +28,11 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use crate::Observer;
 use crate::config::TrainSection;
+use crate::pipeline::client_data;
 use crate::plot::{Chart, Line, write_chart};
-use crate::sweep::mean_std;
+use crate::table::{Stats, Tables, group_first_seen, write_atomic};
 
 /// How the learners' data are made.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -256,8 +256,7 @@ impl GemsExperiment {
                 learners,
                 partition: spec,
             } => {
-                let parts = partition(&pool.y, pool.num_classes, *learners, spec, &mut rng)?;
-                let clients = client_splits(&pool, &parts, 0.0, &mut rng)?
+                let clients = client_data(&pool, *learners, spec, 0.0, &mut rng)?
                     .into_iter()
                     .map(|c| learner(first(&c.train, cap)))
                     .collect();
@@ -286,7 +285,12 @@ fn widths(params: &Params) -> String {
 }
 
 /// Everything for one seed.
-fn run_seed(cfg: &GemsExperiment, data: &fedfuse_data::TrainTest, seed: u64) -> Result<Vec<Row>> {
+fn run_seed(
+    cfg: &GemsExperiment,
+    data: &fedfuse_data::TrainTest,
+    seed: u64,
+    observer: &dyn Observer,
+) -> Result<Vec<Row>> {
     let l = cfg.learners(data, seed)?;
     let classes = l.test.num_classes;
     let spec = ModelSpec::mlp(l.test.dim(), &cfg.hidden, classes);
@@ -401,7 +405,9 @@ fn run_seed(cfg: &GemsExperiment, data: &fedfuse_data::TrainTest, seed: u64) -> 
         let result = match result {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("  seed {seed}, neuron_epsilon {eps}: GEMS failed: {e}");
+                observer.note(&format!(
+                    "  seed {seed}, neuron_epsilon {eps}: GEMS failed: {e}"
+                ));
                 rows.push(Row {
                     seed,
                     neuron_epsilon: eps,
@@ -431,65 +437,55 @@ fn run_seed(cfg: &GemsExperiment, data: &fedfuse_data::TrainTest, seed: u64) -> 
 
 /// Runs the experiment and writes `results.csv`, `summary.csv`, `summary.md` and, with an
 /// epsilon sweep, plots of width and accuracy against epsilon.
-pub fn run(cfg: &GemsExperiment, out: &Path, data_dir: Option<&Path>) -> Result<ExitCode> {
+pub fn run(
+    cfg: &GemsExperiment,
+    out: &Path,
+    data_dir: Option<&Path>,
+    observer: &dyn Observer,
+) -> Result<()> {
     std::fs::create_dir_all(out)
         .with_context(|| format!("cannot create output folder {}", out.display()))?;
-    std::fs::write(out.join("experiment.toml"), toml::to_string_pretty(cfg)?)
-        .with_context(|| format!("cannot write {}", out.join("experiment.toml").display()))?;
+    write_atomic(
+        &out.join("experiment.toml"),
+        toml::to_string_pretty(cfg)?.as_bytes(),
+    )?;
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut rows = Vec::new();
     for &seed in &cfg.seeds {
         let started = Instant::now();
-        let new = run_seed(cfg, &data, seed).with_context(|| format!("seed {seed}"))?;
-        eprintln!(
+        let new = run_seed(cfg, &data, seed, observer).with_context(|| format!("seed {seed}"))?;
+        observer.note(&format!(
             "seed {seed} ({:.0} s): {}",
             started.elapsed().as_secs_f64(),
             new.iter()
                 .map(|r| format!("{} {:.3}", r.model, r.accuracy))
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        ));
         rows.extend(new);
         write_tables(cfg, &rows, out)?;
     }
     write_plots(cfg, &rows, out)?;
-    eprintln!("wrote {}", out.join("summary.md").display());
-    Ok(ExitCode::SUCCESS)
+    observer.note(&format!("wrote {}", out.join("summary.md").display()));
+    Ok(())
 }
 
 /// (epsilon as text, model) -> rows, in first-seen order of models.
 fn groups(rows: &[Row]) -> Vec<((String, String), Vec<&Row>)> {
-    let mut order: Vec<(String, String)> = Vec::new();
-    let mut map: BTreeMap<(String, String), Vec<&Row>> = BTreeMap::new();
-    for r in rows {
+    group_first_seen(rows, |r| {
         let eps = if r.neuron_epsilon.is_nan() {
             String::new()
         } else {
             format!("{}", r.neuron_epsilon)
         };
-        let key = (eps, r.model.clone());
-        if !map.contains_key(&key) {
-            order.push(key.clone());
-        }
-        map.entry(key).or_default().push(r);
-    }
-    order
-        .into_iter()
-        .map(|k| {
-            let v = map.remove(&k).unwrap_or_default();
-            (k, v)
-        })
-        .collect()
+        (eps, r.model.clone())
+    })
 }
 
 fn stats(g: &[&Row], f: impl Fn(&Row) -> f64) -> (f64, f64, usize) {
-    let v: Vec<f64> = g.iter().map(|r| f(r)).filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, 0);
-    }
-    let (m, s) = mean_std(&v);
-    (m, s, v.len())
+    let s = Stats::of_finite(g.iter().map(|r| f(r)));
+    (s.mean, s.std, s.n)
 }
 
 fn mean_width(g: &[&Row]) -> f64 {
@@ -516,7 +512,6 @@ fn write_tables(cfg: &GemsExperiment, rows: &[Row], out: &Path) -> Result<()> {
             r.seed, r.neuron_epsilon, r.model, r.accuracy, r.loss, r.width
         );
     }
-    std::fs::write(out.join("results.csv"), csv)?;
     let mut summary = String::from(
         "neuron_epsilon,model,runs,accuracy_mean,accuracy_std,loss_mean,loss_std,hidden_width\n",
     );
@@ -541,9 +536,12 @@ fn write_tables(cfg: &GemsExperiment, rows: &[Row], out: &Path) -> Result<()> {
             g.len()
         );
     }
-    std::fs::write(out.join("summary.csv"), summary)?;
-    std::fs::write(out.join("summary.md"), md)?;
-    Ok(())
+    Tables {
+        results_csv: csv,
+        summary_csv: summary,
+        summary_md: md,
+    }
+    .write(out)
 }
 
 fn write_plots(cfg: &GemsExperiment, rows: &[Row], out: &Path) -> Result<()> {
@@ -626,7 +624,7 @@ mod tests {
         .expect("parses");
         cfg.check().expect("valid");
         let dir = tempfile::tempdir().expect("tempdir");
-        run(&cfg, dir.path(), None).expect("runs");
+        run(&cfg, dir.path(), None, &crate::Silent).expect("runs");
         let md = std::fs::read_to_string(dir.path().join("summary.md")).expect("summary");
         for row in [
             "local 0",

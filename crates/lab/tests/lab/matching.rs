@@ -1,16 +1,14 @@
 //! Matching methods in the federation on real data (the bundled UCI digits): GPI-FNM's eps
 //! choice, extra communication rounds, FedAvg from separate initialisations.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
-
 use std::sync::Arc;
 
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{
     ClientData, Dataset, PartitionSpec, client_splits, holdout, load_dataset, partition,
 };
-use fedfuse_fed::oneshot::{Start, replies, train_locals};
 use fedfuse_fed::{Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, simulate};
+use fedfuse_lab::oneshot::{Start, replies, train_locals};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;

@@ -7,7 +7,8 @@ use fedfuse_data::ClientData;
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rayon::prelude::*;
 
-use crate::{FedError, Result, derive_seed};
+use anyhow::{Result, bail};
+use fedfuse_fed::{Reply, derive_seed, put_class_counts};
 
 /// Where the clients' local training starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,10 +45,7 @@ pub fn train_locals(
     seed: u64,
 ) -> Result<Vec<LocalModel>> {
     if clients.is_empty() {
-        return Err(FedError::InvalidSetting {
-            field: "clients",
-            reason: "no clients to train".into(),
-        });
+        bail!("no clients to train");
     }
     let common = init_params(trainer.spec(), init, derive_seed(seed, 0, usize::MAX));
     clients
@@ -80,7 +78,7 @@ pub fn train_locals(
 
 /// The local models as the replies a server would receive in round 1 (parameters, example
 /// counts and class counts), so that any method's server step can run on them.
-pub fn replies(locals: &[LocalModel]) -> Vec<crate::Reply> {
+pub fn replies(locals: &[LocalModel]) -> Vec<Reply> {
     locals
         .iter()
         .enumerate()
@@ -88,8 +86,8 @@ pub fn replies(locals: &[LocalModel]) -> Vec<crate::Reply> {
             let mut record = fedfuse_core::Record::from_params(m.params.clone())
                 .with_num_examples(m.examples as u64);
             let counts: Vec<usize> = m.class_counts.iter().map(|&c| c as usize).collect();
-            crate::methods::put_class_counts(&mut record, &counts);
-            crate::Reply { client, record }
+            put_class_counts(&mut record, &counts);
+            Reply { client, record }
         })
         .collect()
 }

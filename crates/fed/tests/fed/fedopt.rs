@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-mod common;
+use crate::common;
 
 use fedfuse_core::ModelSpec;
 use fedfuse_fed::{MethodConfig, RunResult, ServerOptName};

@@ -49,6 +49,17 @@ pub enum CoreError {
         /// The dtype found.
         dtype: String,
     },
+    /// Per-group values (thresholds, gates, probabilities) do not match a model's groups.
+    #[error("per-group values do not fit the model: {0}")]
+    GroupMismatch(String),
+    /// A numeric setting is out of its range.
+    #[error("invalid setting `{field}`: {reason}")]
+    InvalidSetting {
+        /// The setting, by its own name (callers that know the config file add its table).
+        field: &'static str,
+        /// Why, and what would be valid.
+        reason: String,
+    },
     /// A model specification is invalid.
     #[error("invalid model: {0}")]
     InvalidSpec(String),

@@ -6,6 +6,8 @@
 //! - [`Record`]: the unit of traffic between a client and the server (arrays + config + metrics +
 //!   `num_examples`), with a wire encoding whose length is the traffic figure; [`sparse`] writes
 //!   mostly-zero tensors as their non-zero values and a compact index when a record asks.
+//! - [`GroupLayout`]: the parameter groups (hidden units, conv filters) that structured
+//!   sparsity switches on and off, and FedSparse's gate maths over them ([`groups`]).
 //! - safetensors file I/O for [`Params`], and `.npz` input (numpy's `savez`), with
 //!   [`load_params`] choosing by extension.
 //!
@@ -25,6 +27,7 @@
 
 mod error;
 mod features;
+pub mod groups;
 mod io;
 mod npz;
 mod params;
@@ -34,6 +37,7 @@ mod spec;
 
 pub use error::{CoreError, Result};
 pub use features::{BlockAggregate, BlockKind, FeatureBlock, block_scores};
+pub use groups::{GroupLayout, GroupedLayer, GroupedRows};
 pub use io::{load_safetensors, params_from_safetensors, params_to_safetensors, save_safetensors};
 pub use npz::{load_npz, load_params, params_from_npz};
 pub use params::{Params, Tensor};

@@ -1,8 +1,9 @@
 //! The server side of FedSparse (Louizos et al., "An expectation-maximization perspective on
 //! federated learning", section 3 and Appendix I, Algorithm 1) with group sparsity.
 //!
-//! The server holds weights `w` and one threshold parameter `v_g` per group `g`. Group
-//! inclusion probabilities are (eq. 23)
+//! The server holds weights `w` and one threshold parameter `v_g` per group `g` of a
+//! [`GroupLayout`] (the same groups the clients gate). Group inclusion probabilities are
+//! (eq. 23, [`GroupLayout::gate_probabilities`])
 //!
 //! ```text
 //! theta_g = sigmoid((||w_g||_2 - softplus(v_g)) / T)
@@ -47,253 +48,31 @@
 
 use std::ops::Range;
 
-use fedfuse_core::{ParamShape, Params};
+use fedfuse_core::groups::sigmoid;
+use fedfuse_core::{GroupLayout, Params};
 
 use crate::serveropt::{ServerOptState, ServerOptimizer};
 use crate::{FuseError, Result};
-
-/// How the values of one tensor are gated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Grouping {
-    /// Never gated nor pruned (e.g. the output layer).
-    Ungated,
-    /// Row `r` (the slice along axis 0: an output unit of a `[out, in]` weight, an entry of an
-    /// `[out]` bias, a filter of a `[out, in, kh, kw]` conv) belongs to group `ids[r]`.
-    Rows(Vec<usize>),
-    /// Value `i` (row-major) belongs to group `ids[i]` (unstructured sparsity).
-    Elements(Vec<usize>),
-}
-
-/// Which gate group each value of a model belongs to.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GroupLayout {
-    shapes: Vec<ParamShape>,
-    groupings: Vec<Grouping>,
-    sizes: Vec<usize>,
-}
-
-fn rows_of(shape: &[usize]) -> (usize, usize) {
-    (
-        shape.first().copied().unwrap_or(1),
-        shape.iter().skip(1).product(),
-    )
-}
-
-impl GroupLayout {
-    /// A layout from one [`Grouping`] per tensor of `shapes`. Group ids must be `0..G` with
-    /// every group holding at least one value.
-    pub fn new(shapes: Vec<ParamShape>, groupings: Vec<Grouping>) -> Result<Self> {
-        if shapes.len() != groupings.len() {
-            return Err(FuseError::InvalidInput(format!(
-                "{} groupings for {} tensors",
-                groupings.len(),
-                shapes.len()
-            )));
-        }
-        let mut sizes: Vec<usize> = Vec::new();
-        for (s, g) in shapes.iter().zip(&groupings) {
-            let (rows, row_len) = rows_of(&s.shape);
-            let (ids, expected, each) = match g {
-                Grouping::Ungated => continue,
-                Grouping::Rows(ids) => (ids, rows, row_len),
-                Grouping::Elements(ids) => (ids, rows * row_len, 1),
-            };
-            if ids.len() != expected {
-                return Err(FuseError::InvalidInput(format!(
-                    "tensor `{}` {:?}: {} group ids where {expected} were expected",
-                    s.name,
-                    s.shape,
-                    ids.len()
-                )));
-            }
-            for &id in ids {
-                if id >= sizes.len() {
-                    sizes.resize(id + 1, 0);
-                }
-                sizes[id] += each;
-            }
-        }
-        if let Some(g) = sizes.iter().position(|&n| n == 0) {
-            return Err(FuseError::InvalidInput(format!(
-                "group {g} of {} holds no values (ids must be 0..G, each used)",
-                sizes.len()
-            )));
-        }
-        Ok(Self {
-            shapes,
-            groupings,
-            sizes,
-        })
-    }
-
-    /// Groups along axis 0 (output units, conv filters), as the paper's structured sparsity.
-    ///
-    /// Tensors sharing a module prefix (the name before its last `.`: `fc1` for `fc1.weight`
-    /// and `fc1.bias`) share their groups, so a unit's weight row and its bias are one group;
-    /// they must then have the same length along axis 0. Tensors named in `ungated` are never
-    /// gated; naming a tensor that is not in `shapes` is an error.
-    pub fn output_units(shapes: &[ParamShape], ungated: &[&str]) -> Result<Self> {
-        check_names(shapes, ungated)?;
-        let mut modules: Vec<(&str, usize, usize)> = Vec::new(); // (prefix, first group, rows)
-        let mut next = 0;
-        let mut groupings = Vec::with_capacity(shapes.len());
-        for s in shapes {
-            if ungated.contains(&s.name.as_str()) {
-                groupings.push(Grouping::Ungated);
-                continue;
-            }
-            let prefix = s.name.rsplit_once('.').map_or(s.name.as_str(), |(p, _)| p);
-            let (rows, _) = rows_of(&s.shape);
-            let first = match modules.iter().find(|(p, _, _)| *p == prefix) {
-                Some(&(_, first, n)) if n == rows => first,
-                Some(&(_, _, n)) => {
-                    return Err(FuseError::InvalidInput(format!(
-                        "tensor `{}` has {rows} rows but module `{prefix}` has {n} groups",
-                        s.name
-                    )));
-                }
-                None => {
-                    modules.push((prefix, next, rows));
-                    next += rows;
-                    next - rows
-                }
-            };
-            groupings.push(Grouping::Rows((first..first + rows).collect()));
-        }
-        Self::new(shapes.to_vec(), groupings)
-    }
-
-    /// One group per value (Algorithm 1's "weight sparsity"), except the `ungated` tensors.
-    pub fn elementwise(shapes: &[ParamShape], ungated: &[&str]) -> Result<Self> {
-        check_names(shapes, ungated)?;
-        let mut next = 0;
-        let groupings = shapes
-            .iter()
-            .map(|s| {
-                if ungated.contains(&s.name.as_str()) {
-                    return Grouping::Ungated;
-                }
-                let n: usize = s.shape.iter().product();
-                next += n;
-                Grouping::Elements((next - n..next).collect())
-            })
-            .collect();
-        Self::new(shapes.to_vec(), groupings)
-    }
-
-    /// Number of groups `G`.
-    pub fn num_groups(&self) -> usize {
-        self.sizes.len()
-    }
-
-    /// Values per group.
-    pub fn group_sizes(&self) -> &[usize] {
-        &self.sizes
-    }
-
-    /// Gated values in all (the sum of the group sizes).
-    pub fn gated_values(&self) -> usize {
-        self.sizes.iter().sum()
-    }
-
-    /// The model layout this grouping is for.
-    pub fn shapes(&self) -> &[ParamShape] {
-        &self.shapes
-    }
-
-    /// The grouping of each tensor, in layout order.
-    pub fn groupings(&self) -> &[Grouping] {
-        &self.groupings
-    }
-
-    /// Checks that `params` has this layout, naming the first tensor that differs.
-    pub fn check(&self, params: &Params) -> Result<()> {
-        Ok(params.check_layout(&self.shapes)?)
-    }
-
-    /// Calls `f(group, range)` for each gated stretch of tensor `tensor`'s values.
-    fn for_each_span(&self, tensor: usize, mut f: impl FnMut(usize, Range<usize>)) {
-        let Some(shape) = self.shapes.get(tensor) else {
-            return;
-        };
-        match &self.groupings[tensor] {
-            Grouping::Ungated => {}
-            Grouping::Rows(ids) => {
-                let (_, len) = rows_of(&shape.shape);
-                for (r, &g) in ids.iter().enumerate() {
-                    f(g, r * len..(r + 1) * len);
-                }
-            }
-            Grouping::Elements(ids) => {
-                for (i, &g) in ids.iter().enumerate() {
-                    f(g, i..i + 1);
-                }
-            }
-        }
-    }
-
-    fn check_groups<T>(&self, what: &str, values: &[T]) -> Result<()> {
-        if values.len() == self.num_groups() {
-            Ok(())
-        } else {
-            Err(FuseError::InvalidInput(format!(
-                "{what} has {} entries where the layout has {} groups",
-                values.len(),
-                self.num_groups()
-            )))
-        }
-    }
-}
-
-fn check_names(shapes: &[ParamShape], names: &[&str]) -> Result<()> {
-    match names.iter().find(|n| !shapes.iter().any(|s| s.name == **n)) {
-        Some(n) => Err(FuseError::InvalidInput(format!(
-            "ungated tensor `{n}` is not in the layout"
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// Numerically stable `ln(1 + e^x)`.
-fn softplus(x: f64) -> f64 {
-    x.max(0.0) + (-x.abs()).exp().ln_1p()
-}
-
-/// Inverse of [`softplus`] for `y > 0`: `ln(e^y - 1)`.
-fn softplus_inv(y: f64) -> f64 {
-    // e^y - 1 overflows past y ~ 709; there softplus(x) = x to f64 precision.
-    if y > 30.0 { y } else { y.exp_m1().ln() }
-}
-
-/// Numerically stable logistic function.
-fn sigmoid(x: f64) -> f64 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
 
 fn check_temperature(t: f64) -> Result<()> {
     if t.is_finite() && t > 0.0 {
         Ok(())
     } else {
         Err(FuseError::InvalidSetting {
-            field: "fedsparse.temperature",
+            field: "temperature",
             reason: format!("{t} is not a positive number"),
         })
     }
 }
 
-fn check_thresholds(v: &[f32], layout: &GroupLayout) -> Result<()> {
-    layout.check_groups("thresholds `v`", v)?;
-    match v.iter().position(|x| !x.is_finite()) {
-        Some(g) => Err(FuseError::InvalidInput(format!(
-            "threshold `v` of group {g} is {}",
-            v[g]
-        ))),
-        None => Ok(()),
+fn check_prune_eps(eps: f64) -> Result<()> {
+    if (0.0..=1.0).contains(&eps) {
+        Ok(())
+    } else {
+        Err(FuseError::InvalidSetting {
+            field: "prune_eps",
+            reason: format!("{eps} is not in [0, 1]"),
+        })
     }
 }
 
@@ -307,80 +86,23 @@ fn check_probabilities(what: &str, p: &[f64]) -> Result<()> {
     }
 }
 
-/// L2 norm of each group of `params` (f64 accumulation); ungated tensors are skipped.
-pub fn group_norms(params: &Params, layout: &GroupLayout) -> Result<Vec<f64>> {
-    layout.check(params)?;
-    let mut sq = vec![0f64; layout.num_groups()];
-    for (i, (_, t)) in params.iter().enumerate() {
-        layout.for_each_span(i, |g, r| {
-            sq[g] += t.data[r]
-                .iter()
-                .map(|x| f64::from(*x) * f64::from(*x))
-                .sum::<f64>();
-        });
+/// Calls `f(group, range)` for each gated row of tensor `tensor`'s values.
+fn for_each_span(layout: &GroupLayout, tensor: usize, mut f: impl FnMut(usize, Range<usize>)) {
+    if let Some(rows) = layout.grouped_rows(tensor) {
+        for (g, span) in rows.spans() {
+            f(g, span);
+        }
     }
-    Ok(sq.into_iter().map(f64::sqrt).collect())
-}
-
-/// Inclusion probabilities (eq. 23): `theta_g = sigmoid((||w_g|| - softplus(v_g)) / T)`.
-///
-/// Clients use the same formula with their own `w_s`, `v_s` for `pi_s`.
-pub fn theta(w: &Params, v: &[f32], temperature: f64, layout: &GroupLayout) -> Result<Vec<f64>> {
-    check_temperature(temperature)?;
-    check_thresholds(v, layout)?;
-    let norms = group_norms(w, layout)?;
-    Ok(norms
-        .iter()
-        .zip(v)
-        .map(|(n, v)| sigmoid((n - softplus(f64::from(*v))) / temperature))
-        .collect())
 }
 
 /// Zeroes every group with `theta_g < eps` in place; returns the kept mask (`true` = kept).
 pub fn prune(w: &mut Params, theta: &[f64], eps: f64, layout: &GroupLayout) -> Result<Vec<bool>> {
-    if !(0.0..=1.0).contains(&eps) {
-        return Err(FuseError::InvalidSetting {
-            field: "fedsparse.prune_eps",
-            reason: format!("{eps} is not in [0, 1]"),
-        });
-    }
-    layout.check(w)?;
-    layout.check_groups("theta", theta)?;
+    check_prune_eps(eps)?;
+    layout.check_per_group(theta, "theta")?;
     check_probabilities("theta", theta)?;
     let keep: Vec<bool> = theta.iter().map(|t| *t >= eps).collect();
-    for (i, (_, t)) in w.iter_mut().enumerate() {
-        layout.for_each_span(i, |g, r| {
-            if !keep[g] {
-                t.data[r].fill(0.0);
-            }
-        });
-    }
+    layout.mask(w, &keep)?;
     Ok(keep)
-}
-
-/// Thresholds `v` that give each group `theta_g = theta0` for the weights `w` (App. A starts
-/// from a dense model with `theta = 0.99`): `softplus(v_g) = ||w_g|| - T logit(theta0)`.
-///
-/// A threshold cannot be negative, so groups whose norm is below `T logit(theta0)` get the
-/// smallest threshold, `1e-6`, and start with `theta_g >= theta0`.
-pub fn thresholds_for_theta(
-    w: &Params,
-    theta0: f64,
-    temperature: f64,
-    layout: &GroupLayout,
-) -> Result<Vec<f32>> {
-    check_temperature(temperature)?;
-    if !(theta0 > 0.0 && theta0 < 1.0) {
-        return Err(FuseError::InvalidSetting {
-            field: "fedsparse.theta0",
-            reason: format!("{theta0} is not in (0, 1)"),
-        });
-    }
-    let logit = (theta0 / (1.0 - theta0)).ln();
-    Ok(group_norms(w, layout)?
-        .into_iter()
-        .map(|n| softplus_inv((n - temperature * logit).max(1e-6)) as f32)
-        .collect())
 }
 
 /// One client's answer: gates `z` (one per group, `true` = kept) and `w_hat = z * w_s` in the
@@ -395,7 +117,7 @@ pub struct SparseReply<'a> {
 
 impl SparseReply<'_> {
     fn check(&self, layout: &GroupLayout) -> Result<()> {
-        layout.check_groups("gates `z`", self.z)?;
+        layout.check_per_group(self.z, "gates `z`")?;
         layout.check(self.w_hat)?;
         Ok(self.w_hat.check_finite()?)
     }
@@ -427,8 +149,8 @@ impl SparseGradSum {
     /// An empty sum for a round whose server state was `theta`, `v` (before the clients ran).
     pub fn new(layout: &GroupLayout, theta: Vec<f64>, v: &[f32], temperature: f64) -> Result<Self> {
         check_temperature(temperature)?;
-        check_thresholds(v, layout)?;
-        layout.check_groups("theta", &theta)?;
+        layout.check_thresholds(v)?;
+        layout.check_per_group(&theta, "theta")?;
         check_probabilities("theta", &theta)?;
         Ok(Self {
             theta,
@@ -466,10 +188,10 @@ impl SparseGradSum {
                     *a += f64::from(*y) - f64::from(*x);
                 }
             };
-            if matches!(layout.groupings()[i], Grouping::Ungated) {
+            if layout.grouped_rows(i).is_none() {
                 add(0..server.data.len());
             } else {
-                layout.for_each_span(i, |g, r| {
+                for_each_span(layout, i, |g, r| {
                     if reply.z[g] {
                         add(r);
                     }
@@ -562,7 +284,7 @@ pub fn fedsparse_stationary(
         let mut sum = vec![0f64; server.data.len()];
         let mut out = server.data.clone();
         let tensors = replies.iter().filter_map(|r| r.w_hat.tensor_at(i));
-        if matches!(layout.groupings()[i], Grouping::Ungated) {
+        if layout.grouped_rows(i).is_none() {
             for t in tensors {
                 for (a, y) in sum.iter_mut().zip(&t.data) {
                     *a += f64::from(*y);
@@ -573,7 +295,7 @@ pub fn fedsparse_stationary(
             }
         } else {
             for (r, t) in replies.iter().zip(tensors) {
-                layout.for_each_span(i, |g, span| {
+                for_each_span(layout, i, |g, span| {
                     if r.z[g] {
                         for (a, y) in sum[span.clone()].iter_mut().zip(&t.data[span]) {
                             *a += f64::from(*y);
@@ -581,7 +303,7 @@ pub fn fedsparse_stationary(
                     }
                 });
             }
-            layout.for_each_span(i, |g, span| {
+            for_each_span(layout, i, |g, span| {
                 if kept[g] > 0 {
                     let n = kept[g] as f64;
                     for (o, a) in out[span.clone()].iter_mut().zip(&sum[span]) {
@@ -669,12 +391,7 @@ impl FedSparseConfig {
     /// Checks every setting, naming the first bad one.
     pub fn check(&self) -> Result<()> {
         check_temperature(self.temperature)?;
-        if !(0.0..=1.0).contains(&self.prune_eps) {
-            return Err(FuseError::InvalidSetting {
-                field: "fedsparse.prune_eps",
-                reason: format!("{} is not in [0, 1]", self.prune_eps),
-            });
-        }
+        check_prune_eps(self.prune_eps)?;
         self.weights_opt.check()?;
         self.thresholds_opt.check()
     }
@@ -718,7 +435,7 @@ impl FedSparseServer {
         config.check()?;
         layout.check(&w)?;
         w.check_finite()?;
-        check_thresholds(&v, &layout)?;
+        layout.check_thresholds(&v)?;
         Ok(Self {
             w_opt: ServerOptState::new(config.weights_opt)?,
             v_opt: ServerOptState::new(config.thresholds_opt)?,
@@ -731,7 +448,7 @@ impl FedSparseServer {
     }
 
     /// A server whose thresholds give every group `theta = theta0` (App. A: `0.99`), see
-    /// [`thresholds_for_theta`].
+    /// [`GroupLayout::initial_thresholds`].
     pub fn with_initial_theta(
         config: FedSparseConfig,
         layout: GroupLayout,
@@ -739,7 +456,7 @@ impl FedSparseServer {
         theta0: f64,
     ) -> Result<Self> {
         config.check()?;
-        let v = thresholds_for_theta(&w, theta0, config.temperature, &layout)?;
+        let v = layout.initial_thresholds(&w, theta0, config.temperature)?;
         Self::new(config, layout, w, v)
     }
 
@@ -765,7 +482,9 @@ impl FedSparseServer {
 
     /// `theta` of the current weights and thresholds.
     pub fn theta(&self) -> Result<Vec<f64>> {
-        theta(&self.w, &self.v, self.config.temperature, &self.layout)
+        Ok(self
+            .layout
+            .gate_probabilities(&self.w, &self.v, self.config.temperature)?)
     }
 
     /// Starts a round: computes `theta`, prunes `w` to the groups with `theta >= eps`, and

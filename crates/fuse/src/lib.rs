@@ -28,9 +28,8 @@ pub use elementwise::{
 };
 pub use error::{FuseError, Result};
 pub use fedsparse::{
-    FedSparseConfig, FedSparseServer, GroupLayout, Grouping, RoundStart, SparseGradSum,
-    SparseGradients, SparseReply, Stationary, TotalVariation, fedsparse_gradients,
-    fedsparse_stationary, group_norms, prune, theta, thresholds_for_theta, total_variation,
+    FedSparseConfig, FedSparseServer, RoundStart, SparseGradSum, SparseGradients, SparseReply,
+    Stationary, TotalVariation, fedsparse_gradients, fedsparse_stationary, prune, total_variation,
 };
 pub use graph::{
     EdgeMetrics, Glasso, GlassoConfig, Graph, GraphRecovery, consensus, covariance,

@@ -16,9 +16,6 @@ pub enum TrainError {
         /// Why it is invalid and what would be valid.
         reason: String,
     },
-    /// Per-group values (thresholds, gates) do not match the model's groups.
-    #[error("per-group values do not fit the model: {0}")]
-    GroupMismatch(String),
     /// Training diverged.
     #[error("training diverged (loss {loss}) at epoch {epoch}; lower train.lr")]
     Diverged {

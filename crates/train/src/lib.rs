@@ -3,10 +3,11 @@
 //! A [`Trainer`] builds a network from a [`ModelSpec`](fedfuse_core::ModelSpec), loads
 //! [`Params`](fedfuse_core::Params) into it, trains on a client's data (SGD with momentum and
 //! weight decay, or Adam/AMSGrad; optional proximal term `mu/2 ||w - w_anchor||^2`) and reads
-//! the parameters back. Two sparsifying local methods share one definition of parameter groups
-//! ([`groups()`]: hidden units and filters): FedSparse ([`Trainer::fit_sparse`], learned gates)
-//! and FedL1 ([`Trainer::fit_group_l1`] with [`soft_threshold_groups`]). Continuing from a
-//! given model is the normal case:
+//! the parameters back. Two sparsifying local methods train over the parameter groups of
+//! [`fedfuse_core::GroupLayout`] (hidden units and filters; [`Trainer::groups`]): FedSparse
+//! ([`Trainer::fit_sparse`], learned gates) and FedL1 ([`Trainer::fit_group_l1`], then
+//! [`GroupLayout::soft_threshold`](fedfuse_core::GroupLayout::soft_threshold)). Continuing from
+//! a given model is the normal case:
 //!
 //! ```no_run
 //! use fedfuse_core::ModelSpec;
@@ -29,7 +30,6 @@
 
 mod config;
 mod error;
-mod groups;
 pub mod hard_concrete;
 mod init;
 mod net;
@@ -40,9 +40,6 @@ mod trainer;
 
 pub use config::{OptimizerConfig, TrainConfig};
 pub use error::{Result, TrainError};
-pub use groups::{
-    GroupLayout, group_norms, groups, hard_threshold_groups, mask_groups, soft_threshold_groups,
-};
 pub use init::{Init, init_params};
 pub use ngm::{
     BlockAggregate, CategoricalLoss, Distill, EpochLog, FeatureGraph, FirstDraw, InferConfig,
@@ -51,7 +48,5 @@ pub use ngm::{
     ngr_scores, path_matrix, sensitivity_bounds, stitch_params, structure_penalty,
     structure_report, unit_mask,
 };
-pub use sparse::{
-    SparseConfig, SparseFit, gate_probabilities, initial_thresholds, softplus_f64, softplus_inv,
-};
+pub use sparse::{SparseConfig, SparseFit};
 pub use trainer::{Evaluation, Fitted, Trainer};

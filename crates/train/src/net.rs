@@ -119,8 +119,9 @@ impl Net {
         self.forward_gated(x, &[])
     }
 
-    /// Logits with the units of the grouped layers (see `groups.rs`) multiplied by `gates`,
-    /// one tensor per grouped layer; missing entries leave their layers ungated.
+    /// Logits with the units of the grouped layers (see [`fedfuse_core::GroupLayout`])
+    /// multiplied by `gates`, one tensor per grouped layer; missing entries leave their layers
+    /// ungated.
     pub(crate) fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
         match self {
             Self::Mlp(m) => m.forward_gated(x, gates),
@@ -129,7 +130,8 @@ impl Net {
     }
 
     /// Weights `[units, fan_in]` and biases `[units]` of the grouped layers, in the order of
-    /// `groups::groups` (every layer but the output layer), still tracked by autodiff.
+    /// [`fedfuse_core::GroupLayout::of_model`] (every layer but the output layer), still
+    /// tracked by autodiff.
     pub(crate) fn group_units(&self) -> Vec<(Tensor<2>, Tensor<1>)> {
         match self {
             Self::Mlp(m) => {

@@ -1,7 +1,7 @@
 //! FedSparse, client side (Louizos et al., "An Expectation-Maximization Perspective on
 //! Federated Learning", section 3, Appendix H eq. 41, Appendix I Algorithm 2).
 //!
-//! Each group `g` (see [`groups`](crate::groups)) has a gate. Its probability of being on is
+//! Each group `g` (see [`Trainer::groups`]) has a gate. Its probability of being on is
 //! `sigmoid((||w_g|| - softplus(v_g)) / T)` (eq. 23): a magnitude threshold `softplus(v_g)`
 //! with temperature `T`. The server sends weights `w` and thresholds `v`; the client starts
 //! from both and minimises, per mini-batch,
@@ -27,7 +27,9 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::activation::{sigmoid, softplus};
 use burn::tensor::{Device, Tensor, TensorData};
-use fedfuse_core::{ModelSpec, Params};
+// burn's tensor functions have the plain names.
+use fedfuse_core::groups::{sigmoid as sigmoid_f64, softplus as softplus_f64};
+use fedfuse_core::{GroupLayout, Params};
 use fedfuse_data::Dataset;
 use rand::SeedableRng;
 use rand::distr::{Distribution, StandardUniform};
@@ -35,7 +37,6 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use crate::groups::{check_per_group, group_norms, groups, mask_groups};
 use crate::{Result, TrainConfig, TrainError, Trainer, hard_concrete, params, trainer};
 
 /// FedSparse's client settings (the paper's Appendix A values by default).
@@ -61,8 +62,8 @@ pub struct SparseConfig {
     /// takes few steps.
     #[serde(default = "prior_scale")]
     pub prior_scale: f64,
-    /// Server gate probability `theta` that [`SparseConfig::initial_thresholds`] gives every
-    /// group of the first model (0.99: start dense).
+    /// Server gate probability `theta` that the first model's thresholds give every group
+    /// ([`GroupLayout::initial_thresholds`]; 0.99: start dense).
     #[serde(default = "initial_theta")]
     pub initial_theta: f64,
 }
@@ -97,49 +98,40 @@ impl Default for SparseConfig {
 }
 
 impl SparseConfig {
-    /// Checks every setting once; training trusts them afterwards.
+    /// Checks every setting once; training trusts them afterwards. Errors name a setting by
+    /// its field here (the caller knows where it sits in a config file).
     pub fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(TrainError::InvalidConfig { field, reason });
         let non_negative = |v: f64| v.is_finite() && v >= 0.0;
         let positive = |v: f64| v.is_finite() && v > 0.0;
         if !non_negative(self.lambda0) {
-            return bad("method.lambda0", format!("{} is not >= 0", self.lambda0));
+            return bad("lambda0", format!("{} is not >= 0", self.lambda0));
         }
         if !positive(self.temperature) {
             return bad(
-                "method.temperature",
+                "temperature",
                 format!("{} is not a positive number", self.temperature),
             );
         }
         if !non_negative(self.drift) {
-            return bad("method.drift", format!("{} is not >= 0", self.drift));
+            return bad("drift", format!("{} is not >= 0", self.drift));
         }
         if !positive(self.threshold_lr) {
             return bad(
-                "method.threshold_lr",
+                "threshold_lr",
                 format!("{} is not a positive number", self.threshold_lr),
             );
         }
         if !non_negative(self.prior_scale) {
-            return bad(
-                "method.prior_scale",
-                format!("{} is not >= 0", self.prior_scale),
-            );
+            return bad("prior_scale", format!("{} is not >= 0", self.prior_scale));
         }
         if !(self.initial_theta > 0.0 && self.initial_theta < 1.0) {
             return bad(
-                "method.initial_theta",
+                "initial_theta",
                 format!("{} is not in (0, 1)", self.initial_theta),
             );
         }
         Ok(())
-    }
-
-    /// Thresholds `v` that give every group of `params` the gate probability
-    /// `initial_theta` at this temperature (see [`initial_thresholds`]).
-    pub fn initial_thresholds(&self, spec: &ModelSpec, params: &Params) -> Result<Vec<Vec<f32>>> {
-        self.check()?;
-        initial_thresholds(spec, params, self.initial_theta, self.temperature)
     }
 }
 
@@ -148,12 +140,13 @@ impl SparseConfig {
 pub struct SparseFit {
     /// The trained weights times the hard gates `z`: groups with `z = false` are exactly 0.
     pub params: Params,
-    /// The client thresholds `v_s` (`tau_s = softplus(v_s)`), per grouped layer and unit.
-    pub v: Vec<Vec<f32>>,
-    /// The final gate probabilities `pi_s` of the trained weights (before masking).
-    pub pi: Vec<Vec<f32>>,
-    /// The hard gates drawn from `Bernoulli(pi_s)`.
-    pub z: Vec<Vec<bool>>,
+    /// The client thresholds `v_s` (`tau_s = softplus(v_s)`), one per group.
+    pub v: Vec<f32>,
+    /// The final gate probabilities `pi_s` of the trained weights (before masking), one per
+    /// group.
+    pub pi: Vec<f32>,
+    /// The hard gates drawn from `Bernoulli(pi_s)`, one per group.
+    pub z: Vec<bool>,
     /// Mean cross-entropy (with sampled relaxed gates) over the last epoch, penalties excluded.
     pub loss: f64,
     /// Optimizer steps taken.
@@ -165,109 +158,15 @@ pub struct SparseFit {
 impl SparseFit {
     /// Groups whose gate is on, and groups in all.
     pub fn kept(&self) -> (usize, usize) {
-        let on = self.z.iter().flatten().filter(|&&z| z).count();
-        (on, self.z.iter().map(Vec::len).sum())
+        (self.z.iter().filter(|&&z| z).count(), self.z.len())
     }
-}
-
-/// `ln(1 + e^x)`, stable for large `|x|`.
-pub fn softplus_f64(x: f64) -> f64 {
-    x.max(0.0) + (-x.abs()).exp().ln_1p()
-}
-
-/// The inverse of [`softplus_f64`] for `y > 0`: `ln(e^y - 1)`.
-pub fn softplus_inv(y: f64) -> f64 {
-    // `y + ln(1 - e^-y)` does not overflow for large `y`.
-    y + (-(-y).exp()).ln_1p()
-}
-
-/// Gate logits `(||w_g|| - softplus(v_g)) / T`, per grouped layer and unit.
-fn gate_logits(
-    spec: &ModelSpec,
-    params: &Params,
-    v: &[Vec<f32>],
-    temperature: f64,
-) -> Result<Vec<Vec<f64>>> {
-    check_thresholds(spec, v)?;
-    let norms = group_norms(spec, params)?;
-    Ok(norms
-        .iter()
-        .zip(v)
-        .map(|(n, v)| {
-            n.iter()
-                .zip(v)
-                .map(|(&n, &v)| (f64::from(n) - softplus_f64(f64::from(v))) / temperature)
-                .collect()
-        })
-        .collect())
-}
-
-fn sigmoid_f64(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// Gate probabilities `sigmoid((||w_g|| - softplus(v_g)) / T)` (eq. 23), per grouped layer
-/// and unit: the server's `theta` from its `(w, v)`, or a client's `pi_s` from `(w_s, v_s)`.
-pub fn gate_probabilities(
-    spec: &ModelSpec,
-    params: &Params,
-    v: &[Vec<f32>],
-    temperature: f64,
-) -> Result<Vec<Vec<f32>>> {
-    Ok(gate_logits(spec, params, v, temperature)?
-        .iter()
-        .map(|l| l.iter().map(|&x| sigmoid_f64(x) as f32).collect())
-        .collect())
-}
-
-/// Thresholds `v` for which every group of `params` has gate probability `theta0` at
-/// temperature `T`: `v = softplus^-1(||w_g|| - T logit(theta0))`. A group too small for that
-/// (its norm at most `T logit(theta0)`, e.g. a zero group) gets `tau = 1e-6` and so a lower
-/// probability.
-pub fn initial_thresholds(
-    spec: &ModelSpec,
-    params: &Params,
-    theta0: f64,
-    temperature: f64,
-) -> Result<Vec<Vec<f32>>> {
-    if !(theta0 > 0.0 && theta0 < 1.0) {
-        return Err(TrainError::InvalidConfig {
-            field: "method.initial_theta",
-            reason: format!("{theta0} is not in (0, 1)"),
-        });
-    }
-    if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(TrainError::InvalidConfig {
-            field: "method.temperature",
-            reason: format!("{temperature} is not a positive number"),
-        });
-    }
-    let offset = temperature * (theta0 / (1.0 - theta0)).ln();
-    Ok(group_norms(spec, params)?
-        .iter()
-        .map(|n| {
-            n.iter()
-                .map(|&n| softplus_inv((f64::from(n) - offset).max(1e-6)) as f32)
-                .collect()
-        })
-        .collect())
-}
-
-fn check_thresholds(spec: &ModelSpec, v: &[Vec<f32>]) -> Result<()> {
-    check_per_group(spec, v, "thresholds")?;
-    if let Some(bad) = v.iter().flatten().find(|x| !x.is_finite()) {
-        return Err(TrainError::GroupMismatch(format!(
-            "threshold {bad} is not finite"
-        )));
-    }
-    Ok(())
 }
 
 /// Adamax (Kingma & Ba 2015, Algorithm 2, PyTorch's defaults and epsilon placement) for the
 /// thresholds: burn 0.22 has no Adamax, and the thresholds are a few hundred plain values.
 struct Adamax {
-    m: Vec<Vec<f64>>,
-    u: Vec<Vec<f64>>,
+    m: Vec<f64>,
+    u: Vec<f64>,
     t: i32,
 }
 
@@ -276,25 +175,22 @@ impl Adamax {
     const BETA2: f64 = 0.999;
     const EPS: f64 = 1e-8;
 
-    fn new(v: &[Vec<f32>]) -> Self {
-        let zeros: Vec<Vec<f64>> = v.iter().map(|l| vec![0.0; l.len()]).collect();
+    fn new(n: usize) -> Self {
         Self {
-            m: zeros.clone(),
-            u: zeros,
+            m: vec![0.0; n],
+            u: vec![0.0; n],
             t: 0,
         }
     }
 
-    fn step(&mut self, lr: f64, v: &mut [Vec<f32>], grad: &[Vec<f32>]) {
+    fn step(&mut self, lr: f64, v: &mut [f32], grad: &[f32]) {
         self.t += 1;
         let step = lr / (1.0 - Self::BETA1.powi(self.t));
-        for (((v, g), m), u) in v.iter_mut().zip(grad).zip(&mut self.m).zip(&mut self.u) {
-            for (((v, &g), m), u) in v.iter_mut().zip(g).zip(m).zip(u) {
-                let g = f64::from(g);
-                *m = Self::BETA1 * *m + (1.0 - Self::BETA1) * g;
-                *u = (Self::BETA2 * *u).max(g.abs() + Self::EPS);
-                *v = (f64::from(*v) - step * *m / *u) as f32;
-            }
+        for (((v, &g), m), u) in v.iter_mut().zip(grad).zip(&mut self.m).zip(&mut self.u) {
+            let g = f64::from(g);
+            *m = Self::BETA1 * *m + (1.0 - Self::BETA1) * g;
+            *u = (Self::BETA2 * *u).max(g.abs() + Self::EPS);
+            *v = (f64::from(*v) - step * *m / *u) as f32;
         }
     }
 }
@@ -308,15 +204,19 @@ struct Prior {
 }
 
 impl Prior {
-    fn new(logits: &[Vec<f64>], device: &Device) -> Self {
+    /// From the server's gate logits, one per group of `groups`.
+    fn new(logits: &[f64], groups: &GroupLayout, device: &Device) -> Self {
         Self {
-            logit: logits.iter().map(|l| vector(l, device)).collect(),
+            logit: (0..groups.layers().len())
+                .map(|l| {
+                    vector(
+                        logits.get(groups.layer_groups(l)).unwrap_or_default(),
+                        device,
+                    )
+                })
+                .collect(),
             // log(1 - sigmoid(x)) = -softplus(x)
-            log1m_sum: -logits
-                .iter()
-                .flatten()
-                .map(|&x| softplus_f64(x))
-                .sum::<f64>(),
+            log1m_sum: -logits.iter().map(|&x| softplus_f64(x)).sum::<f64>(),
         }
     }
 }
@@ -410,7 +310,7 @@ fn values(t: Tensor<1>) -> Result<Vec<f32>> {
 
 impl Trainer {
     /// FedSparse local training (Algorithm 2 with eq. 41) from the server's weights `start`
-    /// and thresholds `thresholds` (one `v` per group, as [`group_norms`] lays them out).
+    /// and thresholds `thresholds` (one `v` per group of [`Self::groups`]).
     ///
     /// Per mini-batch: one relaxed gate per group, multiplied onto its unit's output; the loss
     /// of the module docs; a step of `cfg.optimizer` on the weights and of Adamax
@@ -420,7 +320,7 @@ impl Trainer {
     pub fn fit_sparse(
         &self,
         start: &Params,
-        thresholds: &[Vec<f32>],
+        thresholds: &[f32],
         data: &Dataset,
         cfg: &TrainConfig,
         sparse: &SparseConfig,
@@ -433,11 +333,13 @@ impl Trainer {
             return Err(TrainError::DataMismatch("no training samples".into()));
         }
         let spec = self.spec();
-        let sizes: Vec<usize> = groups(spec).iter().map(|g| g.size()).collect();
+        let groups = self.groups();
+        let sizes: Vec<usize> = groups.layers().iter().map(|g| g.size()).collect();
         let device = Device::flex().autodiff();
         let mut net = params::build(spec, start, &device)?;
         let prior = Prior::new(
-            &gate_logits(spec, start, thresholds, sparse.temperature)?,
+            &groups.gate_logits(start, thresholds, sparse.temperature)?,
+            groups,
             &device,
         );
         let anchor = if sparse.drift > 0.0 {
@@ -446,7 +348,7 @@ impl Trainer {
             None
         };
         let mut v_s = thresholds.to_vec();
-        let mut adamax = Adamax::new(&v_s);
+        let mut adamax = Adamax::new(v_s.len());
         let mut optim = trainer::optimizer(&cfg.optimizer);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut order: Vec<usize> = (0..data.len()).collect();
@@ -457,12 +359,10 @@ impl Trainer {
             let mut loss_sum = 0.0;
             let mut penalty_sum = 0.0;
             for batch in order.chunks(cfg.batch_size) {
-                let v: Vec<Tensor<1>> = v_s
-                    .iter()
-                    .map(|v| {
-                        Tensor::from_data(TensorData::new(v.clone(), [v.len()]), &device)
-                            .require_grad()
-                    })
+                let v: Vec<Tensor<1>> = self
+                    .per_layer(&v_s, &device)
+                    .into_iter()
+                    .map(Tensor::require_grad)
                     .collect();
                 let units = net.group_units();
                 let logit_pi = client_logits(&units, &v, sparse.temperature);
@@ -485,13 +385,13 @@ impl Trainer {
                     None => nll,
                 };
                 let mut grads = loss.backward();
-                let grad_v = v
-                    .iter()
-                    .map(|v| match v.grad_remove(&mut grads) {
-                        Some(g) => values(g),
-                        None => Ok(vec![0.0; v.dims()[0]]),
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let mut grad_v = Vec::with_capacity(v_s.len());
+                for v in &v {
+                    match v.grad_remove(&mut grads) {
+                        Some(g) => grad_v.extend(values(g)?),
+                        None => grad_v.extend(std::iter::repeat_n(0.0, v.dims()[0])),
+                    }
+                }
                 let grads = GradientsParams::from_grads(grads, &net);
                 net = optim.step(cfg.lr, net, grads);
                 adamax.step(sparse.threshold_lr, &mut v_s, &grad_v);
@@ -506,20 +406,13 @@ impl Trainer {
             }
         }
         let mut trained = params::read(&net)?;
-        let logits = gate_logits(spec, &trained, &v_s, sparse.temperature)?;
-        let pi = logits
+        let logits = groups.gate_logits(&trained, &v_s, sparse.temperature)?;
+        let pi = logits.iter().map(|&x| sigmoid_f64(x) as f32).collect();
+        let z: Vec<bool> = logits
             .iter()
-            .map(|l| l.iter().map(|&x| sigmoid_f64(x) as f32).collect())
+            .map(|&x| hard_concrete::sample_hard(x, StandardUniform.sample(&mut rng)))
             .collect();
-        let z: Vec<Vec<bool>> = logits
-            .iter()
-            .map(|l| {
-                l.iter()
-                    .map(|&x| hard_concrete::sample_hard(x, StandardUniform.sample(&mut rng)))
-                    .collect()
-            })
-            .collect();
-        mask_groups(spec, &mut trained, &z)?;
+        groups.mask(&mut trained, &z)?;
         Ok(SparseFit {
             params: trained,
             v: v_s,
@@ -536,6 +429,8 @@ impl Trainer {
 #[allow(clippy::unwrap_used)] // tests fail loudly by design
 mod tests {
     use rand::distr::Uniform;
+
+    use fedfuse_core::ModelSpec;
 
     use super::*;
     use crate::net::Net;
@@ -582,14 +477,15 @@ mod tests {
         ] {
             let p = init_params(&spec, Init::Pfnm, 3);
             let net = params::build(&spec, &p, &Device::flex()).unwrap();
-            let want = group_norms(&spec, &p).unwrap();
-            let got: Vec<Vec<f32>> = net
+            let want = GroupLayout::of_model(&spec).norms(&p).unwrap();
+            let got: Vec<f32> = net
                 .group_units()
                 .into_iter()
-                .map(|(w, b)| values(sq_norms(w, b).sqrt()).unwrap())
+                .flat_map(|(w, b)| values(sq_norms(w, b).sqrt()).unwrap())
                 .collect();
             assert_eq!(got.len(), want.len());
-            for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
+            for (&g, &w) in got.iter().zip(&want) {
+                let g = f64::from(g);
                 assert!((g - w).abs() < 1e-5 * w.max(1.0), "{g} vs {w}");
             }
         }
@@ -611,17 +507,19 @@ mod tests {
             let n = spec.input_len();
             let x: Vec<f32> = (0..2 * n).map(|i| (i % 7) as f32 / 7.0).collect();
             let input = || Tensor::from_data(TensorData::new(x.clone(), [2, n]), &device);
-            let layout = groups(&spec);
-            let last = layout.len() - 1;
-            let mut keep: Vec<Vec<bool>> = layout.iter().map(|g| vec![true; g.units]).collect();
-            keep[0][1] = false;
-            keep[last][0] = false;
+            let layout = GroupLayout::of_model(&spec);
+            let last = layout.layers().len() - 1;
+            let mut keep = vec![true; layout.num_groups()];
+            keep[layout.layer_groups(0).start + 1] = false;
+            keep[layout.layer_groups(last).start] = false;
             let mut pruned = p.clone();
-            mask_groups(&spec, &mut pruned, &keep).unwrap();
-            let gates: Vec<Tensor<1>> = keep
-                .iter()
-                .map(|k| {
-                    let z: Vec<f64> = k.iter().map(|&on| if on { 1.0 } else { 0.0 }).collect();
+            layout.mask(&mut pruned, &keep).unwrap();
+            let gates: Vec<Tensor<1>> = (0..=last)
+                .map(|l| {
+                    let z: Vec<f64> = keep[layout.layer_groups(l)]
+                        .iter()
+                        .map(|&on| if on { 1.0 } else { 0.0 })
+                        .collect();
                     vector(&z, &device)
                 })
                 .collect();
@@ -643,15 +541,17 @@ mod tests {
         spec: &ModelSpec,
         ws: &Params,
         w: &Params,
-        v: &[Vec<f64>],
-        v0: &[Vec<f32>],
+        v: &[f64],
+        v0: &[f32],
         cfg: &SparseConfig,
     ) -> f64 {
         let t = cfg.temperature;
         let mut total = 0.0;
-        for (l, g) in groups(spec).iter().enumerate() {
+        let layout = GroupLayout::of_model(spec);
+        for (l, g) in layout.layers().iter().enumerate() {
             let (a, ab) = (ws.get(&g.weight).unwrap(), ws.get(&g.bias).unwrap());
             let (b, bb) = (w.get(&g.weight).unwrap(), w.get(&g.bias).unwrap());
+            let first = layout.layer_groups(l).start;
             for u in 0..g.units {
                 let row = |p: &fedfuse_core::Tensor, q: &fedfuse_core::Tensor| {
                     (0..g.fan_in)
@@ -661,8 +561,8 @@ mod tests {
                 };
                 let (xs, x0) = (row(a, ab), row(b, bb));
                 let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
-                let pi = sigmoid_f64((norm(&xs) - softplus_f64(v[l][u])) / t);
-                let theta = sigmoid_f64((norm(&x0) - softplus_f64(f64::from(v0[l][u]))) / t);
+                let pi = sigmoid_f64((norm(&xs) - softplus_f64(v[first + u])) / t);
+                let theta = sigmoid_f64((norm(&x0) - softplus_f64(f64::from(v0[first + u]))) / t);
                 let drift: f64 = xs.iter().zip(&x0).map(|(p, q)| (p - q).powi(2)).sum();
                 total += cfg.lambda0 * g.size() as f64 * pi
                     - cfg.prior_scale * (pi * (theta / (1.0 - theta)).ln() + (1.0 - theta).ln())
@@ -678,32 +578,37 @@ mod tests {
         spec: &ModelSpec,
         ws: &Params,
         w: &Params,
-        v: &[Vec<f32>],
-        v0: &[Vec<f32>],
+        v: &[f32],
+        v0: &[f32],
         cfg: &SparseConfig,
-    ) -> (f64, Vec<Vec<f32>>, Vec<f32>) {
+    ) -> (f64, Vec<f32>, Vec<f32>) {
         let device = Device::flex().autodiff();
+        let trainer = Trainer::new(spec.clone()).unwrap();
+        let layout = trainer.groups();
         let net = params::build(spec, ws, &device).unwrap();
         let anchor = params::build(spec, w, &device)
             .unwrap()
             .no_grad()
             .group_units();
-        let prior = Prior::new(&gate_logits(spec, w, v0, cfg.temperature).unwrap(), &device);
-        let vt: Vec<Tensor<1>> = v
-            .iter()
-            .map(|v| {
-                Tensor::from_data(TensorData::new(v.clone(), [v.len()]), &device).require_grad()
-            })
+        let prior = Prior::new(
+            &layout.gate_logits(w, v0, cfg.temperature).unwrap(),
+            layout,
+            &device,
+        );
+        let vt: Vec<Tensor<1>> = trainer
+            .per_layer(v, &device)
+            .into_iter()
+            .map(Tensor::require_grad)
             .collect();
         let units = net.group_units();
-        let sizes: Vec<usize> = groups(spec).iter().map(|g| g.size()).collect();
+        let sizes: Vec<usize> = layout.layers().iter().map(|g| g.size()).collect();
         let logits = client_logits(&units, &vt, cfg.temperature);
         let pen = penalty(&logits, &units, Some(&anchor), &prior, &sizes, cfg).unwrap();
         let value = f64::from(pen.clone().into_scalar::<f32>());
         let mut grads = pen.backward();
         let gv = vt
             .iter()
-            .map(|t| values(t.grad_remove(&mut grads).unwrap()).unwrap())
+            .flat_map(|t| values(t.grad_remove(&mut grads).unwrap()).unwrap())
             .collect();
         let grads = GradientsParams::from_grads(grads, &net);
         let Net::Mlp(m) = &net else { unreachable!() };
@@ -729,9 +634,10 @@ mod tests {
         // A temperature at which finite differences are accurate, thresholds near the norms
         // so that every pi is away from 0 and 1.
         let temperature = 0.05;
-        let v0 = initial_thresholds(&spec, &w, 0.7, temperature).unwrap();
-        let v: Vec<Vec<f32>> = initial_thresholds(&spec, &ws, 0.4, temperature).unwrap();
-        let layer0 = &groups(&spec)[0];
+        let layout = GroupLayout::of_model(&spec);
+        let v0 = layout.initial_thresholds(&w, 0.7, temperature).unwrap();
+        let v = layout.initial_thresholds(&ws, 0.4, temperature).unwrap();
+        let layer0 = &layout.layers()[0];
         for cfg in [
             // L0 alone, the prior alone, everything with drift.
             SparseConfig {
@@ -757,10 +663,7 @@ mod tests {
             },
         ] {
             let (value, gv, gw) = burn_penalty(&spec, &ws, &w, &v, &v0, &cfg);
-            let v64: Vec<Vec<f64>> = v
-                .iter()
-                .map(|l| l.iter().map(|&x| f64::from(x)).collect())
-                .collect();
+            let v64: Vec<f64> = v.iter().map(|&x| f64::from(x)).collect();
             let reference = reference_penalty(&spec, &ws, &w, &v64, &v0, &cfg);
             assert!(
                 (value - reference).abs() < 1e-4 * reference.abs().max(1.0),
@@ -770,12 +673,12 @@ mod tests {
             for u in 0..layer0.units {
                 let eps = 1e-5;
                 let (mut plus, mut minus) = (v64.clone(), v64.clone());
-                plus[0][u] += eps;
-                minus[0][u] -= eps;
+                plus[u] += eps;
+                minus[u] -= eps;
                 let fd = (reference_penalty(&spec, &ws, &w, &plus, &v0, &cfg)
                     - reference_penalty(&spec, &ws, &w, &minus, &v0, &cfg))
                     / (2.0 * eps);
-                let got = f64::from(gv[0][u]);
+                let got = f64::from(gv[u]);
                 assert!(
                     (got - fd).abs() < 1e-3 * fd.abs().max(1e-2),
                     "{cfg:?} v[{u}]: burn {got} vs fd {fd}"
@@ -787,13 +690,13 @@ mod tests {
                 "{cfg:?}: the penalty does not move the thresholds"
             );
             // The weights see only the drift, with pi held constant: drift * pi * (ws - w).
-            let pi = gate_probabilities(&spec, &ws, &v, temperature).unwrap();
+            let pi = layout.gate_probabilities(&ws, &v, temperature).unwrap();
             let (a, b) = (
                 &ws.get(&layer0.weight).unwrap().data,
                 &w.get(&layer0.weight).unwrap().data,
             );
             for (i, g) in gw.iter().enumerate() {
-                let want = cfg.drift * f64::from(pi[0][i / layer0.fan_in]) * f64::from(a[i] - b[i]);
+                let want = cfg.drift * pi[i / layer0.fan_in] * f64::from(a[i] - b[i]);
                 assert!(
                     (f64::from(*g) - want).abs() < 1e-5,
                     "{cfg:?} w[{i}]: {g} vs {want}"

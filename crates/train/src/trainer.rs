@@ -4,13 +4,12 @@ use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use fedfuse_core::{ModelSpec, Params};
+use fedfuse_core::{GroupLayout, ModelSpec, Params};
 use fedfuse_data::Dataset;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use crate::groups::check_per_group;
 use crate::net::Net;
 use crate::{OptimizerConfig, Result, TrainConfig, TrainError, params};
 
@@ -18,6 +17,7 @@ use crate::{OptimizerConfig, Result, TrainConfig, TrainError, params};
 #[derive(Clone, Debug)]
 pub struct Trainer {
     spec: ModelSpec,
+    groups: GroupLayout,
 }
 
 /// The outcome of local training.
@@ -50,12 +50,32 @@ impl Trainer {
     /// A trainer for `spec`.
     pub fn new(spec: ModelSpec) -> Result<Self> {
         spec.validate()?;
-        Ok(Self { spec })
+        Ok(Self {
+            groups: GroupLayout::of_model(&spec),
+            spec,
+        })
     }
 
     /// The architecture.
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    /// The architecture's parameter groups (hidden units and filters), which FedSparse gates,
+    /// FedL1 penalises and [`Self::fit_gated`] scales.
+    pub fn groups(&self) -> &GroupLayout {
+        &self.groups
+    }
+
+    /// Per-group values as one tensor per grouped layer (what the network multiplies its
+    /// units by); `values` has been checked to hold one entry per group.
+    pub(crate) fn per_layer(&self, values: &[f32], device: &Device) -> Vec<Tensor<1>> {
+        (0..self.groups.layers().len())
+            .map(|l| {
+                let g = values.get(self.groups.layer_groups(l)).unwrap_or_default();
+                Tensor::from_data(TensorData::new(g.to_vec(), [g.len()]), device)
+            })
+            .collect()
     }
 
     pub(crate) fn check_data(&self, data: &Dataset) -> Result<()> {
@@ -120,11 +140,10 @@ impl Trainer {
     }
 
     /// FedL1 local training: [`fit_with`](Self::fit_with) without a proximal term, the loss
-    /// gaining the group-L1 penalty `l1 * sum_g ||w_g||_2` over the groups of
-    /// [`groups`](crate::groups()) (hidden units and filters with their biases; the output
-    /// layer is not penalised). The result is not thresholded: apply
-    /// [`soft_threshold_groups`](crate::soft_threshold_groups) or
-    /// [`hard_threshold_groups`](crate::hard_threshold_groups) before upload.
+    /// gaining the group-L1 penalty `l1 * sum_g ||w_g||_2` over the [groups](Self::groups)
+    /// (hidden units and filters with their biases; the output layer is not penalised). The
+    /// result is not thresholded: apply
+    /// [`GroupLayout::soft_threshold`] or [`GroupLayout::hard_threshold`] before upload.
     pub fn fit_group_l1(
         &self,
         start: &Params,
@@ -135,31 +154,27 @@ impl Trainer {
     ) -> Result<Fitted> {
         if !(l1.is_finite() && l1 >= 0.0) {
             return Err(TrainError::InvalidConfig {
-                field: "method.l1",
+                field: "l1",
                 reason: format!("{l1} is not >= 0"),
             });
         }
         self.fit_inner(start, data, cfg, None, l1, None, seed)
     }
 
-    /// Training with every unit of the grouped layers (see [`groups`](crate::groups())) scaled
-    /// by a fixed factor `gates[layer][unit]`: federated dropout on a model of full size, with
-    /// 0 for a dropped unit or filter (it then gets no gradient, and neither do the weights
-    /// reading it) and `1/keep` for a kept one (inverted dropout).
+    /// Training with every unit of the grouped layers (see [`Self::groups`]) scaled by a fixed
+    /// factor `gates[group]`: federated dropout on a model of full size, with 0 for a dropped
+    /// unit or filter (it then gets no gradient, and neither do the weights reading it) and
+    /// `1/keep` for a kept one (inverted dropout).
     pub fn fit_gated(
         &self,
         start: &Params,
-        gates: &[Vec<f32>],
+        gates: &[f32],
         data: &Dataset,
         cfg: &TrainConfig,
         seed: u64,
     ) -> Result<Fitted> {
-        check_per_group(&self.spec, gates, "unit gates")?;
-        if let Some(g) = gates
-            .iter()
-            .flatten()
-            .find(|g| !(g.is_finite() && **g >= 0.0))
-        {
+        self.groups.check_per_group(gates, "unit gates")?;
+        if let Some(g) = gates.iter().find(|g| !(g.is_finite() && **g >= 0.0)) {
             return Err(TrainError::InvalidConfig {
                 field: "gates",
                 reason: format!("{g} is not a finite non-negative factor"),
@@ -176,7 +191,7 @@ impl Trainer {
         cfg: &TrainConfig,
         prox: Option<(&Params, f64)>,
         l1: f64,
-        gates: Option<&[Vec<f32>]>,
+        gates: Option<&[f32]>,
         seed: u64,
     ) -> Result<Fitted> {
         cfg.check()?;
@@ -185,11 +200,10 @@ impl Trainer {
             return Err(TrainError::DataMismatch("no training samples".into()));
         }
         let device = Device::flex().autodiff();
-        let gates: Vec<Tensor<1>> = gates
-            .unwrap_or_default()
-            .iter()
-            .map(|g| Tensor::from_data(TensorData::new(g.clone(), [g.len()]), &device))
-            .collect();
+        let gates: Vec<Tensor<1>> = match gates {
+            Some(g) => self.per_layer(g, &device),
+            None => Vec::new(),
+        };
         let mut net = params::build(&self.spec, start, &device)?;
         let anchor = match prox {
             Some((anchor, mu)) if mu > 0.0 => {

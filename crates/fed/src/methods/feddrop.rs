@@ -14,9 +14,9 @@
 //! any sub-model was trained with (measured on digits, 64-64-32-10, half the units dropped:
 //! 0.53 accuracy after 10 rounds without the scaling).
 
-use fedfuse_core::{ConfigValue, ModelSpec, ParamShape, Params, Record};
+use fedfuse_core::{ConfigValue, GroupLayout, ModelSpec, ParamShape, Params, Record};
 use fedfuse_fuse::{WeightedSum, scatter_sub_model, sub_model};
-use fedfuse_train::{Trainer, groups};
+use fedfuse_train::Trainer;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -45,7 +45,11 @@ impl FedDrop {
                 reason: format!("{fraction} is not in [0, 1)"),
             });
         }
-        let hidden: Vec<usize> = groups(spec).iter().map(|g| g.units).collect();
+        let hidden: Vec<usize> = GroupLayout::of_model(spec)
+            .layers()
+            .iter()
+            .map(|g| g.units)
+            .collect();
         if hidden.is_empty() {
             return Err(FedError::InvalidSetting {
                 field: "model",
@@ -134,7 +138,7 @@ fn kept_values(spec: &ModelSpec, kept: &[Vec<usize>]) -> Vec<Vec<bool>> {
         .map(|s| vec![true; s.shape.iter().product()])
         .collect();
     let index = |name: &str| shapes.iter().position(|s| s.name == name);
-    for (g, units) in groups(spec).iter().zip(kept) {
+    for (g, units) in GroupLayout::of_model(spec).layers().iter().zip(kept) {
         let mut on = vec![false; g.units];
         for &u in units {
             if let Some(o) = on.get_mut(u) {
@@ -178,13 +182,13 @@ fn apply_mask(params: &mut Params, mask: &[Vec<bool>]) {
 }
 
 impl FedDrop {
-    /// The gate factors of `round` for [`Trainer::fit_gated`]: `1/keep` on kept units, 0 on
-    /// dropped ones.
-    fn gates(&self, round: usize) -> Vec<Vec<f32>> {
+    /// The gate factors of `round` for [`Trainer::fit_gated`], one per group (the hidden
+    /// layers' units in order): `1/keep` on kept units, 0 on dropped ones.
+    fn gates(&self, round: usize) -> Vec<f32> {
         self.kept(round)
             .iter()
             .zip(&self.hidden)
-            .map(|(units, &h)| {
+            .flat_map(|(units, &h)| {
                 let scale = h as f32 / units.len().max(1) as f32;
                 let mut g = vec![0.0; h];
                 for &u in units {

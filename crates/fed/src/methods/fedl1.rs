@@ -6,8 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
-use fedfuse_train::hard_threshold_groups;
+use fedfuse_core::{ConfigValue, GroupLayout, ModelSpec, Params, Record};
 
 use super::FedAvg;
 use crate::method::SERVER_ROUND;
@@ -21,8 +20,8 @@ const ZERO_GROUPS: &str = "zero_groups";
 pub struct FedL1 {
     /// Group-L1 coefficient.
     pub l1: f64,
-    /// The architecture (for its groups).
-    spec: ModelSpec,
+    /// The architecture's groups.
+    groups: GroupLayout,
     /// Groups with a norm at most this are zeroed before upload and download.
     pub threshold: f64,
     zero_groups: f64,
@@ -41,7 +40,7 @@ impl FedL1 {
         }
         Ok(Self {
             l1,
-            spec: spec.clone(),
+            groups: GroupLayout::of_model(spec),
             threshold,
             zero_groups: f64::NAN,
         })
@@ -56,14 +55,13 @@ impl Method for FedL1 {
     /// The global model with its small groups zeroed, sparse on the wire.
     fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
         let mut params = global.clone();
-        hard_threshold_groups(&self.spec, &mut params, self.threshold)?;
+        self.groups.hard_threshold(&mut params, self.threshold)?;
         Ok(Record::from_params(params)
             .with_sparse(true)
             .with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
     }
 
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-        let spec = ctx.trainer.spec();
         let fitted = ctx.trainer.fit_group_l1(
             &instruction.params,
             &ctx.data.train,
@@ -72,7 +70,10 @@ impl Method for FedL1 {
             ctx.seed,
         )?;
         let mut params = fitted.params;
-        let zero = hard_threshold_groups(spec, &mut params, self.threshold)?;
+        let zero = ctx
+            .trainer
+            .groups()
+            .hard_threshold(&mut params, self.threshold)?;
         let mut reply = Record::from_params(params)
             .with_num_examples(fitted.examples as u64)
             .with_sparse(true);

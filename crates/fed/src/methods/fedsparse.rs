@@ -11,16 +11,16 @@
 //!   [`Z_TENSOR`] (0/1) and the client's gate probabilities `pi_s` as [`PI_TENSOR`] (for the
 //!   total variation of Appendix C; one value per group, under 1% of a LeNet-5 upload).
 //!
-//! Which tensors are gated is [`fedfuse_train::groups`]' definition (every layer but the
-//! output layer); the server's [`GroupLayout`] is derived from it, so the two halves agree on
-//! group order by construction.
+//! Both halves use one [`GroupLayout`] (every layer but the output layer, see
+//! [`GroupLayout::of_model`]), so they agree on the groups and their order by construction;
+//! every per-group vector travels flat, in that order.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fedfuse_core::{ConfigValue, ModelSpec, ParamShape, Params, Record};
-use fedfuse_fuse::{FedSparseConfig, FedSparseServer, GroupLayout, SparseReply, total_variation};
-use fedfuse_train::{SparseConfig, groups};
+use fedfuse_core::{ConfigValue, GroupLayout, ModelSpec, ParamShape, Params, Record};
+use fedfuse_fuse::{FedSparseConfig, FedSparseServer, SparseReply, total_variation};
+use fedfuse_train::SparseConfig;
 
 use crate::method::{LOCAL_ACCURACY, SERVER_ROUND};
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
@@ -38,8 +38,6 @@ pub struct FedSparse {
     server_config: FedSparseConfig,
     spec: ModelSpec,
     layout: GroupLayout,
-    /// Per grouped layer, its number of groups (to split `v` for the client).
-    layer_groups: Vec<usize>,
     state: Arc<Mutex<State>>,
 }
 
@@ -64,33 +62,11 @@ impl FedSparse {
                 reason: "client and server must use the same gate temperature".into(),
             });
         }
-        let grouped = groups(spec);
-        if grouped.is_empty() {
+        let layout = GroupLayout::of_model(spec);
+        if layout.layers().is_empty() {
             return Err(FedError::InvalidSetting {
                 field: "model",
                 reason: "FedSparse gates hidden units; the model has no hidden layer".into(),
-            });
-        }
-        let shapes = spec.param_shapes();
-        let gated: Vec<&str> = grouped
-            .iter()
-            .flat_map(|g| [g.weight.as_str(), g.bias.as_str()])
-            .collect();
-        let ungated: Vec<&str> = shapes
-            .iter()
-            .map(|s| s.name.as_str())
-            .filter(|n| !gated.contains(n))
-            .collect();
-        let layout = GroupLayout::output_units(&shapes, &ungated)?;
-        let layer_groups: Vec<usize> = grouped.iter().map(|g| g.units).collect();
-        if layer_groups.iter().sum::<usize>() != layout.num_groups() {
-            return Err(FedError::InvalidSetting {
-                field: "model",
-                reason: format!(
-                    "client and server group the model differently ({} vs {} groups)",
-                    layer_groups.iter().sum::<usize>(),
-                    layout.num_groups()
-                ),
             });
         }
         Ok(Self {
@@ -98,7 +74,6 @@ impl FedSparse {
             server_config: server,
             spec: spec.clone(),
             layout,
-            layer_groups,
             state: Arc::new(Mutex::new(State::default())),
         })
     }
@@ -126,19 +101,6 @@ impl FedSparse {
             field: "method",
             reason: "the FedSparse server could not be created".into(),
         })
-    }
-
-    /// Splits the flat per-group vector `v` into one vector per grouped layer.
-    fn split_layers(&self, flat: &[f32]) -> Vec<Vec<f32>> {
-        let mut rest = flat;
-        self.layer_groups
-            .iter()
-            .map(|&n| {
-                let (head, tail) = rest.split_at(n.min(rest.len()));
-                rest = tail;
-                head.to_vec()
-            })
-            .collect()
     }
 }
 
@@ -194,7 +156,7 @@ impl Method for FedSparse {
         start.check_layout(&self.spec.param_shapes())?;
         let fit = ctx.trainer.fit_sparse(
             &start,
-            &self.split_layers(&v),
+            &v,
             &ctx.data.train,
             ctx.train,
             &self.client,
@@ -207,13 +169,8 @@ impl Method for FedSparse {
             Some(ctx.trainer.evaluate(&fit.params, &ctx.data.test)?.accuracy)
         };
         let mut params = fit.params;
-        let z: Vec<f32> = fit
-            .z
-            .iter()
-            .flatten()
-            .map(|&z| f32::from(u8::from(z)))
-            .collect();
-        let pi: Vec<f32> = fit.pi.into_iter().flatten().collect();
+        let z: Vec<f32> = fit.z.iter().map(|&z| f32::from(u8::from(z))).collect();
+        let pi = fit.pi;
         params.push(Z_TENSOR, vec![z.len()], z)?;
         params.push(PI_TENSOR, vec![pi.len()], pi)?;
         let mut reply = Record::from_params(params)

@@ -1,12 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! FedSparse server maths: theta, pruning, one round and the stationary point by hand, the
-//! direction of the threshold gradient, and input errors.
+//! FedSparse server maths: pruning, one round and the stationary point by hand, the direction
+//! of the threshold gradient, and input errors (the groups and eq. 23 are fedfuse-core's,
+//! tested there).
 
-use fedfuse_core::Params;
+use fedfuse_core::{GroupLayout, GroupedLayer, Params};
 use fedfuse_fuse::{
-    FedSparseConfig, FedSparseServer, FuseError, GroupLayout, Grouping, ServerOptimizer,
-    SparseGradSum, SparseReply, fedsparse_gradients, fedsparse_stationary, group_norms, prune,
-    theta, thresholds_for_theta, total_variation,
+    FedSparseConfig, FedSparseServer, FuseError, ServerOptimizer, SparseGradSum, SparseReply,
+    fedsparse_gradients, fedsparse_stationary, prune, total_variation,
 };
 
 /// `v` with `softplus(v) = 1`.
@@ -27,49 +27,28 @@ fn mlp(fc_w: [f32; 4], fc_b: [f32; 2], out: [f32; 2]) -> Params {
     p
 }
 
+fn layer(weight: &str, bias: &str, units: usize, fan_in: usize) -> GroupedLayer {
+    GroupedLayer {
+        weight: weight.into(),
+        bias: bias.into(),
+        units,
+        fan_in,
+    }
+}
+
+/// The units of `fc` are its groups (2 input weights and a bias each); `out` is ungated.
 fn mlp_layout() -> GroupLayout {
     let p = mlp([0.0; 4], [0.0; 2], [0.0; 2]);
-    GroupLayout::output_units(&p.layout(), &["out.weight"]).unwrap()
+    GroupLayout::new(p.layout(), vec![layer("fc.weight", "fc.bias", 2, 2)]).unwrap()
 }
 
 #[test]
-fn output_units_share_groups_between_weight_and_bias() {
-    let layout = mlp_layout();
-    assert_eq!(layout.num_groups(), 2);
-    // A unit's group: its 2 input weights and its bias.
-    assert_eq!(layout.group_sizes(), &[3, 3]);
-    assert_eq!(layout.gated_values(), 6);
-    assert_eq!(
-        layout.groupings(),
-        &[
-            Grouping::Rows(vec![0, 1]),
-            Grouping::Rows(vec![0, 1]),
-            Grouping::Ungated
-        ]
-    );
-    // Conv filters [out, in, kh, kw] are grouped per output filter.
-    let mut conv = Params::new();
-    conv.push("conv.weight", vec![3, 2, 2, 2], vec![0.0; 24])
-        .unwrap();
-    conv.push("conv.bias", vec![3], vec![0.0; 3]).unwrap();
-    let l = GroupLayout::output_units(&conv.layout(), &[]).unwrap();
-    assert_eq!(l.group_sizes(), &[9, 9, 9]);
-}
-
-#[test]
-fn theta_and_prune_by_hand() {
+fn prune_by_hand() {
     let layout = mlp_layout();
     // Unit 0: weights [3, 4], bias 0 -> norm 5. Unit 1: weights [0, 0.6], bias 0.8 -> norm 1.
     let mut w = mlp([3.0, 4.0, 0.0, 0.6], [0.0, 0.8], [5.0, 5.0]);
-    let norms = group_norms(&w, &layout).unwrap();
-    assert!((norms[0] - 5.0).abs() < 1e-6 && (norms[1] - 1.0).abs() < 1e-6);
     // softplus(v) = 1, T = 1: theta = [sigmoid(5 - 1), sigmoid(1 - 1)] = [0.9820138, 0.5].
-    let th = theta(&w, &[v_one(); 2], 1.0, &layout).unwrap();
-    assert!((th[0] - 0.982_013_8).abs() < 1e-6, "{th:?}");
-    assert!((th[1] - 0.5).abs() < 1e-6, "{th:?}");
-    // T = 0.1 sharpens: sigmoid(40) ~ 1, sigmoid(0) = 0.5 still.
-    let sharp = theta(&w, &[v_one(); 2], 0.1, &layout).unwrap();
-    assert!(sharp[0] > 1.0 - 1e-12 && (sharp[1] - 0.5).abs() < 1e-6);
+    let th = layout.gate_probabilities(&w, &[v_one(); 2], 1.0).unwrap();
 
     // eps = 0.1 keeps both; eps = 0.6 prunes unit 1 (its weight row and its bias), never the
     // ungated output layer.
@@ -89,15 +68,15 @@ fn theta_and_prune_by_hand() {
     );
 }
 
+/// One group: the row `w` and the bias `b`, which stays 0 here.
 fn one_group_layout() -> GroupLayout {
-    let mut p = Params::new();
-    p.push("w", vec![1, 2], vec![0.0; 2]).unwrap();
-    GroupLayout::new(p.layout(), vec![Grouping::Rows(vec![0])]).unwrap()
+    GroupLayout::new(row(0.0, 0.0).layout(), vec![layer("w", "b", 1, 2)]).unwrap()
 }
 
 fn row(a: f32, b: f32) -> Params {
     let mut p = Params::new();
     p.push("w", vec![1, 2], vec![a, b]).unwrap();
+    p.push("b", vec![1], vec![0.0]).unwrap();
     p
 }
 
@@ -143,8 +122,8 @@ fn one_server_step_by_hand() {
         .unwrap();
     assert_eq!(server.replies(), 2);
     let grads = server.finish_round().unwrap();
-    // grad_w = ((4 - 3, 4 - 4) + 0) / 2 = [0.5, 0].
-    assert_eq!(grads.w, vec![vec![0.5, 0.0]]);
+    // grad_w = ((4 - 3, 4 - 4) + 0) / 2 = [0.5, 0]; the bias did not move.
+    assert_eq!(grads.w, vec![vec![0.5, 0.0], vec![0.0]]);
     // grad_v = (-(1 - theta) + theta) sigmoid(v) / (2 T) = 0.9640276 * 0.6321206 / 2 = 0.304691.
     assert!((grads.v[0] - 0.304_691).abs() < 1e-6, "{:?}", grads.v);
     let th = sigmoid(4.0);
@@ -162,21 +141,19 @@ fn one_server_step_by_hand() {
 
 #[test]
 fn stationary_point_by_hand() {
-    // Two units gated per row, plus an ungated bias-like tensor.
+    // Two units gated per row (their biases `b` stay 0), plus an ungated tensor.
     let mut server = Params::new();
     server
         .push("w", vec![2, 2], vec![9.0, 9.0, 7.0, 7.0])
         .unwrap();
+    server.push("b", vec![2], vec![0.0, 0.0]).unwrap();
     server.push("out", vec![2], vec![0.0, 0.0]).unwrap();
-    let layout = GroupLayout::new(
-        server.layout(),
-        vec![Grouping::Rows(vec![0, 1]), Grouping::Ungated],
-    )
-    .unwrap();
+    let layout = GroupLayout::new(server.layout(), vec![layer("w", "b", 2, 2)]).unwrap();
     let client = |r0: [f32; 2], out: [f32; 2]| {
         let mut p = Params::new();
         p.push("w", vec![2, 2], vec![r0[0], r0[1], 0.0, 0.0])
             .unwrap();
+        p.push("b", vec![2], vec![0.0, 0.0]).unwrap();
         p.push("out", vec![2], out.to_vec()).unwrap();
         p
     };
@@ -259,21 +236,6 @@ fn gates_move_thresholds_the_right_way() {
 }
 
 #[test]
-fn initial_thresholds_give_theta0() {
-    let layout = mlp_layout();
-    let w = mlp([0.3, 0.4, 0.1, 0.2], [0.0, 0.1], [1.0, 1.0]);
-    let v = thresholds_for_theta(&w, 0.99, 1e-3, &layout).unwrap();
-    let th = theta(&w, &v, 1e-3, &layout).unwrap();
-    // f32 thresholds: softplus(v) is off by ~1e-8, times 1/T = 1e3 in the logit.
-    assert!(th.iter().all(|t| (t - 0.99).abs() < 1e-4), "{th:?}");
-    // A zero group cannot reach theta0 with a positive threshold: it starts denser.
-    let zero = mlp([0.0; 4], [0.0; 2], [1.0, 1.0]);
-    let v = thresholds_for_theta(&zero, 0.99, 1.0, &layout).unwrap();
-    let th = theta(&zero, &v, 1.0, &layout).unwrap();
-    assert!(th.iter().all(|t| *t >= 0.499), "{th:?}");
-}
-
-#[test]
 fn streaming_sum_equals_batch_and_ungated_is_plain_mean() {
     let layout = mlp_layout();
     let w = mlp([1.0, 1.0, 1.0, 1.0], [1.0, 1.0], [1.0, 1.0]);
@@ -347,57 +309,53 @@ fn inputs_are_checked() {
     bad.push("fc.weight", vec![2, 2], vec![0.0; 4]).unwrap();
     bad.push("fc.bias", vec![3], vec![0.0; 3]).unwrap();
     bad.push("out.weight", vec![1, 2], vec![0.0; 2]).unwrap();
-    let err = group_norms(&bad, &layout).unwrap_err().to_string();
+    let err = prune(&mut bad.clone(), &[0.5, 0.5], 0.1, &layout)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("fc.bias"), "{err}");
-    let err = GroupLayout::output_units(&bad.layout(), &["out.weight"])
+    let err = GroupLayout::new(bad.layout(), vec![layer("fc.weight", "fc.bias", 2, 2)])
         .unwrap_err()
         .to_string();
-    assert!(err.contains("fc.bias") && err.contains("`fc`"), "{err}");
-    let err = GroupLayout::output_units(&w.layout(), &["head.weight"])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("head.weight"), "{err}");
-    let err = GroupLayout::new(
-        w.layout(),
-        vec![
-            Grouping::Rows(vec![0, 2]),
-            Grouping::Ungated,
-            Grouping::Ungated,
-        ],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("group 1"), "{err}");
-    assert!(
-        GroupLayout::new(
-            w.layout(),
-            vec![
-                Grouping::Elements(vec![0; 3]),
-                Grouping::Ungated,
-                Grouping::Ungated
-            ],
-        )
-        .is_err()
-    );
+    assert!(err.contains("fc.bias"), "{err}");
 
     // Settings.
-    assert!(matches!(
-        theta(&w, &[0.0; 2], 0.0, &layout),
-        Err(FuseError::InvalidSetting {
-            field: "fedsparse.temperature",
-            ..
-        })
-    ));
-    assert!(theta(&w, &[0.0; 3], 1.0, &layout).is_err());
-    assert!(theta(&w, &[f32::NAN, 0.0], 1.0, &layout).is_err());
     let mut w2 = w.clone();
     assert!(matches!(
         prune(&mut w2, &[0.5, 0.5], 1.5, &layout),
         Err(FuseError::InvalidSetting {
-            field: "fedsparse.prune_eps",
+            field: "prune_eps",
             ..
         })
     ));
+    let hot = FedSparseConfig {
+        temperature: 0.0,
+        ..FedSparseConfig::default()
+    };
+    assert!(matches!(
+        hot.check(),
+        Err(FuseError::InvalidSetting {
+            field: "temperature",
+            ..
+        })
+    ));
+    assert!(
+        FedSparseServer::new(
+            FedSparseConfig::default(),
+            mlp_layout(),
+            w.clone(),
+            vec![0.0; 3]
+        )
+        .is_err()
+    );
+    assert!(
+        FedSparseServer::new(
+            FedSparseConfig::default(),
+            mlp_layout(),
+            w.clone(),
+            vec![f32::NAN, 0.0]
+        )
+        .is_err()
+    );
     assert!(prune(&mut w2, &[0.5, f64::NAN], 0.1, &layout).is_err());
 
     // Server round protocol.
@@ -445,13 +403,4 @@ fn inputs_are_checked() {
             ..
         })
     ));
-}
-
-#[test]
-fn elementwise_layout_groups_each_value() {
-    let w = mlp([3.0, -4.0, 0.0, 1.0], [2.0, 0.0], [1.0, 1.0]);
-    let layout = GroupLayout::elementwise(&w.layout(), &["out.weight"]).unwrap();
-    assert_eq!(layout.num_groups(), 6);
-    let norms = group_norms(&w, &layout).unwrap();
-    assert_eq!(norms, vec![3.0, 4.0, 0.0, 1.0, 2.0, 0.0]);
 }

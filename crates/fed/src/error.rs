@@ -31,6 +31,15 @@ pub enum FedError {
         /// Why, and what would be valid.
         reason: String,
     },
+    /// A setting of the `[method]` table is invalid. Lower crates name a setting by its own
+    /// key; this crate, which knows the config file, places it in its table.
+    #[error("invalid setting `method.{field}`: {reason}")]
+    MethodSetting {
+        /// The key in the `[method]` table.
+        field: &'static str,
+        /// Why, and what would be valid.
+        reason: String,
+    },
     /// A client's reply cannot be used.
     #[error("client {client}: {reason}")]
     BadReply {

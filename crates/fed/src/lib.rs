@@ -9,7 +9,7 @@
 //! use fedfuse_fed::{MethodConfig, SimConfig, simulate};
 //! # fn demo(clients: &[fedfuse_data::ClientData], test: &fedfuse_data::Dataset,
 //! #         trainer: &fedfuse_train::Trainer, init: fedfuse_core::Params) -> fedfuse_fed::Result<()> {
-//! let mut method = MethodConfig::FedAvg { separate_inits: false }.build()?;
+//! let mut method = MethodConfig::FedAvg(Default::default()).build()?;
 //! let run = simulate(method.as_mut(), trainer, clients, test, init, &SimConfig::default(), &|_| {})?;
 //! println!("final accuracy {:.3}", run.rounds.last().map_or(0.0, |r| r.global_accuracy));
 //! # Ok(()) }
@@ -27,10 +27,12 @@ pub use error::{FedError, Result};
 pub use method::{Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, standard_fit};
 pub use methods::put_class_counts;
 pub use methods::{
-    BuildContext, CriterionKind, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx,
-    FedSparse, FedTrimmedAvg, Gems, GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind,
-    PI_TENSOR, Pfnm, SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig,
-    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
+    BuildContext, CriterionKind, FedAvg, FedAvgSettings, FedDrop, FedDropSettings, FedL1,
+    FedL1Settings, FedMedian, FedMix, FedMixSettings, FedOpt, FedOptSettings, FedProx,
+    FedProxSettings, FedSparse, FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems,
+    GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind, PI_TENSOR, Pfnm, PfnmSettings,
+    SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig, SparsityPreset,
+    V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
 };
 pub use seed::derive_seed;
 pub use simulator::{

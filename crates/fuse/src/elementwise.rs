@@ -47,7 +47,7 @@ pub fn median(items: &[&[f32]]) -> Vec<f32> {
 pub fn trimmed_mean(items: &[&[f32]], beta: f64) -> Result<Vec<f32>> {
     if !(0.0..0.5).contains(&beta) {
         return Err(FuseError::InvalidSetting {
-            field: "method.beta",
+            field: "beta",
             reason: format!("{beta} is not in [0, 0.5)"),
         });
     }

@@ -64,7 +64,7 @@ fn check_lambda(lambda: f64) -> Result<()> {
         Ok(())
     } else {
         Err(FuseError::InvalidSetting {
-            field: "mixture.lambda",
+            field: "lambda",
             reason: format!("{lambda} is not a positive number"),
         })
     }

@@ -501,7 +501,10 @@ hidden = [16]
         .unwrap();
         assert_eq!(cfg.rounds, 3);
         assert!(matches!(cfg.partition, PartitionSpec::Dirichlet { alpha, .. } if alpha == 0.1));
-        assert_eq!(cfg.method, MethodConfig::FedProx { mu: 0.5 });
+        assert_eq!(
+            cfg.method,
+            MethodConfig::FedProx(fedfuse_fed::FedProxSettings { mu: 0.5 })
+        );
         assert_eq!(cfg.clients_per_round, ClientsPerRound::Count(2));
     }
 

@@ -16,8 +16,8 @@ use anyhow::{Context, Result, bail};
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{Dataset, PartitionSpec, load_dataset};
 use fedfuse_fed::{
-    Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, default_eps_grid,
-    derive_seed, simulate,
+    Aggregate, BuildContext, ClientsPerRound, FedAvgSettings, MethodConfig, PfnmSettings,
+    SimConfig, default_eps_grid, derive_seed, simulate,
 };
 use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
@@ -215,26 +215,27 @@ impl SweepConfig {
     fn method_config(&self, m: SweepMethod) -> Option<MethodConfig> {
         let s = &self.matching;
         match m {
-            SweepMethod::Pfnm => Some(MethodConfig::Pfnm {
+            SweepMethod::Pfnm => Some(MethodConfig::Pfnm(PfnmSettings {
                 sigma: s.sigma,
                 sigma0: s.sigma0,
                 gamma: s.gamma,
                 iters: s.iters,
-            }),
-            SweepMethod::GpiFnm => Some(MethodConfig::GpiFnm {
+                ..PfnmSettings::default()
+            })),
+            SweepMethod::GpiFnm => Some(MethodConfig::GpiFnm(PfnmSettings {
                 sigma: s.sigma,
                 sigma0: s.sigma0,
                 gamma: s.gamma,
                 iters: s.iters,
                 eps: None,
-                eps_grid: s.eps_grid.clone(),
-            }),
-            SweepMethod::FedavgSeparate => Some(MethodConfig::FedAvg {
+                eps_grid: Some(s.eps_grid.clone()),
+            })),
+            SweepMethod::FedavgSeparate => Some(MethodConfig::FedAvg(FedAvgSettings {
                 separate_inits: true,
-            }),
-            SweepMethod::FedavgCommon => Some(MethodConfig::FedAvg {
+            })),
+            SweepMethod::FedavgCommon => Some(MethodConfig::FedAvg(FedAvgSettings {
                 separate_inits: false,
-            }),
+            })),
             SweepMethod::Local | SweepMethod::Ensemble | SweepMethod::Oracle => None,
         }
     }

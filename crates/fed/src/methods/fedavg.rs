@@ -4,8 +4,38 @@
 
 use fedfuse_core::Params;
 use fedfuse_fuse::{WeightedSum, weighted_mean_params};
+use serde::{Deserialize, Serialize};
 
+use super::{BuildContext, SeparateInits};
 use crate::{Aggregate, Fold, Method, Reply, Result};
+
+/// FedAvg's settings (`[method] name = "fedavg"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedAvgSettings {
+    /// Clients start round 1 from their own initialisations instead of a common one
+    /// (the PFNM papers' "FedAvg, separate inits" baseline).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub separate_inits: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl FedAvgSettings {
+    /// FedAvg, or FedAvg whose clients start from their own `ctx.init` weights.
+    pub fn build(&self, ctx: &BuildContext) -> Result<Box<dyn Method>> {
+        Ok(if self.separate_inits {
+            Box::new(SeparateInits {
+                inner: Box::new(FedAvg),
+                init: ctx.init,
+            })
+        } else {
+            Box::new(FedAvg)
+        })
+    }
+}
 
 /// FedAvg.
 #[derive(Clone, Copy, Debug, Default)]

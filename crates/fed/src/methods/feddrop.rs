@@ -19,9 +19,43 @@ use fedfuse_fuse::{WeightedSum, scatter_sub_model, sub_model};
 use fedfuse_train::Trainer;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
 
+use super::BuildContext;
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result, derive_seed};
+
+/// FedDrop's settings (`[method] name = "feddrop"`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedDropSettings {
+    /// Fraction of hidden units dropped per round, in [0, 1).
+    #[serde(default = "quarter")]
+    pub fraction: f64,
+}
+
+fn quarter() -> f64 {
+    0.25
+}
+
+impl Default for FedDropSettings {
+    fn default() -> Self {
+        Self {
+            fraction: quarter(),
+        }
+    }
+}
+
+impl FedDropSettings {
+    /// Checks the fraction and builds FedDrop for `ctx.spec`, its units drawn from `ctx.seed`.
+    pub fn build(&self, ctx: &BuildContext) -> Result<FedDrop> {
+        FedDrop::new(
+            self.fraction,
+            ctx.spec("FedDrop needs the model's architecture")?,
+            ctx.seed,
+        )
+    }
+}
 
 /// FedDrop.
 #[derive(Clone, Debug)]
@@ -40,8 +74,8 @@ impl FedDrop {
     /// FedDrop for an MLP `spec`; checks the fraction.
     pub fn new(fraction: f64, spec: &ModelSpec, seed: u64) -> Result<Self> {
         if !(0.0..1.0).contains(&fraction) {
-            return Err(FedError::InvalidSetting {
-                field: "method.fraction",
+            return Err(FedError::MethodSetting {
+                field: "fraction",
                 reason: format!("{fraction} is not in [0, 1)"),
             });
         }

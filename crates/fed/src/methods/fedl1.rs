@@ -7,10 +7,32 @@
 use std::collections::BTreeMap;
 
 use fedfuse_core::{ConfigValue, GroupLayout, ModelSpec, Params, Record};
+use serde::{Deserialize, Serialize};
 
-use super::FedAvg;
+use super::{BuildContext, FedAvg};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
+
+/// FedL1's settings (`[method] name = "fedl1"`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedL1Settings {
+    /// Group-L1 coefficient.
+    pub l1: f64,
+    /// Groups with a norm at most this are zeroed before upload and download.
+    pub threshold: f64,
+}
+
+impl FedL1Settings {
+    /// Checks the settings and builds FedL1 for `ctx.spec`.
+    pub fn build(&self, ctx: &BuildContext) -> Result<FedL1> {
+        FedL1::new(
+            self.l1,
+            self.threshold,
+            ctx.spec("FedL1 needs the model's architecture")?,
+        )
+    }
+}
 
 /// Metric key of the number of all-zero groups in a reply.
 const ZERO_GROUPS: &str = "zero_groups";
@@ -30,9 +52,9 @@ pub struct FedL1 {
 impl FedL1 {
     /// FedL1 for `spec`; checks the settings.
     pub fn new(l1: f64, threshold: f64, spec: &ModelSpec) -> Result<Self> {
-        for (field, v) in [("method.l1", l1), ("method.threshold", threshold)] {
+        for (field, v) in [("l1", l1), ("threshold", threshold)] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(FedError::InvalidSetting {
+                return Err(FedError::MethodSetting {
                     field,
                     reason: format!("{v} is not a non-negative number"),
                 });

@@ -10,9 +10,56 @@ use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_data::Dataset;
 use fedfuse_fuse::{GaussianMixture, MixtureConfig};
 use fedfuse_train::Trainer;
+use serde::{Deserialize, Serialize};
 
+use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, FedError, Method, Reply, Result};
+
+/// FedMix's settings (`[method] name = "fedmix"`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedMixSettings {
+    /// Number of server models.
+    #[serde(default = "two")]
+    pub components: usize,
+    /// Precision of each component (larger: harder assignments).
+    #[serde(default = "one")]
+    pub lambda: f64,
+    /// Learn the mixing weights instead of keeping them equal.
+    #[serde(default)]
+    pub learn_weights: bool,
+}
+
+fn two() -> usize {
+    2
+}
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for FedMixSettings {
+    fn default() -> Self {
+        Self {
+            components: two(),
+            lambda: one(),
+            learn_weights: false,
+        }
+    }
+}
+
+impl FedMixSettings {
+    /// Checks the settings and builds FedMix.
+    pub fn build(&self, _ctx: &BuildContext) -> Result<FedMix> {
+        FedMix::new(
+            self.components,
+            MixtureConfig {
+                lambda: self.lambda,
+                learn_weights: self.learn_weights,
+            },
+        )
+    }
+}
 
 /// FedAvg's clients under a `K`-component mixture prior.
 #[derive(Clone, Debug)]
@@ -31,12 +78,12 @@ impl FedMix {
     /// A mixture of `components` server models; checks the settings.
     pub fn new(components: usize, config: MixtureConfig) -> Result<Self> {
         if components == 0 {
-            return Err(FedError::InvalidSetting {
-                field: "method.components",
+            return Err(FedError::MethodSetting {
+                field: "components",
                 reason: "at least one component".into(),
             });
         }
-        config.check()?;
+        config.check().map_err(in_method)?;
         Ok(Self {
             components,
             config,

@@ -4,9 +4,33 @@
 
 use fedfuse_core::{ConfigValue, Params, Record};
 
-use super::FedAvg;
+use serde::{Deserialize, Serialize};
+
+use super::{BuildContext, FedAvg};
 use crate::method::PROXIMAL_MU;
-use crate::{Aggregate, Fold, Method, Reply, Result};
+use crate::{Aggregate, FedError, Fold, Method, Reply, Result};
+
+/// FedProx's settings (`[method] name = "fedprox"`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedProxSettings {
+    /// Proximal coefficient.
+    pub mu: f64,
+}
+
+impl FedProxSettings {
+    /// Checks `mu` and builds FedProx.
+    pub fn build(&self, _ctx: &BuildContext) -> Result<FedProx> {
+        let mu = self.mu;
+        if !(mu.is_finite() && mu >= 0.0) {
+            return Err(FedError::MethodSetting {
+                field: "mu",
+                reason: format!("{mu} is not a non-negative number"),
+            });
+        }
+        Ok(FedProx { mu })
+    }
+}
 
 /// FedProx with coefficient `mu`.
 #[derive(Clone, Copy, Debug)]

@@ -3,8 +3,45 @@
 
 use fedfuse_core::Params;
 use fedfuse_fuse::trimmed_mean_params;
+use serde::{Deserialize, Serialize};
 
-use crate::{Aggregate, Method, Reply, Result};
+use super::BuildContext;
+use crate::{Aggregate, FedError, Method, Reply, Result};
+
+/// FedTrimmedAvg's settings (`[method] name = "fedtrimmedavg"`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FedTrimmedAvgSettings {
+    /// Fraction cut at each end, in [0, 0.5).
+    #[serde(default = "default_beta")]
+    pub beta: f64,
+}
+
+fn default_beta() -> f64 {
+    0.2
+}
+
+impl Default for FedTrimmedAvgSettings {
+    fn default() -> Self {
+        Self {
+            beta: default_beta(),
+        }
+    }
+}
+
+impl FedTrimmedAvgSettings {
+    /// Checks `beta` and builds FedTrimmedAvg.
+    pub fn build(&self, _ctx: &BuildContext) -> Result<FedTrimmedAvg> {
+        let beta = self.beta;
+        if !(0.0..0.5).contains(&beta) {
+            return Err(FedError::MethodSetting {
+                field: "beta",
+                reason: format!("{beta} is not in [0, 0.5)"),
+            });
+        }
+        Ok(FedTrimmedAvg { beta })
+    }
+}
 
 /// FedTrimmedAvg with trim fraction `beta`.
 #[derive(Clone, Copy, Debug)]

@@ -36,6 +36,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
 
@@ -227,17 +228,29 @@ impl Default for GemsSettings {
 }
 
 impl GemsSettings {
+    /// Checks the settings and builds GEMS for `ctx`'s architecture (an MLP), fine-tuning on
+    /// `ctx.validation` when asked to.
+    pub fn build(&self, ctx: &BuildContext) -> Result<Gems> {
+        Gems::new(
+            self.clone(),
+            ctx.spec("GEMS needs the learners' architecture")?.clone(),
+            ctx.init,
+            ctx.seed,
+            ctx.validation.clone(),
+        )
+    }
+
     /// Checks every number once.
     pub fn check(&self) -> Result<()> {
         let bad =
-            |field: &'static str, reason: String| Err(FedError::InvalidSetting { field, reason });
+            |field: &'static str, reason: String| Err(FedError::MethodSetting { field, reason });
         let eps_ok = |e: f64| match self.criterion {
             CriterionKind::Loss => e.is_finite() && e > 0.0,
             CriterionKind::Accuracy => (0.0..=1.0).contains(&e),
         };
         if !eps_ok(self.epsilon) {
             return bad(
-                "method.epsilon",
+                "epsilon",
                 format!(
                     "{}: a positive loss, or an accuracy in [0, 1] with criterion = \"accuracy\"",
                     self.epsilon
@@ -247,25 +260,35 @@ impl GemsSettings {
         for (client, &e) in &self.epsilon_by_client {
             if client.parse::<usize>().is_err() || !eps_ok(e) {
                 return bad(
-                    "method.epsilon_by_client",
+                    "epsilon_by_client",
                     format!("`{client} = {e}`: keys are client ids, values like `epsilon`"),
                 );
             }
         }
         if !(self.neuron_epsilon.is_finite() && self.neuron_epsilon > 0.0) {
             return bad(
-                "method.neuron_epsilon",
+                "neuron_epsilon",
                 format!("{}: must be a positive number", self.neuron_epsilon),
             );
         }
         if self.samples == 0 {
-            return bad("method.samples", "0; the code uses 500".into());
+            return bad("samples", "0; the code uses 500".into());
         }
-        self.search(false).check()?;
-        self.search(true).check()?;
+        self.search(false).check().map_err(in_method)?;
+        // The neuron search's tolerance is its own key.
+        self.search(true).check().map_err(|e| match in_method(e) {
+            FedError::MethodSetting {
+                field: "tol",
+                reason,
+            } => FedError::MethodSetting {
+                field: "neuron_tol",
+                reason,
+            },
+            other => other,
+        })?;
         if !(self.validation_fraction > 0.0 && self.validation_fraction < 1.0) {
             return bad(
-                "method.validation_fraction",
+                "validation_fraction",
                 format!(
                     "{}: must lie in (0, 1); 0.2 is usual",
                     self.validation_fraction
@@ -273,15 +296,15 @@ impl GemsSettings {
             );
         }
         if self.output_epochs == 0 {
-            return bad("method.output_epochs", "0; at least one epoch".into());
+            return bad("output_epochs", "0; at least one epoch".into());
         }
         if self.finetune_samples > 0 && !(self.finetune_lr.is_finite() && self.finetune_lr > 0.0) {
             return bad(
-                "method.finetune_lr",
+                "finetune_lr",
                 format!("{}: must be positive", self.finetune_lr),
             );
         }
-        fisher_axes(&[1.0], self.fisher_prop, false)?;
+        fisher_axes(&[1.0], self.fisher_prop, false).map_err(in_method)?;
         Ok(())
     }
 
@@ -360,8 +383,8 @@ impl Gems {
         };
         let hidden = widths[1..widths.len() - 1].to_vec();
         if settings.finetune_samples > 0 && public.as_ref().is_none_or(|p| p.is_empty()) {
-            return Err(FedError::InvalidSetting {
-                field: "method.finetune_samples",
+            return Err(FedError::MethodSetting {
+                field: "finetune_samples",
                 reason: "fine-tuning needs public data on the server; set \
                          dataset.validation_fraction (e.g. 0.05) or finetune_samples = 0"
                     .into(),

@@ -20,9 +20,151 @@ use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rayon::prelude::*;
+use serde::{Deserialize, Deserializer, Serialize};
 
+use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
+
+/// The settings of both neuron-matching methods (`[method] name = "pfnm"` or `"gpi-fnm"`);
+/// `eps` and `eps_grid` are GPI-FNM's alone. `sigma` and `sigma0` are variances.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PfnmSettings {
+    /// Variance of client units around their global unit.
+    #[serde(default = "one")]
+    pub sigma: f64,
+    /// Prior variance of global units.
+    #[serde(default = "one")]
+    pub sigma0: f64,
+    /// Beta-process mass (larger opens new global units more readily).
+    #[serde(default = "one")]
+    pub gamma: f64,
+    /// Refinement passes per layer.
+    #[serde(default = "five")]
+    pub iters: usize,
+    /// GPI-FNM: a fixed coefficient of the KL cost (skips the grid search).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f64>,
+    /// GPI-FNM: candidates for `eps`, tried on the server's validation split; unset is
+    /// [`default_eps_grid`] (a GPI-FNM table read from a file always holds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps_grid: Option<Vec<f64>>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn five() -> usize {
+    5
+}
+
+/// Ten values on a multiplicative grid (the paper tries "typically 10 values"), from no KL
+/// term up to a KL term that dominates the PFNM cost for unit-scale weights.
+pub fn default_eps_grid() -> Vec<f64> {
+    vec![0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0]
+}
+
+impl Default for PfnmSettings {
+    fn default() -> Self {
+        Self {
+            sigma: one(),
+            sigma0: one(),
+            gamma: one(),
+            iters: five(),
+            eps: None,
+            eps_grid: None,
+        }
+    }
+}
+
+/// PFNM's keys, for the error on a GPI-FNM key in a PFNM table.
+const PFNM_KEYS: &[&str] = &["sigma", "sigma0", "gamma", "iters"];
+
+impl PfnmSettings {
+    /// Reads a PFNM table: GPI-FNM's keys are unknown there, as they always were.
+    pub(crate) fn deserialize_pfnm<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<Self, D::Error> {
+        let s = Self::deserialize(d)?;
+        for (key, given) in [("eps", s.eps.is_some()), ("eps_grid", s.eps_grid.is_some())] {
+            if given {
+                return Err(serde::de::Error::unknown_field(key, PFNM_KEYS));
+            }
+        }
+        Ok(s)
+    }
+
+    /// Reads a GPI-FNM table with the default grid written out, so that a run's recorded
+    /// config names the grid it searched.
+    pub(crate) fn deserialize_gpi_fnm<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<Self, D::Error> {
+        let mut s = Self::deserialize(d)?;
+        s.eps_grid.get_or_insert_with(default_eps_grid);
+        Ok(s)
+    }
+
+    fn config(&self, eps: f64) -> PfnmConfig {
+        PfnmConfig {
+            sigma: self.sigma,
+            sigma0: self.sigma0,
+            gamma: self.gamma,
+            iters: self.iters,
+            eps,
+            ..PfnmConfig::default()
+        }
+    }
+
+    /// Checks the settings and builds PFNM for `ctx`'s architecture (an MLP).
+    pub fn build_pfnm(&self, ctx: &BuildContext) -> Result<Pfnm> {
+        for (key, given) in [
+            ("eps", self.eps.is_some()),
+            ("eps_grid", self.eps_grid.is_some()),
+        ] {
+            if given {
+                return Err(FedError::MethodSetting {
+                    field: key,
+                    reason: "PFNM has no such setting; use name = \"gpi-fnm\"".into(),
+                });
+            }
+        }
+        Pfnm::new(
+            self.config(0.0),
+            Vec::new(),
+            ctx.validation.clone(),
+            ctx.spec("neuron matching needs the clients' architecture")?
+                .clone(),
+            ctx.init,
+            ctx.seed,
+        )
+    }
+
+    /// Checks the settings and builds GPI-FNM for `ctx`'s architecture (an MLP): with `eps`
+    /// fixed, or chosen each round from `eps_grid` on `ctx.validation`.
+    pub fn build_gpi_fnm(&self, ctx: &BuildContext) -> Result<Pfnm> {
+        let (eps, grid) = match (self.eps, &self.eps_grid) {
+            (Some(eps), _) => (eps, Vec::new()),
+            (None, Some(grid)) if grid.is_empty() => {
+                return Err(FedError::MethodSetting {
+                    field: "eps_grid",
+                    reason: "give at least one candidate, or a single `eps`".into(),
+                });
+            }
+            (None, Some(grid)) => (0.0, grid.clone()),
+            (None, None) => (0.0, default_eps_grid()),
+        };
+        Pfnm::new(
+            self.config(eps),
+            grid,
+            ctx.validation.clone(),
+            ctx.spec("neuron matching needs the clients' architecture")?
+                .clone(),
+            ctx.init,
+            ctx.seed,
+        )
+    }
+}
 
 /// Metric key prefix of a reply's per-class example counts (`class_count.3`).
 const CLASS_COUNT: &str = "class_count.";
@@ -59,7 +201,7 @@ impl Pfnm {
         init: Init,
         seed: u64,
     ) -> Result<Self> {
-        config.check()?;
+        config.check().map_err(in_method)?;
         if spec.mlp_widths().is_none() {
             return Err(FedError::InvalidSetting {
                 field: "model.kind",
@@ -67,14 +209,14 @@ impl Pfnm {
             });
         }
         if let Some(bad) = eps_grid.iter().find(|e| !(e.is_finite() && **e >= 0.0)) {
-            return Err(FedError::InvalidSetting {
-                field: "method.eps_grid",
+            return Err(FedError::MethodSetting {
+                field: "eps_grid",
                 reason: format!("{bad} is not a non-negative number"),
             });
         }
         if !eps_grid.is_empty() && validation.as_ref().is_none_or(|v| v.is_empty()) {
-            return Err(FedError::InvalidSetting {
-                field: "method.eps_grid",
+            return Err(FedError::MethodSetting {
+                field: "eps_grid",
                 reason: "choosing eps needs a server validation split; set \
                          dataset.validation_fraction (e.g. 0.1) or give a single `eps`"
                     .into(),
@@ -132,8 +274,8 @@ impl Pfnm {
                 best = Some((eps, acc, fused));
             }
         }
-        let (eps, _, fused) = best.ok_or(FedError::InvalidSetting {
-            field: "method.eps_grid",
+        let (eps, _, fused) = best.ok_or(FedError::MethodSetting {
+            field: "eps_grid",
             reason: "empty".into(),
         })?;
         Ok((fused, eps))

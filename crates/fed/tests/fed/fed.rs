@@ -279,7 +279,9 @@ fn same_seed_same_run() {
     let mut cfg = sim(2);
     cfg.clients_per_round = fedfuse_fed::ClientsPerRound::Count(4);
     let go = || {
-        let mut m = MethodConfig::FedProx { mu: 0.1 }.build().unwrap();
+        let mut m = MethodConfig::FedProx(fedfuse_fed::FedProxSettings { mu: 0.1 })
+            .build()
+            .unwrap();
         simulate(
             m.as_mut(),
             &trainer,
@@ -356,12 +358,13 @@ fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
     let clients = client_splits(&data.train, &parts, 0.0, &mut rng).unwrap();
     let spec = ModelSpec::mlp(784, &[100], 10);
     let trainer = Trainer::new(spec.clone()).unwrap();
-    let method = MethodConfig::Pfnm {
+    let method = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
         sigma: 1.0,
         sigma0: 1.0,
         gamma: 1.0,
         iters: 5,
-    };
+        ..Default::default()
+    });
     let mut recorder = Recorder {
         inner: method
             .build_with(BuildContext {

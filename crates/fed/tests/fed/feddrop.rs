@@ -23,11 +23,14 @@ fn run(method: &MethodConfig, rounds: usize) -> RunResult {
 
 #[test]
 fn dropping_nothing_is_fedavg() {
-    let drop = run(&MethodConfig::FedDrop { fraction: 0.0 }, 3);
+    let drop = run(
+        &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.0 }),
+        3,
+    );
     let avg = run(
-        &MethodConfig::FedAvg {
+        &MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
             separate_inits: false,
-        },
+        }),
         3,
     );
     assert_eq!(drop.params, avg.params);
@@ -36,11 +39,14 @@ fn dropping_nothing_is_fedavg() {
 
 #[test]
 fn thinner_traffic_and_still_learns() {
-    let drop = run(&MethodConfig::FedDrop { fraction: 0.5 }, 1);
+    let drop = run(
+        &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.5 }),
+        1,
+    );
     let avg = run(
-        &MethodConfig::FedAvg {
+        &MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
             separate_inits: false,
-        },
+        }),
         20,
     );
     // 64-64-32-10 has 6,570 parameters, its half-width sub-model 64-32-16-10 2,778 (0.42),
@@ -51,7 +57,10 @@ fn thinner_traffic_and_still_learns() {
     assert!((0.42..0.46).contains(&(d.bytes_up as f64 / a.bytes_up as f64)));
 
     // A quarter of the units dropped: a noisier path, but it gets there.
-    let drop = run(&MethodConfig::FedDrop { fraction: 0.25 }, 20);
+    let drop = run(
+        &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.25 }),
+        20,
+    );
     let last: Vec<f64> = drop.rounds[15..]
         .iter()
         .map(|r| r.global_accuracy)
@@ -66,7 +75,11 @@ fn thinner_traffic_and_still_learns() {
     // Units outside the first round's sub-model were trained too.
     assert_ne!(
         drop.params,
-        run(&MethodConfig::FedDrop { fraction: 0.25 }, 1).params
+        run(
+            &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.25 }),
+            1
+        )
+        .params
     );
 }
 
@@ -131,11 +144,14 @@ fn lenet5_drops_filters_and_units_with_sparse_traffic() {
         )
         .unwrap()
     };
-    let half = run(&MethodConfig::FedDrop { fraction: 0.5 }, 1);
+    let half = run(
+        &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.5 }),
+        1,
+    );
     let avg = run(
-        &MethodConfig::FedAvg {
+        &MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
             separate_inits: false,
-        },
+        }),
         1,
     );
     // Half of every layer's units: 15,738 of LeNet-5's 61,706 values (0.255) travel, plus one
@@ -161,17 +177,26 @@ fn lenet5_drops_filters_and_units_with_sparse_traffic() {
     }
     // Dropping nothing is FedAvg, bit for bit (gates of 1 change no value).
     let avg2 = run(
-        &MethodConfig::FedAvg {
+        &MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
             separate_inits: false,
-        },
+        }),
         2,
     );
     assert_eq!(
-        run(&MethodConfig::FedDrop { fraction: 0.0 }, 2).params,
+        run(
+            &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.0 }),
+            2
+        )
+        .params,
         avg2.params
     );
     // A quarter of the units dropped still learns (FedAvg reaches about 0.93 here).
-    let quarter = run(&MethodConfig::FedDrop { fraction: 0.25 }, 4).rounds[3].global_accuracy;
+    let quarter = run(
+        &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.25 }),
+        4,
+    )
+    .rounds[3]
+        .global_accuracy;
     assert!(
         quarter > 0.7,
         "LeNet-5 FedDrop(0.25) after 4 rounds: {quarter}"

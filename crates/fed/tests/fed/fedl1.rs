@@ -30,13 +30,13 @@ fn run(method: &MethodConfig) -> RunResult {
 
 #[test]
 fn group_l1_uploads_fewer_bytes_at_fedavg_accuracy() {
-    let avg = run(&MethodConfig::FedAvg {
+    let avg = run(&MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
         separate_inits: false,
-    });
-    let l1 = run(&MethodConfig::FedL1 {
+    }));
+    let l1 = run(&MethodConfig::FedL1(fedfuse_fed::FedL1Settings {
         l1: 0.02,
         threshold: 0.05,
-    });
+    }));
     let up = |r: &RunResult| r.rounds.iter().map(|m| m.bytes_up).sum::<u64>() as f64;
     let down = |r: &RunResult| r.rounds.iter().map(|m| m.bytes_down).sum::<u64>() as f64;
     let (a, s) = (&avg.rounds[5], &l1.rounds[5]);

@@ -90,16 +90,16 @@ fn acc(w: &World, p: &Params, test: &Dataset) -> f64 {
 #[test]
 fn one_component_is_fedavg() {
     let w = world();
-    let mut fedavg = MethodConfig::FedAvg {
+    let mut fedavg = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
         separate_inits: false,
-    }
+    })
     .build()
     .unwrap();
-    let mut mix = MethodConfig::FedMix {
+    let mut mix = MethodConfig::FedMix(fedfuse_fed::FedMixSettings {
         components: 1,
         lambda: 1.0,
         learn_weights: false,
-    }
+    })
     .build()
     .unwrap();
     assert_eq!(run(&w, mix.as_mut(), 3), run(&w, fedavg.as_mut(), 3));
@@ -127,9 +127,9 @@ fn two_components_separate_two_populations() {
     let centres = mix.centres().unwrap();
     let (mine, theirs) = (&centres[plain], &centres[1 - plain]);
 
-    let mut fedavg = MethodConfig::FedAvg {
+    let mut fedavg = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
         separate_inits: false,
-    }
+    })
     .build()
     .unwrap();
     let avg = run(&w, fedavg.as_mut(), 8);

@@ -15,22 +15,22 @@ fn run(method: &MethodConfig, rounds: usize) -> RunResult {
 }
 
 fn fedopt(optimizer: ServerOptName, server_lr: Option<f64>, momentum: Option<f64>) -> MethodConfig {
-    MethodConfig::FedOpt {
+    MethodConfig::FedOpt(fedfuse_fed::FedOptSettings {
         optimizer,
         server_lr,
         beta1: None,
         beta2: None,
         tau: None,
         momentum,
-    }
+    })
 }
 
 #[test]
 fn sgd_with_unit_rate_is_fedavg() {
     let avg = run(
-        &MethodConfig::FedAvg {
+        &MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
             separate_inits: false,
-        },
+        }),
         3,
     );
     let sgd = run(&fedopt(ServerOptName::Sgd, None, None), 3);
@@ -41,9 +41,9 @@ fn sgd_with_unit_rate_is_fedavg() {
 fn server_momentum_and_adam_speed_up_early_rounds() {
     let rounds = 8;
     let avg = run(
-        &MethodConfig::FedAvg {
+        &MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
             separate_inits: false,
-        },
+        }),
         rounds,
     );
     let avgm = run(&fedopt(ServerOptName::Sgd, Some(1.0), Some(0.9)), rounds);
@@ -71,14 +71,14 @@ fn server_momentum_and_adam_speed_up_early_rounds() {
 
 #[test]
 fn settings_an_optimizer_lacks_are_named() {
-    let bad = MethodConfig::FedOpt {
+    let bad = MethodConfig::FedOpt(fedfuse_fed::FedOptSettings {
         optimizer: ServerOptName::Adagrad,
         server_lr: None,
         beta1: Some(0.9),
         beta2: None,
         tau: None,
         momentum: None,
-    };
+    });
     let err = bad.build().err().unwrap().to_string();
     assert!(err.contains("method.beta1"), "{err}");
     let err = fedopt(ServerOptName::Adam, Some(-1.0), None)
@@ -118,15 +118,15 @@ fn stepped(
 
 #[test]
 fn a_server_step_on_any_method_is_fedopt_on_fedavg_and_identity_at_unit_sgd() {
-    let avg = MethodConfig::FedAvg {
+    let avg = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
         separate_inits: false,
-    };
+    });
     // FedAvg + a Kingma-Adam step is FedOpt with that optimizer.
     let adam = stepped(&avg, ServerOptName::KingmaAdam, Some(0.01), 3);
     let fedopt_adam = run(&fedopt(ServerOptName::KingmaAdam, Some(0.01), None), 3);
     assert_eq!(adam.params, fedopt_adam.params);
     // SGD at rate 1 leaves FedDrop's aggregate as it is.
-    let drop = MethodConfig::FedDrop { fraction: 0.25 };
+    let drop = MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.25 });
     let plain = {
         let d = common::digits(8, &common::dirichlet(), 4);
         let spec = ModelSpec::mlp(64, &[32], 10);

@@ -21,7 +21,7 @@ fn fedsparse(
     prune_eps: f64,
     lr: f64,
 ) -> MethodConfig {
-    MethodConfig::FedSparse {
+    MethodConfig::FedSparse(fedfuse_fed::FedSparseSettings {
         preset,
         lambda0,
         temperature: 1e-3,
@@ -32,18 +32,18 @@ fn fedsparse(
         prior_scale: 1e-4,
         drift: 0.0,
         initial_theta: 0.99,
-    }
+    })
 }
 
 fn fedadam(lr: f64) -> MethodConfig {
-    MethodConfig::FedOpt {
+    MethodConfig::FedOpt(fedfuse_fed::FedOptSettings {
         optimizer: ServerOptName::Adam,
         server_lr: Some(lr),
         beta1: None,
         beta2: Some(0.999),
         tau: Some(1e-8),
         momentum: None,
-    }
+    })
 }
 
 fn build(method: &MethodConfig, spec: &ModelSpec) -> Box<dyn fedfuse_fed::Method> {

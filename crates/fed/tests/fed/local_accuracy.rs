@@ -17,9 +17,9 @@ fn with_one_client_its_upload_is_the_global_model() {
     let clients = client_splits(&data.train, &parts, 0.2, &mut rng).unwrap();
     let spec = ModelSpec::mlp(64, &[16], 10);
     let run = |local_eval: bool| {
-        let mut m = MethodConfig::FedAvg {
+        let mut m = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
             separate_inits: false,
-        }
+        })
         .build()
         .unwrap();
         let cfg = SimConfig {

@@ -12,3 +12,4 @@ mod fedopt;
 mod fedsparse;
 mod gems;
 mod local_accuracy;
+mod method_config;

@@ -93,8 +93,8 @@ impl RadiusSearch {
     /// Checks the numbers once.
     pub fn check(&self) -> Result<()> {
         let (a, b, names) = match *self {
-            Self::Bisection { r_max, tol } => (r_max, tol, ("method.r_max", "method.tol")),
-            Self::Increasing { step, r_max } => (r_max, step, ("method.r_max", "method.step")),
+            Self::Bisection { r_max, tol } => (r_max, tol, ("r_max", "tol")),
+            Self::Increasing { step, r_max } => (r_max, step, ("r_max", "step")),
         };
         for (v, field) in [(a, names.0), (b, names.1)] {
             if !(v.is_finite() && v > 0.0) {
@@ -108,7 +108,7 @@ impl RadiusSearch {
             && r_max / step > 1e6
         {
             return Err(FuseError::InvalidSetting {
-                field: "method.step",
+                field: "step",
                 reason: format!("{step} would take over a million steps to reach r_max {r_max}"),
             });
         }
@@ -173,7 +173,7 @@ pub fn search_radius<R: Rng + ?Sized>(
     search.check()?;
     if samples == 0 {
         return Err(FuseError::InvalidSetting {
-            field: "method.samples",
+            field: "samples",
             reason: "0; at least one surface sample is needed per radius (the code uses 500)"
                 .into(),
         });
@@ -348,7 +348,7 @@ pub fn intersect_balls(balls: &[&Ball], cfg: &IntersectConfig) -> Result<Vec<f32
 pub fn fisher_axes(fisher: &[f32], keep: f64, ellipsoid: bool) -> Result<Vec<f32>> {
     if !(keep > 0.0 && keep <= 1.0) {
         return Err(FuseError::InvalidSetting {
-            field: "method.fisher_prop",
+            field: "fisher_prop",
             reason: format!("{keep}; the kept fraction of coordinates must lie in (0, 1]"),
         });
     }

@@ -59,9 +59,9 @@ impl PfnmConfig {
     /// Checks every setting, naming the first that is out of range.
     pub fn check(&self) -> Result<()> {
         let positive = [
-            ("method.sigma", self.sigma),
-            ("method.sigma0", self.sigma0),
-            ("method.gamma", self.gamma),
+            ("sigma", self.sigma),
+            ("sigma0", self.sigma0),
+            ("gamma", self.gamma),
         ];
         for (field, v) in positive {
             if !(v.is_finite() && v > 0.0) {
@@ -73,19 +73,19 @@ impl PfnmConfig {
         }
         if !self.bias_mean.is_finite() {
             return Err(FuseError::InvalidSetting {
-                field: "method.bias_mean",
+                field: "bias_mean",
                 reason: format!("{} is not finite", self.bias_mean),
             });
         }
         if !(self.eps.is_finite() && self.eps >= 0.0) {
             return Err(FuseError::InvalidSetting {
-                field: "method.eps",
+                field: "eps",
                 reason: format!("{} is not a finite non-negative number", self.eps),
             });
         }
         if self.max_global == 0 {
             return Err(FuseError::InvalidSetting {
-                field: "method.max_global",
+                field: "max_global",
                 reason: "must be at least 1".into(),
             });
         }

@@ -3,8 +3,8 @@
 
 use fedfuse_core::Params;
 use fedfuse_fuse::{
-    DenseLayer, FusedMlp, Matrix, MlpWeights, PfnmConfig, ReplayOrder, RngOrder, pfnm_fuse,
-    pfnm_fuse_mlp,
+    DenseLayer, FuseError, FusedMlp, Matrix, MlpWeights, PfnmConfig, ReplayOrder, RngOrder,
+    pfnm_fuse, pfnm_fuse_mlp,
 };
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -423,7 +423,10 @@ mod errors {
                 ..PfnmConfig::default()
             };
             let err = pfnm_fuse(&[&a], None, &bad, &mut rng).unwrap_err();
-            assert!(err.to_string().contains("method.eps"), "{err}");
+            assert!(
+                matches!(err, FuseError::InvalidSetting { field: "eps", .. }),
+                "{err}"
+            );
         }
         let err = pfnm_fuse(
             &[&a, &a],

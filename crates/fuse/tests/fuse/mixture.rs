@@ -75,7 +75,7 @@ fn responsibilities_ignore_a_common_offset_and_survive_huge_distances() {
     assert!(matches!(
         responsibilities_from_sq_distances(&[0.0], &[0.0], 0.0),
         Err(FuseError::InvalidSetting {
-            field: "mixture.lambda",
+            field: "lambda",
             ..
         })
     ));
@@ -217,7 +217,7 @@ fn inputs_are_checked() {
     assert!(matches!(
         GaussianMixture::new(vec![clients[0].clone()], bad_lambda),
         Err(FuseError::InvalidSetting {
-            field: "mixture.lambda",
+            field: "lambda",
             ..
         })
     ));

@@ -83,14 +83,14 @@ fn accuracy(p: &Params, data: &Dataset) -> f64 {
 }
 
 fn gpi(eps: Option<f64>, eps_grid: Vec<f64>) -> MethodConfig {
-    MethodConfig::GpiFnm {
+    MethodConfig::GpiFnm(fedfuse_fed::PfnmSettings {
         sigma: 1.0,
         sigma0: 1.0,
         gamma: 1.0,
         iters: 5,
         eps,
-        eps_grid,
-    }
+        eps_grid: Some(eps_grid),
+    })
 }
 
 #[test]
@@ -106,12 +106,13 @@ fn gpi_fnm_chooses_eps_on_validation_and_eps_zero_is_pfnm() {
     )
     .unwrap();
     let sent = replies(&locals);
-    let pfnm = MethodConfig::Pfnm {
+    let pfnm = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
         sigma: 1.0,
         sigma0: 1.0,
         gamma: 1.0,
         iters: 5,
-    };
+        ..Default::default()
+    });
     let (p_pfnm, _) = fused(&pfnm, &s, &sent);
 
     // eps = 0, as a grid of one, is PFNM bit for bit.
@@ -159,12 +160,13 @@ fn sim(rounds: usize, epochs: usize) -> SimConfig {
 #[test]
 fn extra_matching_rounds_improve_on_one_shot() {
     let s = setup(5, 3);
-    let pfnm = MethodConfig::Pfnm {
+    let pfnm = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
         sigma: 1.0,
         sigma0: 1.0,
         gamma: 1.0,
         iters: 5,
-    };
+        ..Default::default()
+    });
     let mut method = pfnm.build_with(ctx(&s, 3)).unwrap();
     let init = init_params(&s.spec, Init::Pfnm, 0);
     let run = simulate(
@@ -204,7 +206,7 @@ fn extra_matching_rounds_improve_on_one_shot() {
 fn fedavg_of_separate_inits_sends_nothing_first_and_trails_a_common_init() {
     let s = setup(5, 5);
     let one_round = |separate_inits: bool| {
-        let mut m = MethodConfig::FedAvg { separate_inits }
+        let mut m = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings { separate_inits })
             .build_with(ctx(&s, 5))
             .unwrap();
         simulate(

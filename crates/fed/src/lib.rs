@@ -25,14 +25,18 @@ mod seed;
 mod simulator;
 
 pub use error::{FedError, Result};
-pub use method::{Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, standard_fit};
+pub use method::{
+    Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, TableContext, standard_fit,
+};
 pub use methods::{
-    BuildContext, CriterionKind, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedOpt, FedProx,
-    FedSparse, FedTrimmedAvg, Gems, GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind,
-    PI_TENSOR, Pfnm, SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig,
-    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
+    BuildContext, CriterionKind, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedNgm, FedNgmConfig,
+    FedNgrConfig, FedOpt, FedProx, FedSparse, FedTrimmedAvg, Gems, GemsSettings, GemsShape,
+    MethodConfig, NeuronCriterionKind, PI_TENSOR, Pfnm, SearchKind, SeparateInits, ServerOptName,
+    ServerStep, ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid,
+    finetune_output_layer, hidden_features,
 };
 pub use seed::derive_seed;
 pub use simulator::{
     ClientsPerRound, Progress, Rejection, RoundMetrics, RunResult, SimConfig, simulate,
+    simulate_tables,
 };

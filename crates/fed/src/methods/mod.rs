@@ -5,6 +5,7 @@ mod feddrop;
 mod fedl1;
 mod fedmedian;
 mod fedmix;
+mod fedngm;
 mod fedopt;
 mod fedprox;
 mod fedsparse;
@@ -18,6 +19,10 @@ pub use feddrop::FedDrop;
 pub use fedl1::FedL1;
 pub use fedmedian::FedMedian;
 pub use fedmix::FedMix;
+pub(crate) use fedngm::member_weights;
+pub use fedngm::{
+    ClientWeighting, FedNgm, FedNgmConfig, FedNgmVariant, FedNgrConfig, GraphSettings, SampleSite,
+};
 pub use fedopt::{FedOpt, ServerStep};
 pub use fedprox::FedProx;
 pub use fedsparse::{FedSparse, PI_TENSOR, V_TENSOR, Z_TENSOR};
@@ -203,6 +208,13 @@ pub enum MethodConfig {
     /// GEMS (Guha & Smith): good-enough balls per learner, neurons merged where balls
     /// intersect, one hidden layer per round, then the output layer; MLPs only.
     Gems(GemsSettings),
+    /// FedNGM (note 1.7): neural graphical models over clients' tables, distilled into one
+    /// global model; needs a tabular dataset.
+    #[serde(rename = "fedngm")]
+    FedNgm(FedNgmConfig),
+    /// FedNGR: FedNGM with neural graph revealers, the graph read off the global weights.
+    #[serde(rename = "fedngr")]
+    FedNgr(FedNgrConfig),
 }
 
 fn pfnm_config(sigma: f64, sigma0: f64, gamma: f64, iters: usize, eps: f64) -> PfnmConfig {
@@ -339,7 +351,10 @@ impl ServerStepConfig {
         if config.matching()
             || matches!(
                 config,
-                MethodConfig::FedOpt { .. } | MethodConfig::FedSparse { .. }
+                MethodConfig::FedOpt { .. }
+                    | MethodConfig::FedSparse { .. }
+                    | MethodConfig::FedNgm(_)
+                    | MethodConfig::FedNgr(_)
             )
         {
             return Err(FedError::InvalidSetting {
@@ -657,6 +672,14 @@ impl MethodConfig {
                     ctx.validation.clone(),
                 )?)
             }
+            // The run's seed seeds FedNGM too.
+            Self::FedNgm(cfg) | Self::FedNgr(FedNgrConfig(cfg)) => Box::new(FedNgm::new(
+                FedNgmConfig {
+                    seed: ctx.seed,
+                    ..cfg.clone()
+                },
+                None,
+            )?),
         })
     }
 }

@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
+use fedfuse_lab::Config;
+
+use crate::data_cmd::DataCommand;
+use crate::progress::Reporter;
 
 /// fedfuse: federated learning that fuses client networks.
 #[derive(Parser, Debug)]
@@ -148,31 +151,6 @@ enum BenchCommand {
     },
 }
 
-#[derive(Subcommand, Debug)]
-pub enum DataCommand {
-    /// Download a dataset's files into the cache (or --dir), verifying sha256.
-    Get {
-        /// Dataset name (`mnist`, `fashion-mnist`, `cifar10`).
-        name: String,
-        /// Destination folder (default: the cache folder of the dataset).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-    },
-    /// Check the sha256 of a dataset's files.
-    Verify {
-        /// Dataset name.
-        name: String,
-        /// Folder to check (default: the cache folder of the dataset).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-    },
-    /// Describe the known datasets and where they are cached.
-    Info {
-        /// One dataset (default: all).
-        name: Option<String>,
-    },
-}
-
 /// Dispatches a parsed command line.
 pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
@@ -187,27 +165,36 @@ pub fn run(args: Args) -> Result<ExitCode> {
             if data_dir.is_some() {
                 cfg.data_dir = data_dir;
             }
-            crate::run::run(&cfg, &out, quiet)
+            fedfuse_lab::run::run(&cfg, &out, &Reporter::new(quiet))?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Compare { config, grid } => {
-            let mut cfg = crate::compare::CompareConfig::load(&config)?;
+            let mut cfg = fedfuse_lab::compare::CompareConfig::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
-            crate::compare::run(&cfg, &grid.out, grid.data_dir.as_deref())
+            let reporter = Reporter::new(true);
+            fedfuse_lab::compare::run(&cfg, &grid.out, grid.data_dir.as_deref(), &reporter)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Sweep { config, grid } => {
-            let mut cfg = crate::sweep::SweepConfig::load(&config)?;
+            let mut cfg = fedfuse_lab::sweep::SweepConfig::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
-            crate::sweep::run(&cfg, &grid.out, grid.data_dir.as_deref())
+            let reporter = Reporter::new(true);
+            fedfuse_lab::sweep::run(&cfg, &grid.out, grid.data_dir.as_deref(), &reporter)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Gems { config, grid } => {
-            let mut cfg = crate::gems_exp::GemsExperiment::load(&config)?;
+            let mut cfg = fedfuse_lab::gems::GemsExperiment::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
-            crate::gems_exp::run(&cfg, &grid.out, grid.data_dir.as_deref())
+            let reporter = Reporter::new(true);
+            fedfuse_lab::gems::run(&cfg, &grid.out, grid.data_dir.as_deref(), &reporter)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Ngm { config, grid } => {
-            let mut cfg = crate::ngm_exp::NgmExperiment::load(&config)?;
+            let mut cfg = fedfuse_lab::ngm::NgmExperiment::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
-            crate::ngm_exp::run(&cfg, &grid.out, grid.data_dir.as_deref())
+            let reporter = Reporter::new(true);
+            fedfuse_lab::ngm::run(&cfg, &grid.out, grid.data_dir.as_deref(), &reporter)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Data { command } => crate::data_cmd::run(command),
         Command::Fuse {

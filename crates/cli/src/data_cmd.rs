@@ -1,13 +1,39 @@
 //! `fedfuse data get|verify|info`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
+use clap::Subcommand;
 use fedfuse_data::{
     DownloadEvent, VerifyStatus, dataset_info, default_dataset_dir, known_datasets,
 };
 
-use crate::cli::DataCommand;
+/// `fedfuse data ...`
+#[derive(Subcommand, Debug)]
+pub enum DataCommand {
+    /// Download a dataset's files into the cache (or --dir), verifying sha256.
+    Get {
+        /// Dataset name (`mnist`, `fashion-mnist`, `cifar10`).
+        name: String,
+        /// Destination folder (default: the cache folder of the dataset).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Check the sha256 of a dataset's files.
+    Verify {
+        /// Dataset name.
+        name: String,
+        /// Folder to check (default: the cache folder of the dataset).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Describe the known datasets and where they are cached.
+    Info {
+        /// One dataset (default: all).
+        name: Option<String>,
+    },
+}
 
 /// Runs a `data` subcommand.
 pub fn run(cmd: DataCommand) -> Result<ExitCode> {

@@ -1,53 +1,77 @@
-//! A progress bar on a terminal, plain lines elsewhere.
+//! A progress bar on a terminal, plain lines elsewhere: the binary's [`Observer`].
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use fedfuse_fed::Progress;
+use fedfuse_lab::Observer;
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Reports simulator progress.
+/// Reports experiment progress on stderr.
 pub struct Reporter {
-    bar: Option<ProgressBar>,
-    rounds: usize,
-    lock: Mutex<()>,
+    /// Bars only when asked for and stderr is a terminal.
+    bars: bool,
+    bar: Mutex<Option<ProgressBar>>,
+    rounds: AtomicUsize,
 }
 
 impl Reporter {
-    /// A bar when stderr is a terminal and `quiet` is off.
-    pub fn new(rounds: usize, quiet: bool) -> Self {
-        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
-            let bar = ProgressBar::new(0);
-            let style = ProgressStyle::with_template(
-                "round {msg} [{bar:30}] {pos}/{len} clients {elapsed_precise}",
-            )
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-            bar.set_style(style);
-            bar
-        });
+    /// Bars when stderr is a terminal and `quiet` is off; plain lines otherwise.
+    pub fn new(quiet: bool) -> Self {
         Self {
-            bar,
-            rounds,
-            lock: Mutex::new(()),
+            bars: !quiet && std::io::stderr().is_terminal(),
+            bar: Mutex::new(None),
+            rounds: AtomicUsize::new(0),
         }
     }
 
-    /// Handles one event.
-    pub fn event(&self, p: Progress<'_>) {
-        match (p, &self.bar) {
-            (Progress::RoundStart { round, clients }, Some(bar)) => {
-                bar.reset();
-                bar.set_length(clients as u64);
-                bar.set_message(format!("{round}/{}", self.rounds));
+    /// Prints `line` above the bar, or plainly.
+    fn println(&self, line: &str) {
+        let bar = self.bar.lock().unwrap_or_else(|e| e.into_inner());
+        match bar.as_ref() {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+}
+
+impl Observer for Reporter {
+    fn run_started(&self, rounds: usize) {
+        self.rounds.store(rounds, Ordering::Relaxed);
+        if !self.bars {
+            return;
+        }
+        let bar = ProgressBar::new(0);
+        let style = ProgressStyle::with_template(
+            "round {msg} [{bar:30}] {pos}/{len} clients {elapsed_precise}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
+    }
+
+    fn progress(&self, p: Progress<'_>) {
+        let rounds = self.rounds.load(Ordering::Relaxed);
+        match p {
+            Progress::RoundStart { round, clients } => {
+                if let Some(bar) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    bar.reset();
+                    bar.set_length(clients as u64);
+                    bar.set_message(format!("{round}/{rounds}"));
+                }
             }
-            (Progress::ClientDone { .. }, Some(bar)) => bar.inc(1),
-            (Progress::RoundEnd(m), bar) => {
-                let line = format!(
-                    "round {}/{}: global accuracy {:.4}, loss {:.4}, local accuracy {:.4}, \
+            Progress::ClientDone { .. } => {
+                if let Some(bar) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    bar.inc(1);
+                }
+            }
+            Progress::RoundEnd(m) => {
+                self.println(&format!(
+                    "round {}/{rounds}: global accuracy {:.4}, loss {:.4}, local accuracy {:.4}, \
                      {} clients, {} rejected, {:.1} MB up, {:.1} MB down, {:.2} s",
                     m.round,
-                    self.rounds,
                     m.global_accuracy,
                     m.global_loss,
                     m.local_accuracy_mean,
@@ -56,28 +80,21 @@ impl Reporter {
                     m.bytes_up as f64 / 1e6,
                     m.bytes_down as f64 / 1e6,
                     m.seconds
-                );
-                let _guard = self.lock.lock();
-                match bar {
-                    Some(bar) => bar.println(line),
-                    None => eprintln!("{line}"),
-                }
+                ));
                 for r in &m.rejected {
-                    let msg = format!("  rejected client {}: {}", r.client, r.reason);
-                    match bar {
-                        Some(bar) => bar.println(msg),
-                        None => eprintln!("{msg}"),
-                    }
+                    self.println(&format!("  rejected client {}: {}", r.client, r.reason));
                 }
             }
-            _ => {}
         }
     }
 
-    /// Removes the bar.
-    pub fn finish(&self) {
-        if let Some(bar) = &self.bar {
+    fn run_finished(&self) {
+        if let Some(bar) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
             bar.finish_and_clear();
         }
+    }
+
+    fn note(&self, line: &str) {
+        self.println(line);
     }
 }

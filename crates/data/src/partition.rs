@@ -66,6 +66,43 @@ impl PartitionSpec {
             self_balancing: false,
         }
     }
+
+    /// The settings' own ranges, checkable before any data is loaded (what depends on the
+    /// data, such as enough samples per client, is checked by [`partition`]).
+    pub fn check(&self) -> Result<()> {
+        let bad = |field: &'static str, msg: String| Err(DataError::InvalidArgument { field, msg });
+        match *self {
+            PartitionSpec::Iid {} => Ok(()),
+            PartitionSpec::Dirichlet { alpha, .. } => {
+                if alpha.is_finite() && alpha > 0.0 {
+                    Ok(())
+                } else {
+                    bad(
+                        "alpha",
+                        format!(
+                            "{alpha} is not a positive number; 0.1 is very skewed, 100 is \
+                             nearly IID"
+                        ),
+                    )
+                }
+            }
+            PartitionSpec::Pathological {
+                classes_per_client: 0,
+            } => bad("classes_per_client", "must be at least 1".into()),
+            PartitionSpec::Shards {
+                shards_per_client,
+                shard_size,
+            } if shards_per_client == 0 || shard_size == 0 => bad(
+                if shards_per_client == 0 {
+                    "shards_per_client"
+                } else {
+                    "shard_size"
+                },
+                "must be at least 1".into(),
+            ),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Splits sample indices `0..labels.len()` among `clients` clients.

@@ -16,3 +16,5 @@ mod download;
 mod idx;
 #[path = "data/partition.rs"]
 mod partition;
+#[path = "data/tabular.rs"]
+mod tabular;

@@ -20,7 +20,6 @@ mod error;
 pub mod fedngm;
 mod method;
 mod methods;
-pub mod oneshot;
 mod seed;
 mod simulator;
 
@@ -28,6 +27,7 @@ pub use error::{FedError, Result};
 pub use method::{
     Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, TableContext, standard_fit,
 };
+pub use methods::put_class_counts;
 pub use methods::{
     BuildContext, CriterionKind, FedAvg, FedDrop, FedL1, FedMedian, FedMix, FedNgm, FedNgmConfig,
     FedNgrConfig, FedOpt, FedProx, FedSparse, FedTrimmedAvg, Gems, GemsSettings, GemsShape,

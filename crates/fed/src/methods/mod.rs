@@ -32,7 +32,7 @@ pub use gems::{
     finetune_output_layer, hidden_features,
 };
 pub use pfnm::Pfnm;
-pub(crate) use pfnm::put_class_counts;
+pub use pfnm::put_class_counts;
 pub use separate_inits::SeparateInits;
 
 use std::sync::Arc;

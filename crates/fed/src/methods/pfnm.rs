@@ -140,8 +140,9 @@ impl Pfnm {
     }
 }
 
-/// Writes per-class counts into a reply's metrics.
-pub(crate) fn put_class_counts(record: &mut Record, counts: &[usize]) {
+/// Writes per-class counts into a reply's metrics (what matching methods read to weight
+/// the output layer).
+pub fn put_class_counts(record: &mut Record, counts: &[usize]) {
     for (k, c) in counts.iter().enumerate() {
         record
             .metrics

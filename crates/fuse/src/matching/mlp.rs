@@ -8,10 +8,9 @@ use fedfuse_core::Params;
 use rand::Rng;
 use rayon::prelude::*;
 
-use super::layer::{
-    LayerPrior, LayerSettings, MatchTimings, Matrix, OrderSource, RngOrder, match_rows,
-};
+use super::layer::{MatchTimings, OrderSource, RngOrder, match_rows};
 use super::score::{self, ClientRows};
+use super::types::{LayerPrior, LayerSettings, Matrix};
 use crate::{FuseError, Result};
 
 /// Settings of PFNM. `sigma` and `sigma0` are **variances**, as in the reference code.

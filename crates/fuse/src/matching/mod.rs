@@ -9,10 +9,11 @@
 mod layer;
 mod mlp;
 mod score;
+mod types;
 
 pub use layer::{
-    ClientUnits, GlobalUnits, LayerMatch, LayerPrior, LayerSettings, MatchTimings, Matrix,
-    OrderSource, POPULARITY_CAP, ReplayOrder, RngOrder, match_layer,
+    ClientUnits, LayerMatch, MatchTimings, OrderSource, ReplayOrder, RngOrder, match_layer,
 };
 pub use mlp::{DenseLayer, Fused, FusedMlp, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp};
 pub use score::{gpi_cost, pfnm_scores};
+pub use types::{GlobalUnits, LayerPrior, LayerSettings, Matrix, POPULARITY_CAP};

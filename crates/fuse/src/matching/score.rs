@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::layer::{
+use super::types::{
     Global, GlobalUnits, LayerPrior, LayerSettings, Matrix, NO_UNIT, POPULARITY_CAP,
 };
 use crate::{FuseError, Result};

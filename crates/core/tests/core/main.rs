@@ -1,0 +1,6 @@
+//! fedfuse-core's integration tests, one binary (modules per area).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod npz;
+mod sparse;

@@ -1,0 +1,10 @@
+//! fedfuse-fuse's integration tests, one binary (modules per area).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod fedsparse;
+mod gems;
+mod graph;
+mod matching;
+mod mixture;
+mod serveropt;

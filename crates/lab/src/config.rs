@@ -1,0 +1,616 @@
+//! The experiment config: TOML with `deny_unknown_fields`, `--set` overrides, one `check()`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use fedfuse_core::ModelSpec;
+use fedfuse_data::PartitionSpec;
+use fedfuse_fed::{BuildContext, ClientsPerRound, MethodConfig, ServerStepConfig};
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
+use serde::{Deserialize, Serialize};
+
+/// At most this many rounds: a typo such as `rounds = 1e15` is refused at load instead of
+/// aborting on an allocation later.
+pub const MAX_ROUNDS: usize = 1_000_000;
+/// At most this many clients.
+pub const MAX_CLIENTS: usize = 10_000_000;
+/// At most this many units in one hidden layer.
+pub const MAX_WIDTH: usize = 1_000_000;
+/// At most this many parameters in the model (2 GB of f32 per copy); checked once the data
+/// fixes the input size, before anything is allocated.
+pub const MAX_PARAMS: usize = 500_000_000;
+
+/// A whole experiment, as written in `CONFIG.toml`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Seed of every random choice.
+    #[serde(default)]
+    pub seed: u64,
+    /// Communication rounds.
+    pub rounds: usize,
+    /// Number of clients the data is split into.
+    pub clients: usize,
+    /// Clients per round: an integer count or a fraction in (0, 1].
+    #[serde(default = "all_clients")]
+    pub clients_per_round: ClientsPerRound,
+    /// Folder holding the dataset's files (overrides the cache; `--data-dir` overrides this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Evaluate the global model on every client's local test split each round.
+    #[serde(default = "yes")]
+    pub local_eval: bool,
+    /// The dataset.
+    pub dataset: DatasetSection,
+    /// How the training set is split among clients.
+    #[serde(default = "iid")]
+    pub partition: PartitionSpec,
+    /// The federated method and its parameters.
+    pub method: MethodConfig,
+    /// A server optimizer step after the method's aggregate (e.g. Adam on the difference, as
+    /// fedsparse-em runs FedDrop and FedL1); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerStepConfig>,
+    /// The network.
+    pub model: ModelSection,
+    /// Local training.
+    #[serde(default)]
+    pub train: TrainSection,
+}
+
+fn all_clients() -> ClientsPerRound {
+    ClientsPerRound::Fraction(1.0)
+}
+fn yes() -> bool {
+    true
+}
+fn iid() -> PartitionSpec {
+    PartitionSpec::Iid {}
+}
+
+/// `[dataset]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSection {
+    /// `digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`.
+    pub name: String,
+    /// Fraction of each client's partition kept as its local test split.
+    #[serde(default = "test_fraction")]
+    pub local_test_fraction: f64,
+    /// Fraction of the training set the server holds out as its validation split before the
+    /// rest is partitioned (used to choose GPI-FNM's `eps`; default 0.1 for methods that need
+    /// it, else 0). Never the test set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_fraction: Option<f64>,
+}
+
+fn test_fraction() -> f64 {
+    0.2
+}
+
+/// Network kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Fully connected, ReLU.
+    Mlp,
+    /// LeNet-5.
+    Lenet5,
+}
+
+/// `[model]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// `mlp` or `lenet5`.
+    pub kind: ModelKind,
+    /// Hidden widths (MLP only).
+    #[serde(default)]
+    pub hidden: Vec<usize>,
+    /// Initialisation: `default` (PyTorch's) or `pfnm` (N(0, 0.1) weights, 0.1 biases).
+    #[serde(default)]
+    pub init: Init,
+}
+
+/// Optimizer names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    /// SGD with optional momentum.
+    #[default]
+    Sgd,
+    /// Adam.
+    Adam,
+    /// AMSGrad.
+    Amsgrad,
+}
+
+/// `[train]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    /// `sgd`, `adam` or `amsgrad`.
+    #[serde(default)]
+    pub optimizer: OptimizerName,
+    /// Learning rate.
+    #[serde(default = "lr")]
+    pub lr: f64,
+    /// Local epochs per round.
+    #[serde(default = "one")]
+    pub epochs: usize,
+    /// Mini-batch size.
+    #[serde(default = "batch")]
+    pub batch_size: usize,
+    /// SGD momentum.
+    #[serde(default)]
+    pub momentum: f64,
+    /// L2 weight decay.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Adam beta1.
+    #[serde(default = "b1")]
+    pub beta1: f64,
+    /// Adam beta2.
+    #[serde(default = "b2")]
+    pub beta2: f64,
+    /// Adam epsilon.
+    #[serde(default = "eps")]
+    pub eps: f64,
+}
+
+fn lr() -> f64 {
+    0.01
+}
+fn one() -> usize {
+    1
+}
+fn batch() -> usize {
+    32
+}
+fn b1() -> f64 {
+    0.9
+}
+fn b2() -> f64 {
+    0.999
+}
+fn eps() -> f64 {
+    1e-8
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerName::Sgd,
+            lr: lr(),
+            epochs: one(),
+            batch_size: batch(),
+            momentum: 0.0,
+            weight_decay: 0.0,
+            beta1: b1(),
+            beta2: b2(),
+            eps: eps(),
+        }
+    }
+}
+
+impl TrainSection {
+    /// Refuses keys in `[train]` that the chosen optimizer does not read (they would silently
+    /// do nothing): `beta1`, `beta2`, `eps` with SGD, `momentum` with Adam or AMSGrad.
+    fn check_keys_used(&self, given: &toml::Table) -> Result<()> {
+        let unused: &[&str] = match self.optimizer {
+            OptimizerName::Sgd => &["beta1", "beta2", "eps"],
+            OptimizerName::Adam | OptimizerName::Amsgrad => &["momentum"],
+        };
+        if let Some(key) = unused.iter().find(|k| given.contains_key(**k)) {
+            bail!(
+                "`train.{key}` does nothing with `train.optimizer = \"{}\"`; remove it or choose \
+                 an optimizer that uses it",
+                match self.optimizer {
+                    OptimizerName::Sgd => "sgd",
+                    OptimizerName::Adam => "adam",
+                    OptimizerName::Amsgrad => "amsgrad",
+                }
+            );
+        }
+        Ok(())
+    }
+
+    /// The trainer's typed settings.
+    pub fn to_train_config(&self) -> TrainConfig {
+        let optimizer = match self.optimizer {
+            OptimizerName::Sgd => OptimizerConfig::Sgd {
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+            },
+            OptimizerName::Adam | OptimizerName::Amsgrad => OptimizerConfig::Adam {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+                amsgrad: self.optimizer == OptimizerName::Amsgrad,
+            },
+        };
+        TrainConfig {
+            optimizer,
+            lr: self.lr,
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+        }
+    }
+}
+
+impl ModelSection {
+    /// The architecture for samples of `sample_shape` and `classes` classes.
+    pub fn spec(&self, sample_shape: &[usize], classes: usize) -> Result<ModelSpec> {
+        let spec = match self.kind {
+            ModelKind::Mlp => ModelSpec::mlp(sample_shape.iter().product(), &self.hidden, classes),
+            ModelKind::Lenet5 => {
+                let [c, h, w] = sample_shape else {
+                    bail!(
+                        "model.kind = \"lenet5\" needs image samples [channels, height, width]; \
+                         this dataset's samples have shape {sample_shape:?}: use model.kind = \"mlp\""
+                    );
+                };
+                if h != w {
+                    bail!("model.kind = \"lenet5\" needs square images, got {h}x{w}");
+                }
+                if !self.hidden.is_empty() {
+                    bail!("model.hidden applies to `mlp` only; remove it for `lenet5`");
+                }
+                ModelSpec::LeNet5 {
+                    channels: *c,
+                    side: *h,
+                    classes,
+                }
+            }
+        };
+        spec.validate().context("model")?;
+        if spec.num_params() > MAX_PARAMS {
+            bail!(
+                "the model has {} parameters, above the limit of {MAX_PARAMS}; use smaller \
+                 `model.hidden` widths",
+                spec.num_params()
+            );
+        }
+        Ok(spec)
+    }
+}
+
+impl Config {
+    /// Reads `path`, applies `--set key.path=value` overrides, and checks the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
+        Self::parse(&text, overrides).with_context(|| format!("config {}", path.display()))
+    }
+
+    /// Parses TOML text with overrides.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Self> {
+        let mut value: toml::Table = toml::from_str(text)?;
+        for o in overrides {
+            apply_override(&mut value, o)?;
+        }
+        let cfg: Config = toml::Value::Table(value.clone()).try_into()?;
+        if let Some(toml::Value::Table(train)) = value.get("train") {
+            cfg.train.check_keys_used(train)?;
+        }
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// Range checks that serde cannot express; everything after trusts them.
+    pub fn check(&self) -> Result<()> {
+        if self.rounds == 0 {
+            bail!("`rounds` must be at least 1");
+        }
+        if self.rounds > MAX_ROUNDS {
+            bail!(
+                "`rounds` = {} is above the limit of {MAX_ROUNDS}; split a longer study into \
+                 runs",
+                self.rounds
+            );
+        }
+        if self.clients == 0 {
+            bail!("`clients` must be at least 1");
+        }
+        if self.clients > MAX_CLIENTS {
+            bail!(
+                "`clients` = {} is above the limit of {MAX_CLIENTS}",
+                self.clients
+            );
+        }
+        match self.clients_per_round {
+            ClientsPerRound::Count(0) => bail!("`clients_per_round` must be at least 1"),
+            ClientsPerRound::Count(c) if c > self.clients => bail!(
+                "`clients_per_round` = {c} is more than the {} clients; use at most {} (or a \
+                 fraction such as 0.1)",
+                self.clients,
+                self.clients
+            ),
+            ClientsPerRound::Fraction(f) if !(f > 0.0 && f <= 1.0) => bail!(
+                "`clients_per_round` = {f} is neither a count (an integer) nor a fraction in (0, 1]"
+            ),
+            _ => {}
+        }
+        if let Err(e) = self.partition.check() {
+            match e {
+                fedfuse_data::DataError::InvalidArgument { field, msg } => {
+                    bail!("`partition.{field}`: {msg}")
+                }
+                other => return Err(other.into()),
+            }
+        }
+        if let Some((i, &w)) = self
+            .model
+            .hidden
+            .iter()
+            .enumerate()
+            .find(|&(_, &w)| w > MAX_WIDTH)
+        {
+            bail!("`model.hidden[{i}]` = {w} is above the limit of {MAX_WIDTH} units per layer");
+        }
+        if !(0.0..1.0).contains(&self.dataset.local_test_fraction) {
+            bail!(
+                "`dataset.local_test_fraction` = {} must lie in [0, 1)",
+                self.dataset.local_test_fraction
+            );
+        }
+        self.train
+            .to_train_config()
+            .check()
+            .map_err(anyhow::Error::from)?;
+        if let Some(f) = self.dataset.validation_fraction
+            && !(0.0..1.0).contains(&f)
+        {
+            bail!("`dataset.validation_fraction` = {f} must lie in [0, 1)");
+        }
+        if self.method.needs_validation() && self.validation_fraction() == 0.0 {
+            bail!(
+                "method `{}` chooses eps on a server validation split: set \
+                 `dataset.validation_fraction` above 0 (e.g. 0.1), or a single `method.eps`",
+                method_name(&self.method)
+            );
+        }
+        if self.method.matching() && self.model.kind != ModelKind::Mlp {
+            bail!(
+                "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
+                method_name(&self.method)
+            );
+        }
+        // Settings only; the architecture and validation split come at run time.
+        let spec = match self.model.kind {
+            ModelKind::Mlp => ModelSpec::mlp(1, &self.model.hidden, 2),
+            ModelKind::Lenet5 => ModelSpec::LeNet5 {
+                channels: 1,
+                side: 28,
+                classes: 10,
+            },
+        };
+        let validation = fedfuse_data::Dataset::new(vec![0.0], vec![0], vec![1], 2)?;
+        let method = self
+            .method
+            .build_with(BuildContext {
+                spec: Some(spec),
+                validation: Some(std::sync::Arc::new(validation)),
+                ..BuildContext::default()
+            })
+            .map_err(anyhow::Error::from)?;
+        if let Some(server) = &self.server {
+            server.wrap(&self.method, method)?;
+        }
+        Ok(())
+    }
+
+    /// The server's validation fraction: as set, else 0.1 when the method needs one, else 0.
+    pub fn validation_fraction(&self) -> f64 {
+        self.dataset
+            .validation_fraction
+            .unwrap_or(if self.method.needs_validation() {
+                0.1
+            } else {
+                0.0
+            })
+    }
+}
+
+/// The method's name as written in configs.
+fn method_name(m: &MethodConfig) -> String {
+    toml::Value::try_from(m)
+        .ok()
+        .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Sets `key.path` to `value` (parsed as TOML, else taken as a string).
+fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
+    let Some((path, raw)) = assignment.split_once('=') else {
+        bail!("--set `{assignment}`: expected key.path=value");
+    };
+    let keys: Vec<&str> = path.trim().split('.').collect();
+    if keys.iter().any(|k| k.is_empty()) {
+        bail!("--set `{assignment}`: empty key in `{path}`");
+    }
+    let raw = raw.trim();
+    let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let (last, parents) = keys.split_last().context("empty --set key")?;
+    let mut table = root;
+    for k in parents {
+        let entry = table
+            .entry(k.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            _ => bail!("--set `{assignment}`: `{k}` is not a table"),
+        };
+    }
+    table.insert(last.to_string(), value);
+    Ok(())
+}
+
+/// Reads the TOML file `path` as a `what` (e.g. "sweep config") and checks it with `check`;
+/// every error names the file.
+pub fn load_checked<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    check: impl FnOnce(&T) -> Result<()>,
+) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let cfg: T = toml::from_str(&text).with_context(|| format!("{what} {}", path.display()))?;
+    check(&cfg).with_context(|| format!("{what} {}", path.display()))?;
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+seed = 1
+rounds = 2
+clients = 4
+[dataset]
+name = "digits"
+[partition]
+kind = "iid"
+[method]
+name = "fedavg"
+[model]
+kind = "mlp"
+hidden = [16]
+"#;
+
+    #[test]
+    fn overrides_reach_nested_keys() {
+        let cfg = Config::parse(
+            BASE,
+            &[
+                "partition.kind=dirichlet".into(),
+                "partition.alpha=0.1".into(),
+                "rounds=3".into(),
+                "method.name=fedprox".into(),
+                "method.mu=0.5".into(),
+                "clients_per_round=2".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(cfg.rounds, 3);
+        assert!(matches!(cfg.partition, PartitionSpec::Dirichlet { alpha, .. } if alpha == 0.1));
+        assert_eq!(cfg.method, MethodConfig::FedProx { mu: 0.5 });
+        assert_eq!(cfg.clients_per_round, ClientsPerRound::Count(2));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = Config::parse(BASE, &["train.learning_rate=0.1".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("learning_rate"), "{err:#}");
+        let err = Config::parse(BASE, &["method.mu=0.1".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("mu"), "{err:#}");
+        let err = Config::parse(&format!("{BASE}\nbogus = 1\n"), &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("bogus"), "{err:#}");
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        assert!(Config::parse(BASE, &["rounds=0".into()]).is_err());
+        assert!(Config::parse(BASE, &["train.lr=-1".into()]).is_err());
+        assert!(
+            Config::parse(
+                BASE,
+                &["method.name=fedtrimmedavg".into(), "method.beta=0.7".into()]
+            )
+            .is_err()
+        );
+        let pfnm = |extra: &[&str]| {
+            let mut o: Vec<String> = vec!["method.name=pfnm".into()];
+            o.extend(extra.iter().map(|s| s.to_string()));
+            Config::parse(BASE, &o).map_err(|e| format!("{e:#}"))
+        };
+        assert!(pfnm(&[]).is_ok());
+        assert!(
+            pfnm(&["model.kind=lenet5", "model.hidden=[]"])
+                .unwrap_err()
+                .contains("mlp")
+        );
+        assert!(
+            pfnm(&["rounds=1", "method.sigma=0"])
+                .unwrap_err()
+                .contains("sigma")
+        );
+        let gpi = |extra: &[&str]| {
+            let mut o: Vec<String> = vec!["method.name=gpi-fnm".into()];
+            o.extend(extra.iter().map(|s| s.to_string()));
+            Config::parse(BASE, &o).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(gpi(&[]).unwrap().validation_fraction(), 0.1);
+        assert!(
+            gpi(&["dataset.validation_fraction=0"])
+                .unwrap_err()
+                .contains("validation_fraction")
+        );
+        assert!(gpi(&["dataset.validation_fraction=0", "method.eps=0.1"]).is_ok());
+        assert!(gpi(&["method.eps=-1"]).unwrap_err().contains("eps"));
+        assert!(
+            gpi(&["method.eps_grid=[]"])
+                .unwrap_err()
+                .contains("eps_grid")
+        );
+        assert!(
+            gpi(&["method.eps_grid=[0.1, -2]"])
+                .unwrap_err()
+                .contains("eps_grid")
+        );
+    }
+
+    #[test]
+    fn hostile_and_silent_settings_are_refused_at_load() {
+        let err = |o: &[&str]| {
+            let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            format!("{:#}", Config::parse(BASE, &o).unwrap_err())
+        };
+        assert!(err(&["clients_per_round=5"]).contains("more than the 4 clients"));
+        assert!(err(&["clients_per_round=0"]).contains("clients_per_round"));
+        assert!(err(&["clients_per_round=1.5"]).contains("clients_per_round"));
+        assert!(Config::parse(BASE, &["clients_per_round=4".into()]).is_ok());
+        assert!(
+            err(&["partition.kind=dirichlet", "partition.alpha=0"]).contains("partition.alpha")
+        );
+        assert!(
+            err(&["partition.kind=dirichlet", "partition.alpha=-1"]).contains("partition.alpha")
+        );
+        assert!(err(&["rounds=1000000000000000"]).contains("rounds"));
+        assert!(err(&["model.hidden=[400000000]"]).contains("model.hidden[0]"));
+        assert!(err(&["train.beta1=0.5"]).contains("train.beta1"));
+        assert!(err(&["train.optimizer=adam", "train.momentum=0.9"]).contains("train.momentum"));
+        assert!(
+            Config::parse(
+                BASE,
+                &["train.optimizer=adam".into(), "train.beta1=0.5".into()]
+            )
+            .is_ok()
+        );
+        // Within the width limit but too many parameters once the input size is known.
+        let cfg = Config::parse(BASE, &["model.hidden=[900000, 900000]".into()]).unwrap();
+        let e = cfg.model.spec(&[64], 10).unwrap_err();
+        assert!(format!("{e:#}").contains("parameters"), "{e:#}");
+    }
+
+    #[test]
+    fn every_example_config_is_valid() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Config::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 5, "{n} example configs");
+    }
+}

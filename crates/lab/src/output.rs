@@ -1,0 +1,97 @@
+//! results.json and metrics.csv.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use fedfuse_fed::{RoundMetrics, RunResult};
+use serde::Serialize;
+
+use crate::config::Config;
+
+#[derive(Serialize)]
+struct Results<'a> {
+    config: &'a Config,
+    rounds: &'a [RoundMetrics],
+    #[serde(rename = "final")]
+    last: Final,
+}
+
+#[derive(Serialize)]
+struct Final {
+    global_accuracy: f64,
+    global_loss: f64,
+    local_accuracy_mean: f64,
+    client_accuracy_mean: f64,
+    bytes_total: u64,
+    rejected_total: usize,
+    seconds_total: f64,
+}
+
+/// Writes `results.json` and `metrics.csv` into `out`.
+pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
+    let last = run.rounds.last();
+    let results = Results {
+        config: cfg,
+        rounds: &run.rounds,
+        last: Final {
+            global_accuracy: last.map_or(f64::NAN, |r| r.global_accuracy),
+            global_loss: last.map_or(f64::NAN, |r| r.global_loss),
+            local_accuracy_mean: last.map_or(f64::NAN, |r| r.local_accuracy_mean),
+            client_accuracy_mean: last.map_or(f64::NAN, |r| r.client_accuracy_mean),
+            bytes_total: run.rounds.iter().map(|r| r.bytes_up + r.bytes_down).sum(),
+            rejected_total: run.rounds.iter().map(|r| r.rejected.len()).sum(),
+            seconds_total: run.rounds.iter().map(|r| r.seconds).sum(),
+        },
+    };
+    let path = out.join("results.json");
+    let json = serde_json::to_string_pretty(&results).context("cannot serialise results")?;
+    crate::table::write_atomic(&path, json.as_bytes())?;
+
+    // Method-specific figures (chosen eps, widths, ...) become extra columns.
+    let extra: BTreeSet<&str> = run
+        .rounds
+        .iter()
+        .flat_map(|r| r.method.keys().map(String::as_str))
+        .collect();
+    let mut csv = String::from(
+        "round,global_accuracy,global_loss,local_accuracy_mean,client_accuracy_mean,train_loss,\
+         bytes_up,bytes_down,global_params,clients,rejected,seconds",
+    );
+    for k in &extra {
+        let _ = write!(csv, ",{k}");
+    }
+    csv.push('\n');
+    for r in &run.rounds {
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            r.round,
+            r.global_accuracy,
+            r.global_loss,
+            r.local_accuracy_mean,
+            r.client_accuracy_mean,
+            r.train_loss,
+            r.bytes_up,
+            r.bytes_down,
+            r.global_params,
+            r.clients,
+            r.rejected.len(),
+            r.seconds
+        );
+        csv.pop();
+        for k in &extra {
+            match r.method.get(*k) {
+                Some(v) => {
+                    let _ = write!(csv, ",{v}");
+                }
+                None => csv.push(','),
+            }
+        }
+        csv.push('\n');
+    }
+    let path = out.join("metrics.csv");
+    crate::table::write_atomic(&path, csv.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! Rows over seeds -> `results.csv`, `summary.csv`, `summary.md`: the statistics, grouping,
+//! formatting and atomic writing every experiment shares.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Mean and sample standard deviation of a non-empty slice (0 for one value).
+pub fn mean_std(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    // Sample standard deviation; 0 for a single seed.
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Mean, sample standard deviation and count of the finite values (a failed run is a NaN
+/// row and counts as missing); NaN statistics when none is finite.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    /// Mean of the finite values.
+    pub mean: f64,
+    /// Their sample standard deviation.
+    pub std: f64,
+    /// How many were finite.
+    pub n: usize,
+}
+
+impl Stats {
+    /// The statistics of the finite `values`.
+    pub fn of_finite(values: impl IntoIterator<Item = f64>) -> Self {
+        let v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return Self {
+                mean: f64::NAN,
+                std: f64::NAN,
+                n: 0,
+            };
+        }
+        let (mean, std) = mean_std(&v);
+        Self {
+            mean,
+            std,
+            n: v.len(),
+        }
+    }
+
+    /// `(mean, std)`.
+    pub fn pair(self) -> (f64, f64) {
+        (self.mean, self.std)
+    }
+}
+
+/// `mean ± std` with `digits` decimals after scaling both by `scale`; `-` when missing.
+pub fn pm(v: (f64, f64), scale: f64, digits: usize) -> String {
+    if v.0.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.digits$} ± {:.digits$}", v.0 * scale, v.1 * scale)
+    }
+}
+
+/// Items grouped by `key`, groups in the order their first item appears.
+pub fn group_first_seen<T, K: Ord + Clone>(
+    items: &[T],
+    key: impl Fn(&T) -> K,
+) -> Vec<(K, Vec<&T>)> {
+    let mut order: Vec<K> = Vec::new();
+    let mut groups: BTreeMap<K, Vec<&T>> = BTreeMap::new();
+    for item in items {
+        let k = key(item);
+        if !groups.contains_key(&k) {
+            order.push(k.clone());
+        }
+        groups.entry(k).or_default().push(item);
+    }
+    order
+        .into_iter()
+        .map(|k| {
+            let g = groups.remove(&k).unwrap_or_default();
+            (k, g)
+        })
+        .collect()
+}
+
+/// A CSV field, quoted when it holds a comma, quote or newline.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
+/// reader (or a run killed mid-write) never sees half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write {}", path.display())
+    })
+}
+
+/// The three tables of an experiment, written together into its output folder.
+pub struct Tables {
+    /// One row per seed (and round, where there are rounds).
+    pub results_csv: String,
+    /// Mean and spread over seeds.
+    pub summary_csv: String,
+    /// The same for a reader, as Markdown.
+    pub summary_md: String,
+}
+
+impl Tables {
+    /// Writes `results.csv`, `summary.csv` and `summary.md` into `out`.
+    pub fn write(&self, out: &Path) -> Result<()> {
+        write_atomic(&out.join("results.csv"), self.results_csv.as_bytes())?;
+        write_atomic(&out.join("summary.csv"), self.summary_csv.as_bytes())?;
+        write_atomic(&out.join("summary.md"), self.summary_md.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_sample_std_by_hand() {
+        let (m, s) = mean_std(&[1.0, 2.0, 4.0]);
+        assert!((m - 7.0 / 3.0).abs() < 1e-12);
+        // Squared deviations 16/9, 1/9, 25/9 sum to 42/9; over n - 1 = 2.
+        assert!((s - (21.0f64 / 9.0).sqrt()).abs() < 1e-12);
+        assert_eq!(mean_std(&[5.0]), (5.0, 0.0));
+    }
+
+    #[test]
+    fn stats_skip_failed_runs() {
+        let s = Stats::of_finite([1.0, f64::NAN, 3.0]);
+        assert_eq!((s.mean, s.std, s.n), (2.0, 2f64.sqrt(), 2));
+        assert!(Stats::of_finite([f64::NAN]).mean.is_nan());
+        assert_eq!(pm((0.5, 0.25), 100.0, 1), "50.0 ± 25.0");
+        assert_eq!(pm((f64::NAN, 0.0), 1.0, 1), "-");
+    }
+
+    #[test]
+    fn groups_keep_first_seen_order() {
+        let g = group_first_seen(&["b1", "a1", "b2"], |s| s.as_bytes()[0]);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].0, b'b');
+        assert_eq!(g[0].1, vec![&"b1", &"b2"]);
+        assert_eq!(g[1].1, vec![&"a1"]);
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_when_needed() {
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+
+    #[test]
+    fn atomic_write_replaces_whole_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results.csv");
+        write_atomic(&path, b"old").unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+}

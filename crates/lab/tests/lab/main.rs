@@ -1,0 +1,6 @@
+//! fedfuse-lab's integration tests, one binary (each test binary links burn).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod golden;
+mod matching;

@@ -1,0 +1,232 @@
+//! Matching methods in the federation on real data (the bundled UCI digits): GPI-FNM's eps
+//! choice, extra communication rounds, FedAvg from separate initialisations.
+
+use std::sync::Arc;
+
+use fedfuse_core::{ModelSpec, Params};
+use fedfuse_data::{
+    ClientData, Dataset, PartitionSpec, client_splits, holdout, load_dataset, partition,
+};
+use fedfuse_fed::{Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, simulate};
+use fedfuse_lab::oneshot::{Start, replies, train_locals};
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+struct Setup {
+    clients: Vec<ClientData>,
+    validation: Arc<Dataset>,
+    test: Dataset,
+    spec: ModelSpec,
+    trainer: Trainer,
+}
+
+/// Digits, 10% held out for the server, the rest split Dirichlet(0.5) over `j` clients.
+fn setup(j: usize, seed: u64) -> Setup {
+    let data = load_dataset("digits", None).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (pool, validation) = holdout(&data.train, 0.1, &mut rng).unwrap();
+    let split = PartitionSpec::Dirichlet {
+        alpha: 0.5,
+        min_partition_size: 10,
+        self_balancing: true,
+    };
+    let parts = partition(&pool.y, 10, j, &split, &mut rng).unwrap();
+    let clients = client_splits(&pool, &parts, 0.0, &mut rng).unwrap();
+    let spec = ModelSpec::mlp(64, &[32], 10);
+    Setup {
+        clients,
+        validation: Arc::new(validation),
+        test: data.test,
+        trainer: Trainer::new(spec.clone()).unwrap(),
+        spec,
+    }
+}
+
+fn train(epochs: usize) -> TrainConfig {
+    TrainConfig {
+        optimizer: OptimizerConfig::Sgd {
+            momentum: 0.9,
+            weight_decay: 0.0,
+        },
+        lr: 0.05,
+        epochs,
+        batch_size: 32,
+    }
+}
+
+fn ctx(s: &Setup, seed: u64) -> BuildContext {
+    BuildContext {
+        init: Init::Pfnm,
+        seed,
+        spec: Some(s.spec.clone()),
+        validation: Some(Arc::clone(&s.validation)),
+    }
+}
+
+fn fused(method: &MethodConfig, s: &Setup, sent: &[fedfuse_fed::Reply]) -> (Params, f64) {
+    let mut m = method.build_with(ctx(s, 4)).unwrap();
+    let init = init_params(&s.spec, Init::Pfnm, 0);
+    let Aggregate::Replace(p) = m.aggregate(1, &init, sent).unwrap() else {
+        panic!("kept");
+    };
+    let eps = m.round_metrics().get("eps").copied().unwrap_or(f64::NAN);
+    (p, eps)
+}
+
+fn accuracy(p: &Params, data: &Dataset) -> f64 {
+    Trainer::new(ModelSpec::infer_mlp(p).unwrap())
+        .unwrap()
+        .evaluate(p, data)
+        .unwrap()
+        .accuracy
+}
+
+fn gpi(eps: Option<f64>, eps_grid: Vec<f64>) -> MethodConfig {
+    MethodConfig::GpiFnm {
+        sigma: 1.0,
+        sigma0: 1.0,
+        gamma: 1.0,
+        iters: 5,
+        eps,
+        eps_grid,
+    }
+}
+
+#[test]
+fn gpi_fnm_chooses_eps_on_validation_and_eps_zero_is_pfnm() {
+    let s = setup(5, 2);
+    let locals = train_locals(
+        &s.trainer,
+        &s.clients,
+        &train(20),
+        Init::Pfnm,
+        Start::Separate,
+        2,
+    )
+    .unwrap();
+    let sent = replies(&locals);
+    let pfnm = MethodConfig::Pfnm {
+        sigma: 1.0,
+        sigma0: 1.0,
+        gamma: 1.0,
+        iters: 5,
+    };
+    let (p_pfnm, _) = fused(&pfnm, &s, &sent);
+
+    // eps = 0, as a grid of one, is PFNM bit for bit.
+    let (p_zero, eps) = fused(&gpi(None, vec![0.0]), &s, &sent);
+    assert_eq!(eps, 0.0);
+    assert_eq!(p_zero, p_pfnm);
+
+    // The chosen eps is the grid's best on the validation split (first best on ties), and
+    // the fused model is the one fused with it.
+    let grid = vec![0.0, 0.01, 0.1, 1.0, 10.0];
+    let by_eps: Vec<(f64, Params)> = grid
+        .iter()
+        .map(|&e| (e, fused(&gpi(Some(e), Vec::new()), &s, &sent).0))
+        .collect();
+    let val: Vec<f64> = by_eps
+        .iter()
+        .map(|(_, p)| accuracy(p, &s.validation))
+        .collect();
+    let best = val.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let expected = grid[val.iter().position(|&v| v == best).unwrap()];
+    let (p_grid, chosen) = fused(&gpi(None, grid.clone()), &s, &sent);
+    assert_eq!(chosen, expected, "validation accuracies {val:?}");
+    let i = grid.iter().position(|&e| e == chosen).unwrap();
+    assert_eq!(p_grid, by_eps[i].1);
+
+    // The KL term has a real effect on the assignment.
+    assert_ne!(by_eps[0].1, by_eps[4].1, "eps = 10 fused exactly as PFNM");
+    eprintln!(
+        "validation accuracy per eps {grid:?}: {val:?}; test PFNM {:.4}, GPI-FNM {:.4} (eps {chosen})",
+        accuracy(&p_pfnm, &s.test),
+        accuracy(&p_grid, &s.test)
+    );
+}
+
+fn sim(rounds: usize, epochs: usize) -> SimConfig {
+    SimConfig {
+        rounds,
+        clients_per_round: ClientsPerRound::Fraction(1.0),
+        seed: 3,
+        train: train(epochs),
+        local_eval: false,
+    }
+}
+
+#[test]
+fn extra_matching_rounds_improve_on_one_shot() {
+    let s = setup(5, 3);
+    let pfnm = MethodConfig::Pfnm {
+        sigma: 1.0,
+        sigma0: 1.0,
+        gamma: 1.0,
+        iters: 5,
+    };
+    let mut method = pfnm.build_with(ctx(&s, 3)).unwrap();
+    let init = init_params(&s.spec, Init::Pfnm, 0);
+    let run = simulate(
+        method.as_mut(),
+        &s.trainer,
+        &s.clients,
+        &s.test,
+        init,
+        &sim(6, 5),
+        &|_| {},
+    )
+    .unwrap();
+    let acc: Vec<f64> = run.rounds.iter().map(|r| r.global_accuracy).collect();
+    eprintln!("PFNM accuracy per round: {acc:?}");
+    for r in &run.rounds {
+        // Clients keep their own width, so every reply fits: none is rejected.
+        assert!(r.rejected.is_empty(), "round {}: {:?}", r.round, r.rejected);
+        let width = r.method["width.0"];
+        assert!(width >= 32.0, "round {}: global width {width}", r.round);
+        // Round 1 sends no weights; later rounds send each client a 64-32-10 sub-model.
+        let j = s.clients.len() as u64;
+        if r.round == 1 {
+            assert!(r.bytes_down < j * 1024, "{}", r.bytes_down);
+        } else {
+            assert!(
+                r.bytes_down > j * (64 * 32 + 32 * 10) * 4,
+                "{}",
+                r.bytes_down
+            );
+        }
+    }
+    let last = acc[acc.len() - 1];
+    assert!(last > acc[0] + 0.1, "round 1 {} -> round 6 {last}", acc[0]);
+}
+
+#[test]
+fn fedavg_of_separate_inits_sends_nothing_first_and_trails_a_common_init() {
+    let s = setup(5, 5);
+    let one_round = |separate_inits: bool| {
+        let mut m = MethodConfig::FedAvg { separate_inits }
+            .build_with(ctx(&s, 5))
+            .unwrap();
+        simulate(
+            m.as_mut(),
+            &s.trainer,
+            &s.clients,
+            &s.test,
+            init_params(&s.spec, Init::Pfnm, 0),
+            &sim(1, 20),
+            &|_| {},
+        )
+        .unwrap()
+        .rounds
+        .remove(0)
+    };
+    let separate = one_round(true);
+    let common = one_round(false);
+    assert!(separate.bytes_down < 5 * 1024, "{}", separate.bytes_down);
+    assert!(common.bytes_down > 5 * (64 * 32 + 32 * 10) * 4);
+    eprintln!(
+        "one round: FedAvg separate inits {:.4}, common init {:.4}",
+        separate.global_accuracy, common.global_accuracy
+    );
+    assert!(separate.global_accuracy + 0.05 < common.global_accuracy);
+}

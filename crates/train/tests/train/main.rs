@@ -1,0 +1,7 @@
+//! fedfuse-train's integration tests, one binary (each test binary links burn).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod ngm;
+mod sparse;
+mod train;

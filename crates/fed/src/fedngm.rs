@@ -222,13 +222,15 @@ impl FedNgmRun {
 }
 
 /// Runs FedNGM (or FedNGR) over `clients`, with optional `public` rows for the server's
-/// distillation: the [`FedNgm`] method through [`simulate_tables`], every client in every
-/// round, seeded by `cfg.seed`. `progress` is called after each model round.
+/// distillation: the [`FedNgm`] method through [`simulate_tables`] for
+/// [`FedNgmConfig::stages`] rounds, every client in every round, seeded by `cfg.seed`.
+/// `progress` receives the simulator's events ([`FedNgmRound::from_metrics`] reads a model
+/// round's figures off its end).
 pub fn run_fedngm(
     clients: &[FedNgmClient<'_>],
     public: Option<&Table>,
     cfg: &FedNgmConfig,
-    progress: &(dyn Fn(&FedNgmRound) + Sync),
+    progress: &(dyn Fn(Progress<'_>) + Sync),
 ) -> Result<FedNgmRun> {
     cfg.check()?;
     if clients.is_empty() {
@@ -259,13 +261,7 @@ pub fn run_fedngm(
         local_eval: false,
         ..SimConfig::default()
     };
-    let result = simulate_tables(&mut method, &tables, None, Params::new(), &sim, &|event| {
-        if let Progress::RoundEnd(m) = event
-            && let Some(r) = FedNgmRound::from_metrics(m)
-        {
-            progress(&r);
-        }
-    })?;
+    let result = simulate_tables(&mut method, &tables, None, Params::new(), &sim, progress)?;
     FedNgmRun::from_simulation(method, result, &names)
 }
 

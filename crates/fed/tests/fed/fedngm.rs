@@ -88,7 +88,9 @@ fn clients_of(tables: &[Table]) -> Vec<FedNgmClient<'_>> {
 }
 
 fn run(tables: &[Table], cfg: &FedNgmConfig) -> FedNgmRun {
-    run_fedngm(&clients_of(tables), None, cfg, &|r| eprintln!("{r:?}")).unwrap()
+    let run = run_fedngm(&clients_of(tables), None, cfg, &|_| {}).unwrap();
+    eprintln!("{:?}", run.rounds);
+    run
 }
 
 /// Mean over features of (RMSE predicting it from all others) / (the Bayes RMSE).

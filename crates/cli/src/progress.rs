@@ -68,13 +68,19 @@ impl Observer for Reporter {
                 }
             }
             Progress::RoundEnd(m) => {
+                // A tabular method's model is no classifier; its scores are in results.json.
+                let scores = if m.global_accuracy.is_nan() {
+                    String::new()
+                } else {
+                    format!(
+                        "global accuracy {:.4}, loss {:.4}, local accuracy {:.4}, ",
+                        m.global_accuracy, m.global_loss, m.local_accuracy_mean
+                    )
+                };
                 self.println(&format!(
-                    "round {}/{rounds}: global accuracy {:.4}, loss {:.4}, local accuracy {:.4}, \
-                     {} clients, {} rejected, {:.1} MB up, {:.1} MB down, {:.2} s",
+                    "round {}/{rounds}: {scores}{} clients, {} rejected, {:.1} MB up, {:.1} MB \
+                     down, {:.2} s",
                     m.round,
-                    m.global_accuracy,
-                    m.global_loss,
-                    m.local_accuracy_mean,
                     m.clients,
                     m.rejected.len(),
                     m.bytes_up as f64 / 1e6,

@@ -11,8 +11,8 @@ pub enum FedError {
     /// Data could not be encoded or read.
     #[error(transparent)]
     Data(#[from] fedfuse_data::DataError),
-    /// A protocol message could not be read (FedNGM's set-up messages, which come from a named
-    /// party rather than a numbered client).
+    /// A protocol message could not be read, or a named party sent one that cannot be used
+    /// (e.g. a FedNGM client read a malformed instruction from the server).
     #[error("message from {from}: {reason}")]
     BadMessage {
         /// The sender: a client's name or `server`.

@@ -24,17 +24,21 @@ mod seed;
 mod simulator;
 
 pub use error::{FedError, Result};
-pub use method::{Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, standard_fit};
+pub use method::{
+    Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, TableContext, standard_fit,
+};
 pub use methods::put_class_counts;
 pub use methods::{
     BuildContext, CriterionKind, FedAvg, FedAvgSettings, FedDrop, FedDropSettings, FedL1,
-    FedL1Settings, FedMedian, FedMix, FedMixSettings, FedOpt, FedOptSettings, FedProx,
-    FedProxSettings, FedSparse, FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems,
-    GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind, PI_TENSOR, Pfnm, PfnmSettings,
-    SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig, SparsityPreset,
-    V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
+    FedL1Settings, FedMedian, FedMix, FedMixSettings, FedNgm, FedNgmConfig, FedNgrConfig, FedOpt,
+    FedOptSettings, FedProx, FedProxSettings, FedSparse, FedSparseSettings, FedTrimmedAvg,
+    FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, MethodConfig, NeuronCriterionKind,
+    PI_TENSOR, Pfnm, PfnmSettings, SearchKind, SeparateInits, ServerOptName, ServerStep,
+    ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer,
+    hidden_features,
 };
 pub use seed::derive_seed;
 pub use simulator::{
     ClientsPerRound, Progress, Rejection, RoundMetrics, RunResult, SimConfig, simulate,
+    simulate_tables,
 };

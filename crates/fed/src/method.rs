@@ -1,10 +1,10 @@
 use std::collections::BTreeMap;
 
 use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_data::{ClientData, Dataset};
+use fedfuse_data::{ClientData, Dataset, Table};
 use fedfuse_train::{TrainConfig, Trainer};
 
-use crate::Result;
+use crate::{FedError, Result};
 
 /// What a client has when it runs a method's local procedure.
 pub struct ClientContext<'a> {
@@ -16,6 +16,17 @@ pub struct ClientContext<'a> {
     pub trainer: &'a Trainer,
     /// Local training settings.
     pub train: &'a TrainConfig,
+    /// Seed for this client in this round.
+    pub seed: u64,
+}
+
+/// What a client of a tabular federation ([`Method::tabular`], e.g. FedNGM) has when it runs
+/// the method's local procedure: a table and no classifier.
+pub struct TableContext<'a> {
+    /// Client id (index into the clients).
+    pub id: usize,
+    /// The client's own rows.
+    pub table: &'a Table,
     /// Seed for this client in this round.
     pub seed: u64,
 }
@@ -74,6 +85,23 @@ pub trait Method: Send + Sync {
         standard_fit(instruction, ctx)
     }
 
+    /// Whether the method's clients hold tables ([`Method::fit_table`], run by
+    /// [`simulate_tables`](crate::simulate_tables)) rather than labelled samples. Its global
+    /// model is then no classifier: the simulator reports no accuracy or loss of it, only the
+    /// method's own figures ([`Method::evaluate_table`]). `false` by default.
+    fn tabular(&self) -> bool {
+        false
+    }
+
+    /// The local procedure of a tabular method, run on a client holding a table. Methods that
+    /// train classifiers have none.
+    fn fit_table(&self, _instruction: Record, ctx: &TableContext<'_>) -> Result<Record> {
+        Err(FedError::BadReply {
+            client: ctx.id,
+            reason: format!("`{}` trains on labelled samples, not tables", self.name()),
+        })
+    }
+
     /// Checks a reply before aggregation; by default it must have the global model's layout
     /// and finite values.
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
@@ -101,6 +129,12 @@ pub trait Method: Send + Sync {
     /// Method-specific evaluation on the test set after a round (e.g. a mixture's ensemble),
     /// merged into [`RoundMetrics::method`](crate::RoundMetrics). Nothing by default.
     fn evaluate(&self, _trainer: &Trainer, _test: &Dataset) -> Result<BTreeMap<String, f64>> {
+        Ok(BTreeMap::new())
+    }
+
+    /// A tabular method's evaluation of the global model on the server's held-out table after
+    /// a round, merged into [`RoundMetrics::method`](crate::RoundMetrics). Nothing by default.
+    fn evaluate_table(&self, _global: &Params, _test: &Table) -> Result<BTreeMap<String, f64>> {
         Ok(BTreeMap::new())
     }
 

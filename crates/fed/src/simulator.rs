@@ -4,14 +4,14 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use fedfuse_core::{ModelSpec, Params, Record};
-use fedfuse_data::{ClientData, Dataset};
+use fedfuse_data::{ClientData, Dataset, Table};
 use fedfuse_train::{TrainConfig, Trainer};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::method::LOCAL_ACCURACY;
+use crate::method::{LOCAL_ACCURACY, TableContext};
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
 
 /// Replies in flight per worker thread when a method folds replies as they arrive.
@@ -84,19 +84,24 @@ pub struct Rejection {
 }
 
 /// What one round measured.
+///
+/// In a tabular federation ([`simulate_tables`]) the global model is no classifier: the
+/// accuracies and `global_loss` are NaN and the method's own scores are in `method`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RoundMetrics {
     /// Round, from 1.
     pub round: usize,
-    /// Accuracy of the global model on the global test set.
+    /// Accuracy of the global model on the global test set (NaN for tabular methods).
     pub global_accuracy: f64,
-    /// Mean cross-entropy of the global model on the global test set.
+    /// Mean cross-entropy of the global model on the global test set (NaN for tabular
+    /// methods).
     pub global_loss: f64,
     /// Mean over clients of the global model's accuracy on each client's own test split
-    /// (NaN when local evaluation is off).
+    /// (NaN when local evaluation is off, and for tabular methods).
     pub local_accuracy_mean: f64,
     /// Mean over accepted replies of each client's uploaded model on its own test split (the
-    /// FedSparse paper's "local accuracy"; NaN when local evaluation is off).
+    /// FedSparse paper's "local accuracy"; NaN when local evaluation is off, and for tabular
+    /// methods).
     #[serde(default = "nan")]
     pub client_accuracy_mean: f64,
     /// Mean training loss reported by the accepted clients, weighted by examples.
@@ -111,7 +116,8 @@ pub struct RoundMetrics {
     pub clients: usize,
     /// Replies left out of the aggregate.
     pub rejected: Vec<Rejection>,
-    /// Method-specific figures ([`Method::round_metrics`]).
+    /// Method-specific figures ([`Method::round_metrics`]), and its evaluation
+    /// ([`Method::evaluate`], [`Method::evaluate_table`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub method: BTreeMap<String, f64>,
     /// Wall time of the round in seconds.
@@ -158,13 +164,38 @@ struct Exchange {
     up: Result<Vec<u8>>,
 }
 
+/// The clients' data, and what the server evaluates the global model on.
+#[derive(Clone, Copy)]
+enum Population<'a> {
+    /// Labelled samples: the global model is a classifier that `trainer` evaluates on `test`.
+    Labelled {
+        trainer: &'a Trainer,
+        clients: &'a [ClientData],
+        test: &'a Dataset,
+    },
+    /// Tables: the method scores its own global model on `test`, if any.
+    Tables {
+        clients: &'a [Table],
+        test: Option<&'a Table>,
+    },
+}
+
+impl Population<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Population::Labelled { clients, .. } => clients.len(),
+            Population::Tables { clients, .. } => clients.len(),
+        }
+    }
+}
+
 /// One client's task: receive, fit, reply.
 fn client_task(
     method: &dyn Method,
     round: usize,
     id: usize,
     global: &Params,
-    ctx: (&ClientData, &Trainer, &TrainConfig, u64),
+    ctx: (Population<'_>, &TrainConfig, u64),
     local_eval: bool,
 ) -> Exchange {
     let down = match method
@@ -179,27 +210,42 @@ fn client_task(
             };
         }
     };
-    let (data, trainer, train, seed) = ctx;
-    let ctx = ClientContext {
-        id,
-        data,
-        trainer,
-        train,
-        seed,
-    };
-    let up = Record::decode(&down)
-        .map_err(FedError::from)
-        .and_then(|received| method.fit(received, &ctx))
-        .map(|mut reply| {
-            if local_eval
-                && !reply.metrics.contains_key(LOCAL_ACCURACY)
-                && let Some(acc) = own_accuracy(&reply.params, data, trainer)
-            {
-                reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
-            }
-            reply
-        })
-        .and_then(|reply| Ok(reply.encode()?));
+    let (population, train, seed) = ctx;
+    let received = Record::decode(&down).map_err(FedError::from);
+    let up = match population {
+        Population::Labelled {
+            trainer, clients, ..
+        } => {
+            let data = &clients[id];
+            let ctx = ClientContext {
+                id,
+                data,
+                trainer,
+                train,
+                seed,
+            };
+            received
+                .and_then(|received| method.fit(received, &ctx))
+                .map(|mut reply| {
+                    if local_eval
+                        && !reply.metrics.contains_key(LOCAL_ACCURACY)
+                        && let Some(acc) = own_accuracy(&reply.params, data, trainer)
+                    {
+                        reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
+                    }
+                    reply
+                })
+        }
+        Population::Tables { clients, .. } => {
+            let ctx = TableContext {
+                id,
+                table: &clients[id],
+                seed,
+            };
+            received.and_then(|received| method.fit_table(received, &ctx))
+        }
+    }
+    .and_then(|reply| Ok(reply.encode()?));
     Exchange {
         down: down.len(),
         up,
@@ -238,19 +284,76 @@ pub fn simulate(
     progress: &(dyn Fn(Progress<'_>) + Sync),
 ) -> Result<RunResult> {
     cfg.train.check()?;
-    if clients.is_empty() {
+    if method.tabular() {
+        return Err(FedError::InvalidSetting {
+            field: "method",
+            reason: format!(
+                "`{}` federates tables, not labelled samples; run it on a tabular dataset",
+                method.name()
+            ),
+        });
+    }
+    let population = Population::Labelled {
+        trainer,
+        clients,
+        test,
+    };
+    run_rounds(method, population, init, cfg, progress)
+}
+
+/// Runs up to `cfg.rounds` rounds of the tabular `method` ([`Method::tabular`], e.g. FedNGM)
+/// over clients holding `clients`, from the global model `init` (FedNGM's is empty: it builds
+/// its own). After each round the method scores its global model on `test`, if given
+/// ([`Method::evaluate_table`]). `cfg.train` and `cfg.local_eval` do not apply; rejections,
+/// traffic and seeds are as in [`simulate`].
+pub fn simulate_tables(
+    method: &mut dyn Method,
+    clients: &[Table],
+    test: Option<&Table>,
+    init: Params,
+    cfg: &SimConfig,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+) -> Result<RunResult> {
+    if !method.tabular() {
+        return Err(FedError::InvalidSetting {
+            field: "method",
+            reason: format!(
+                "`{}` trains classifiers on labelled samples; it cannot run on tables",
+                method.name()
+            ),
+        });
+    }
+    run_rounds(
+        method,
+        Population::Tables { clients, test },
+        init,
+        cfg,
+        progress,
+    )
+}
+
+/// The round loop shared by [`simulate`] and [`simulate_tables`].
+fn run_rounds(
+    method: &mut dyn Method,
+    population: Population<'_>,
+    init: Params,
+    cfg: &SimConfig,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+) -> Result<RunResult> {
+    let n_clients = population.len();
+    if n_clients == 0 {
         return Err(FedError::InvalidSetting {
             field: "clients",
             reason: "no clients to federate".into(),
         });
     }
-    let k = cfg.sample_size(clients.len())?;
+    let k = cfg.sample_size(n_clients)?;
     let mut global = init;
     let mut rounds = Vec::with_capacity(cfg.rounds);
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     for round in 1..=cfg.rounds {
         let started = Instant::now();
-        let mut sampled = rand::seq::index::sample(&mut rng, clients.len(), k).into_vec();
+        let mut sampled = rand::seq::index::sample(&mut rng, n_clients, k).into_vec();
         sampled.sort_unstable();
         progress(Progress::RoundStart {
             round,
@@ -281,7 +384,7 @@ pub fn simulate(
                         round,
                         id,
                         &global,
-                        (&clients[id], trainer, &cfg.train, seed),
+                        (population, &cfg.train, seed),
                         cfg.local_eval,
                     );
                     progress(Progress::ClientDone { round });
@@ -334,31 +437,30 @@ pub fn simulate(
         }
         drop(replies);
 
-        // Matching methods change widths: evaluate the global model as what it now is.
-        let reshaped;
-        let evaluator = if global.check_layout(&trainer.spec().param_shapes()).is_ok() {
-            trainer
-        } else {
-            reshaped = Trainer::new(ModelSpec::infer_mlp(&global)?)?;
-            &reshaped
-        };
-        let eval = evaluator.evaluate(&global, test)?;
-        let local_accuracy_mean = if cfg.local_eval {
-            let accs = clients
-                .par_iter()
-                .filter(|c| !c.test.is_empty())
-                .map(|c| evaluator.evaluate(&global, &c.test).map(|e| e.accuracy))
-                .collect::<std::result::Result<Vec<f64>, _>>()?;
-            accs.iter().sum::<f64>() / accs.len().max(1) as f64
-        } else {
-            f64::NAN
-        };
         let mut method_metrics = method.round_metrics();
-        method_metrics.extend(method.evaluate(evaluator, test)?);
+        let (global_accuracy, global_loss, local_accuracy_mean) = match population {
+            Population::Labelled {
+                trainer,
+                clients,
+                test,
+            } => {
+                let (eval, local, scores) =
+                    evaluate_classifier(method, trainer, clients, test, &global, cfg.local_eval)?;
+                method_metrics.extend(scores);
+                (eval.accuracy, eval.loss, local)
+            }
+            Population::Tables { test, .. } => {
+                if let Some(test) = test {
+                    method_metrics.extend(method.evaluate_table(&global, test)?);
+                }
+                // No classifier to score: the method's figures stand instead.
+                (f64::NAN, f64::NAN, f64::NAN)
+            }
+        };
         let metrics = RoundMetrics {
             round,
-            global_accuracy: eval.accuracy,
-            global_loss: eval.loss,
+            global_accuracy,
+            global_loss,
             local_accuracy_mean,
             client_accuracy_mean: if own_count > 0 {
                 own_sum / own_count as f64
@@ -384,4 +486,37 @@ pub fn simulate(
         rounds,
         params: global,
     })
+}
+
+/// The classifier's evaluation after a round: on the global test set, the mean over clients'
+/// own test splits (NaN when `local_eval` is off) and the method's own figures.
+fn evaluate_classifier(
+    method: &dyn Method,
+    trainer: &Trainer,
+    clients: &[ClientData],
+    test: &Dataset,
+    global: &Params,
+    local_eval: bool,
+) -> Result<(fedfuse_train::Evaluation, f64, BTreeMap<String, f64>)> {
+    // Matching methods change widths: evaluate the global model as what it now is.
+    let reshaped;
+    let evaluator = if global.check_layout(&trainer.spec().param_shapes()).is_ok() {
+        trainer
+    } else {
+        reshaped = Trainer::new(ModelSpec::infer_mlp(global)?)?;
+        &reshaped
+    };
+    let eval = evaluator.evaluate(global, test)?;
+    let local_accuracy_mean = if local_eval {
+        let accs = clients
+            .par_iter()
+            .filter(|c| !c.test.is_empty())
+            .map(|c| evaluator.evaluate(global, &c.test).map(|e| e.accuracy))
+            .collect::<std::result::Result<Vec<f64>, _>>()?;
+        accs.iter().sum::<f64>() / accs.len().max(1) as f64
+    } else {
+        f64::NAN
+    };
+    let scores = method.evaluate(evaluator, test)?;
+    Ok((eval, local_accuracy_mean, scores))
 }

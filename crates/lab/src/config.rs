@@ -4,8 +4,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use fedfuse_core::ModelSpec;
-use fedfuse_data::PartitionSpec;
-use fedfuse_fed::{BuildContext, ClientsPerRound, MethodConfig, ServerStepConfig};
+use fedfuse_data::{CdcSplit, PartitionSpec};
+use fedfuse_fed::{
+    BuildContext, ClientsPerRound, FedNgmConfig, FedNgrConfig, MethodConfig, ServerStepConfig,
+};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 
@@ -37,11 +39,16 @@ pub struct Config {
     /// Folder holding the dataset's files (overrides the cache; `--data-dir` overrides this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
-    /// Evaluate the global model on every client's local test split each round.
+    /// Evaluate the global model on every client's local test split each round (classifier
+    /// methods).
     #[serde(default = "yes")]
     pub local_eval: bool,
-    /// The dataset.
-    pub dataset: DatasetSection,
+    /// The dataset of labelled samples (classifier methods); tabular methods take `table`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<DatasetSection>,
+    /// The clients' tables (tabular methods: `fedngm`, `fedngr`) instead of a dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<TableSection>,
     /// How the training set is split among clients.
     #[serde(default = "iid")]
     pub partition: PartitionSpec,
@@ -51,8 +58,9 @@ pub struct Config {
     /// fedsparse-em runs FedDrop and FedL1); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerStepConfig>,
-    /// The network.
-    pub model: ModelSection,
+    /// The network (classifier methods; FedNGM's networks are set in `[method.local]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSection>,
     /// Local training.
     #[serde(default)]
     pub train: TrainSection,
@@ -86,6 +94,107 @@ pub struct DatasetSection {
 
 fn test_fraction() -> f64 {
     0.2
+}
+
+/// `[table]`: a tabular dataset, each client's rows and the held-out rows the server scores
+/// the global model on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TableSection {
+    /// Rows of one Gaussian graphical model with a random graph (drawn with the run's seed),
+    /// `rows_per_client` for each client, then `test_rows` held out.
+    Synthetic {
+        /// Features.
+        features: usize,
+        /// Rows per client.
+        rows_per_client: usize,
+        /// Held-out rows.
+        #[serde(default = "test_rows")]
+        test_rows: usize,
+        /// Edge probability of the random graph.
+        edge_prob: f64,
+        /// Off-diagonal precision magnitudes `[lo, hi]`.
+        #[serde(default = "ggm_weight")]
+        weight: (f64, f64),
+        /// Diagonal-dominance margin (larger: weaker partial correlations).
+        #[serde(default = "ggm_margin")]
+        diag_margin: f64,
+    },
+    /// The CDC 2015 linked infant-death file (`cdc-infant-2015/` under `data_dir`): one
+    /// client per group of `split`, every `test_every`-th row of each held out.
+    Cdc {
+        /// `residence_status` (3 clients) or `birth_quarter` (4).
+        #[serde(default = "cdc_split_name")]
+        split: String,
+        /// Features left out (e.g. `age_at_death_days`, which gives the death-age bucket
+        /// away).
+        #[serde(default)]
+        drop: Vec<String>,
+        /// Every `test_every`-th row of each client is held out.
+        #[serde(default = "test_every")]
+        test_every: usize,
+    },
+}
+
+fn test_rows() -> usize {
+    1000
+}
+fn ggm_weight() -> (f64, f64) {
+    (0.4, 0.9)
+}
+fn ggm_margin() -> f64 {
+    0.3
+}
+fn cdc_split_name() -> String {
+    "residence_status".into()
+}
+fn test_every() -> usize {
+    5
+}
+
+impl TableSection {
+    /// Checks the settings against `clients`.
+    fn check(&self, clients: usize) -> Result<()> {
+        match self {
+            TableSection::Synthetic {
+                features,
+                rows_per_client,
+                test_rows,
+                edge_prob,
+                ..
+            } => {
+                if *features < 2 || *rows_per_client < 2 || *test_rows == 0 {
+                    bail!("[table]: need features >= 2, rows_per_client >= 2 and test_rows >= 1");
+                }
+                if !(0.0..=1.0).contains(edge_prob) {
+                    bail!("`table.edge_prob` = {edge_prob} is not a probability");
+                }
+            }
+            TableSection::Cdc {
+                split, test_every, ..
+            } => {
+                let n = cdc_split(split).context("[table]")?.clients().len();
+                if clients != n {
+                    bail!("the CDC file split by {split} has {n} clients; set `clients = {n}`");
+                }
+                if *test_every < 2 {
+                    bail!("`table.test_every` = {test_every}: use 2 or more");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The CDC client split called `name`.
+pub fn cdc_split(name: &str) -> Result<CdcSplit> {
+    match name {
+        "residence_status" => Ok(CdcSplit::ResidenceStatus),
+        "birth_quarter" => Ok(CdcSplit::BirthQuarter),
+        other => {
+            bail!("split = {other:?}: use \"residence_status\" or \"birth_quarter\"")
+        }
+    }
 }
 
 /// Network kinds.
@@ -126,7 +235,7 @@ pub enum OptimizerName {
 }
 
 /// `[train]`
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainSection {
     /// `sgd`, `adam` or `amsgrad`.
@@ -197,11 +306,22 @@ impl TrainSection {
     /// Refuses keys in `[train]` that the chosen optimizer does not read (they would silently
     /// do nothing): `beta1`, `beta2`, `eps` with SGD, `momentum` with Adam or AMSGrad.
     fn check_keys_used(&self, given: &toml::Table) -> Result<()> {
-        let unused: &[&str] = match self.optimizer {
-            OptimizerName::Sgd => &["beta1", "beta2", "eps"],
-            OptimizerName::Adam | OptimizerName::Amsgrad => &["momentum"],
+        // A default value is let through: a resolved config.toml lists every key.
+        let defaults = TrainSection::default();
+        let unused: &[(&str, f64, f64)] = match self.optimizer {
+            OptimizerName::Sgd => &[
+                ("beta1", self.beta1, defaults.beta1),
+                ("beta2", self.beta2, defaults.beta2),
+                ("eps", self.eps, defaults.eps),
+            ],
+            OptimizerName::Adam | OptimizerName::Amsgrad => {
+                &[("momentum", self.momentum, defaults.momentum)]
+            }
         };
-        if let Some(key) = unused.iter().find(|k| given.contains_key(**k)) {
+        if let Some((key, ..)) = unused
+            .iter()
+            .find(|(k, v, d)| given.contains_key(*k) && v != d)
+        {
             bail!(
                 "`train.{key}` does nothing with `train.optimizer = \"{}\"`; remove it or choose \
                  an optimizer that uses it",
@@ -340,8 +460,23 @@ impl Config {
                 other => return Err(other.into()),
             }
         }
-        if let Some((i, &w)) = self
-            .model
+        if let Some(fedngm) = self.tabular() {
+            return self.check_tabular(fedngm);
+        }
+        if self.table.is_some() {
+            bail!(
+                "method `{}` trains classifiers on labelled samples; [table] is for `fedngm` and \
+                 `fedngr`: give [dataset] and [model] instead",
+                method_name(&self.method)
+            );
+        }
+        let (Some(dataset), Some(model)) = (&self.dataset, &self.model) else {
+            bail!(
+                "method `{}` needs a [dataset] and a [model] section",
+                method_name(&self.method)
+            );
+        };
+        if let Some((i, &w)) = model
             .hidden
             .iter()
             .enumerate()
@@ -349,17 +484,17 @@ impl Config {
         {
             bail!("`model.hidden[{i}]` = {w} is above the limit of {MAX_WIDTH} units per layer");
         }
-        if !(0.0..1.0).contains(&self.dataset.local_test_fraction) {
+        if !(0.0..1.0).contains(&dataset.local_test_fraction) {
             bail!(
                 "`dataset.local_test_fraction` = {} must lie in [0, 1)",
-                self.dataset.local_test_fraction
+                dataset.local_test_fraction
             );
         }
         self.train
             .to_train_config()
             .check()
             .map_err(anyhow::Error::from)?;
-        if let Some(f) = self.dataset.validation_fraction
+        if let Some(f) = dataset.validation_fraction
             && !(0.0..1.0).contains(&f)
         {
             bail!("`dataset.validation_fraction` = {f} must lie in [0, 1)");
@@ -371,15 +506,15 @@ impl Config {
                 method_name(&self.method)
             );
         }
-        if self.method.matching() && self.model.kind != ModelKind::Mlp {
+        if self.method.matching() && model.kind != ModelKind::Mlp {
             bail!(
                 "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
                 method_name(&self.method)
             );
         }
         // Settings only; the architecture and validation split come at run time.
-        let spec = match self.model.kind {
-            ModelKind::Mlp => ModelSpec::mlp(1, &self.model.hidden, 2),
+        let spec = match model.kind {
+            ModelKind::Mlp => ModelSpec::mlp(1, &model.hidden, 2),
             ModelKind::Lenet5 => ModelSpec::LeNet5 {
                 channels: 1,
                 side: 28,
@@ -401,10 +536,67 @@ impl Config {
         Ok(())
     }
 
+    /// The settings of a tabular method (FedNGM, FedNGR), `None` for classifier methods.
+    pub fn tabular(&self) -> Option<&FedNgmConfig> {
+        match &self.method {
+            MethodConfig::FedNgm(c) | MethodConfig::FedNgr(FedNgrConfig(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The checks of a run of the tabular method `fedngm`.
+    fn check_tabular(&self, fedngm: &FedNgmConfig) -> Result<()> {
+        let name = method_name(&self.method);
+        let Some(table) = &self.table else {
+            bail!(
+                "method `{name}` federates tables: give a [table] section (kind = \"synthetic\" \
+                 or \"cdc\") instead of [dataset]"
+            );
+        };
+        if self.dataset.is_some() || self.model.is_some() || self.server.is_some() {
+            bail!(
+                "method `{name}` takes its data from [table] and its networks from \
+                 [method.local], and has its own server step: remove [dataset], [model] and \
+                 [server]"
+            );
+        }
+        table.check(self.clients)?;
+        // Settings for classifiers would silently do nothing (their defaults are harmless: a
+        // resolved config writes them out).
+        if self.partition != iid() || self.train != TrainSection::default() {
+            bail!(
+                "[partition] and [train] do nothing for method `{name}`: the clients' tables come \
+                 from [table] and its training settings are [method.local]; remove them"
+            );
+        }
+        // Every stage needs every client: the consensus is over the clients' shared features.
+        let all = match self.clients_per_round {
+            ClientsPerRound::Count(c) => c == self.clients,
+            ClientsPerRound::Fraction(f) => f == 1.0,
+        };
+        if !all {
+            bail!("method `{name}` needs every client in every round: set clients_per_round = 1.0");
+        }
+        if self.rounds < fedngm.stages() {
+            bail!(
+                "method `{name}` needs {} rounds (statistics, graphs, then {} model round(s) of \
+                 `method.rounds`); `rounds` = {}",
+                fedngm.stages(),
+                fedngm.rounds,
+                self.rounds
+            );
+        }
+        self.method
+            .build_with(BuildContext::default())
+            .map_err(anyhow::Error::from)?;
+        Ok(())
+    }
+
     /// The server's validation fraction: as set, else 0.1 when the method needs one, else 0.
     pub fn validation_fraction(&self) -> f64 {
         self.dataset
-            .validation_fraction
+            .as_ref()
+            .and_then(|d| d.validation_fraction)
             .unwrap_or(if self.method.needs_validation() {
                 0.1
             } else {
@@ -589,6 +781,9 @@ hidden = [16]
         assert!(err(&["rounds=1000000000000000"]).contains("rounds"));
         assert!(err(&["model.hidden=[400000000]"]).contains("model.hidden[0]"));
         assert!(err(&["train.beta1=0.5"]).contains("train.beta1"));
+        // The resolved config a run writes lists defaults for every key, and reloads.
+        let resolved = toml::to_string_pretty(&Config::parse(BASE, &[]).unwrap()).unwrap();
+        assert!(Config::parse(&resolved, &[]).is_ok());
         assert!(err(&["train.optimizer=adam", "train.momentum=0.9"]).contains("train.momentum"));
         assert!(
             Config::parse(
@@ -599,8 +794,60 @@ hidden = [16]
         );
         // Within the width limit but too many parameters once the input size is known.
         let cfg = Config::parse(BASE, &["model.hidden=[900000, 900000]".into()]).unwrap();
-        let e = cfg.model.spec(&[64], 10).unwrap_err();
+        let e = cfg.model.unwrap().spec(&[64], 10).unwrap_err();
         assert!(format!("{e:#}").contains("parameters"), "{e:#}");
+    }
+
+    const TABLE: &str = r#"
+seed = 1
+rounds = 3
+clients = 2
+[table]
+kind = "synthetic"
+features = 4
+rows_per_client = 50
+edge_prob = 0.5
+[method]
+name = "fedngm"
+"#;
+
+    #[test]
+    fn tabular_methods_take_a_table_and_classifiers_a_dataset() {
+        let err = |text: &str, o: &[&str]| {
+            let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            format!("{:#}", Config::parse(text, &o).unwrap_err())
+        };
+        let cfg = Config::parse(TABLE, &[]).unwrap();
+        assert_eq!(cfg.tabular().map(|c| c.stages()), Some(3));
+        let ngr = Config::parse(TABLE, &["method={name=\"fedngr\"}".into()]).unwrap();
+        assert_eq!(
+            ngr.tabular().map(|c| c.variant),
+            Some(fedfuse_fed::fedngm::FedNgmVariant::Ngr)
+        );
+        assert!(err(TABLE, &["rounds=2"]).contains("needs 3 rounds"));
+        assert!(err(TABLE, &["method.rounds=2"]).contains("needs 4 rounds"));
+        assert!(err(TABLE, &["clients_per_round=1"]).contains("every client"));
+        assert!(err(TABLE, &["model.kind=mlp"]).contains("remove [dataset], [model]"));
+        assert!(
+            err(TABLE, &["partition.kind=dirichlet", "partition.alpha=1"]).contains("[partition]")
+        );
+        assert!(err(TABLE, &["train.lr=0.1"]).contains("[train]"));
+        assert!(err(TABLE, &["table={kind=\"cdc\"}"]).contains("set `clients = 3`"));
+        assert!(err(TABLE, &["table.features=1"]).contains("features >= 2"));
+        assert!(err(TABLE, &["method.samples_per_client=0"]).contains("samples"));
+        // Classifiers need [dataset] and [model]; a table is not for them.
+        assert!(err(BASE, &["method.name=fedngm"]).contains("[table]"));
+        let fedavg_on_table = err(TABLE, &["method={name=\"fedavg\"}"]);
+        assert!(
+            fedavg_on_table.contains("[dataset] and [model]"),
+            "{fedavg_on_table}"
+        );
+        // The resolved config a run writes out (defaults of [partition] and [train] included)
+        // reads back and passes the checks.
+        let again: Config = toml::from_str(&toml::to_string_pretty(&cfg).unwrap()).unwrap();
+        again.check().unwrap();
+        assert_eq!(again.method, cfg.method);
+        assert_eq!(again.table, cfg.table);
     }
 
     #[test]

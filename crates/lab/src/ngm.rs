@@ -19,21 +19,18 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use fedfuse_core::Params;
-use fedfuse_data::{
-    CDC_2015_ZIP, CdcExtra, CdcOptions, CdcSplit, GgmConfig, GraphShape, Table, conditional_mean,
-    load_cdc, sample_ggm,
-};
+use fedfuse_data::{CdcExtra, CdcOptions, Table, conditional_mean};
 use fedfuse_fed::fedngm::{
     FedNgmClient, FedNgmConfig, FedNgmRun, run_fedngm, score_marginal, score_prediction,
     stitch_client,
 };
 use fedfuse_fuse::{Graph, edge_precision_recall, recover_graph};
 use fedfuse_train::{InferConfig, InferMethod, Marginals, StitchConfig};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 use crate::Observer;
+use crate::config::cdc_split;
+use crate::pipeline::{GgmTables, cdc_tables, ggm_tables};
 use crate::table::{Tables, mean_std, write_atomic};
 
 /// Where the clients' rows come from.
@@ -155,7 +152,7 @@ impl NgmExperiment {
             NgmData::Cdc {
                 split, test_every, ..
             } => {
-                cdc_split(split)?;
+                cdc_split(split).context("[data]")?;
                 if *test_every < 2 {
                     bail!("[data] test_every = {test_every}: use 2 or more");
                 }
@@ -165,16 +162,6 @@ impl NgmExperiment {
             }
         }
         Ok(())
-    }
-}
-
-fn cdc_split(name: &str) -> Result<CdcSplit> {
-    match name {
-        "residence_status" => Ok(CdcSplit::ResidenceStatus),
-        "birth_quarter" => Ok(CdcSplit::BirthQuarter),
-        other => {
-            bail!("[data] split = {other:?}: use \"residence_status\" or \"birth_quarter\"")
-        }
     }
 }
 
@@ -234,26 +221,22 @@ fn prepare(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Prepared> 
             weight,
             diag_margin,
         } => {
+            let spec = GgmTables {
+                features: *features,
+                clients: *clients,
+                rows_per_client: *rows_per_client,
+                test_rows: *test_rows,
+                edge_prob: *edge_prob,
+                weight: *weight,
+                diag_margin: *diag_margin,
+            };
+            let (t, ggm) = ggm_tables(&spec, seed)?;
             let n = clients * rows_per_client;
-            let mut g = GgmConfig::new(
-                *features,
-                n + test_rows,
-                GraphShape::Random {
-                    edge_prob: *edge_prob,
-                },
-            );
-            g.weight = *weight;
-            g.diag_margin = *diag_margin;
-            let ggm = sample_ggm(&g, &mut StdRng::seed_from_u64(seed))?;
-            let train = (0..*clients)
-                .map(|c| ggm.table(c * rows_per_client..(c + 1) * rows_per_client))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            let test = ggm.table(n..n + test_rows)?;
             Ok(Prepared {
-                names: (0..*clients).map(|c| format!("client {c}")).collect(),
-                extras: vec![Vec::new(); *clients],
-                test: vec![test],
-                train,
+                names: t.names,
+                extras: t.extras,
+                test: t.test,
+                train: t.train,
                 truth: Some(Truth {
                     graph: Graph::new(ggm.feature_names(), ggm.adjacency.clone())?,
                     precision: ggm.precision.clone(),
@@ -268,7 +251,7 @@ fn prepare(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Prepared> 
             test_every,
             extras,
         } => {
-            let mut opts = CdcOptions::new(cdc_split(split)?);
+            let mut opts = CdcOptions::new(cdc_split(split).context("[data]")?);
             for (client, names) in extras {
                 let e = names
                     .iter()
@@ -276,33 +259,14 @@ fn prepare(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Prepared> 
                     .collect::<Result<Vec<_>>>()?;
                 opts.extras.insert(client.clone(), e);
             }
-            let path = data_dir.join(CDC_2015_ZIP);
-            let data =
-                load_cdc(&path, &opts).with_context(|| format!("CDC file {}", path.display()))?;
-            let mut p = Prepared {
-                names: Vec::new(),
-                train: Vec::new(),
-                test: Vec::new(),
-                extras: Vec::new(),
+            let t = cdc_tables(data_dir, &opts, drop, *test_every)?;
+            Ok(Prepared {
+                names: t.names,
+                train: t.train,
+                test: t.test,
+                extras: t.extras,
                 truth: None,
-            };
-            for c in &data.clients {
-                let keep: Vec<&str> = c
-                    .table
-                    .names()
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|n| !drop.iter().any(|d| d == n))
-                    .collect();
-                let t = c.table.select_columns(&keep)?;
-                let (test, train): (Vec<usize>, Vec<usize>) =
-                    (0..t.n_rows()).partition(|r| r % test_every == 0);
-                p.names.push(c.name.clone());
-                p.train.push(t.select_rows(&train)?);
-                p.test.push(t.select_rows(&test)?);
-                p.extras.push(c.extras.clone());
-            }
-            Ok(p)
+            })
         }
     }
 }
@@ -345,15 +309,20 @@ fn run_seed(
         ..cfg.fedngm.clone()
     };
     let started = Instant::now();
-    let fed = run_fedngm(&clients, None, &fedngm, &|r| {
+    // The FedNgm method through the simulator's round loop, as `fedfuse run` runs it.
+    observer.run_started(fedngm.stages());
+    let fed = run_fedngm(&clients, None, &fedngm, &|p| observer.progress(p));
+    observer.run_finished();
+    let fed = fed?;
+    for r in &fed.rounds {
         observer.note(&format!(
             "  FedNGM round {}: distillation loss {:.5}, {} samples, {} KB up",
             r.round,
             r.distill_loss,
             r.samples,
             r.bytes_up / 1000
-        ))
-    })?;
+        ));
+    }
     observer.note(&format!(
         "  FedNGM: {:.1} s",
         started.elapsed().as_secs_f64()

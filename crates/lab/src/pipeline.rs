@@ -1,12 +1,18 @@
 //! The data path every experiment shares, written once: load -> the server's held-out split
-//! -> partition -> each client's train/test split.
+//! -> partition -> each client's train/test split; and for tabular methods, each client's
+//! table and held-out rows.
 
 use std::borrow::Cow;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use fedfuse_data::{ClientData, Dataset, PartitionSpec, client_splits, holdout, partition};
-use rand::Rng;
+use fedfuse_data::{
+    CDC_2015_ZIP, CdcOptions, ClientData, Dataset, Ggm, GgmConfig, GraphShape, PartitionSpec,
+    Table, client_splits, holdout, load_cdc, partition, sample_ggm,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// The training set after the server took its validation split.
 pub struct ServerSplit<'a> {
@@ -48,4 +54,98 @@ pub fn client_data(
 ) -> Result<Vec<ClientData>> {
     let parts = partition(&pool.y, pool.num_classes, clients, spec, rng).context("partition")?;
     client_splits(pool, &parts, local_test_fraction, rng).context("client splits")
+}
+
+/// The clients' tables.
+pub struct ClientTables {
+    /// Client names, for messages and tables.
+    pub names: Vec<String>,
+    /// Each client's training rows.
+    pub train: Vec<Table>,
+    /// Held-out rows: each client's (CDC), or one set for all (synthetic).
+    pub test: Vec<Table>,
+    /// Each client's own extra features (columns only it has), if any.
+    pub extras: Vec<Vec<String>>,
+}
+
+/// A synthetic Gaussian graphical model's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct GgmTables {
+    /// Features.
+    pub features: usize,
+    /// Clients.
+    pub clients: usize,
+    /// Rows per client.
+    pub rows_per_client: usize,
+    /// Held-out rows after the clients' rows.
+    pub test_rows: usize,
+    /// Edge probability of the random graph.
+    pub edge_prob: f64,
+    /// Off-diagonal precision magnitudes `[lo, hi]`.
+    pub weight: (f64, f64),
+    /// Diagonal-dominance margin.
+    pub diag_margin: f64,
+}
+
+/// Draws one GGM and its rows with `seed`: `rows_per_client` for each client in turn, then the
+/// held-out rows. Returns the model too (its graph and precision are the truth).
+pub fn ggm_tables(spec: &GgmTables, seed: u64) -> Result<(ClientTables, Ggm)> {
+    let n = spec.clients * spec.rows_per_client;
+    let mut g = GgmConfig::new(
+        spec.features,
+        n + spec.test_rows,
+        GraphShape::Random {
+            edge_prob: spec.edge_prob,
+        },
+    );
+    g.weight = spec.weight;
+    g.diag_margin = spec.diag_margin;
+    let ggm = sample_ggm(&g, &mut StdRng::seed_from_u64(seed))?;
+    let per = spec.rows_per_client;
+    let train = (0..spec.clients)
+        .map(|c| ggm.table(c * per..(c + 1) * per))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let test = ggm.table(n..n + spec.test_rows)?;
+    let tables = ClientTables {
+        names: (0..spec.clients).map(|c| format!("client {c}")).collect(),
+        train,
+        test: vec![test],
+        extras: vec![Vec::new(); spec.clients],
+    };
+    Ok((tables, ggm))
+}
+
+/// The CDC file under `data_dir`, one client per group of `opts.split`, without the `drop`
+/// columns; every `test_every`-th row of each client is held out.
+pub fn cdc_tables(
+    data_dir: &Path,
+    opts: &CdcOptions,
+    drop: &[String],
+    test_every: usize,
+) -> Result<ClientTables> {
+    let path = data_dir.join(CDC_2015_ZIP);
+    let data = load_cdc(&path, opts).with_context(|| format!("CDC file {}", path.display()))?;
+    let mut tables = ClientTables {
+        names: Vec::new(),
+        train: Vec::new(),
+        test: Vec::new(),
+        extras: Vec::new(),
+    };
+    for c in &data.clients {
+        let keep: Vec<&str> = c
+            .table
+            .names()
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !drop.iter().any(|d| d == n))
+            .collect();
+        let t = c.table.select_columns(&keep)?;
+        let (test, train): (Vec<usize>, Vec<usize>) =
+            (0..t.n_rows()).partition(|r| r % test_every.max(1) == 0);
+        tables.names.push(c.name.clone());
+        tables.train.push(t.select_rows(&train)?);
+        tables.test.push(t.select_rows(&test)?);
+        tables.extras.push(c.extras.clone());
+    }
+    Ok(tables)
 }

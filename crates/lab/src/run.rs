@@ -2,16 +2,17 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use fedfuse_data::load_dataset;
-use fedfuse_fed::{BuildContext, RunResult, SimConfig, derive_seed, simulate};
+use anyhow::{Context, Result, bail};
+use fedfuse_core::Params;
+use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
+use fedfuse_fed::{BuildContext, RunResult, SimConfig, derive_seed, simulate, simulate_tables};
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::Observer;
-use crate::config::Config;
-use crate::pipeline::{client_data, server_split};
+use crate::config::{Config, TableSection, cdc_split};
+use crate::pipeline::{ClientTables, GgmTables, cdc_tables, client_data, ggm_tables, server_split};
 
 /// Runs the experiment of `cfg`, writing the resolved config, results.json, metrics.csv, the
 /// final model and the plots under `out`.
@@ -24,40 +25,48 @@ pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResul
     let result = federate(cfg, observer)?;
 
     crate::output::write_results(out, cfg, &result)?;
-    crate::plot::write_plots(out, &result.rounds)?;
+    // A tabular method's model is no classifier: no accuracy to plot.
+    if cfg.table.is_none() {
+        crate::plot::write_plots(out, &result.rounds)?;
+    }
     let model_path = out.join("model.safetensors");
     fedfuse_core::save_safetensors(&result.params, &model_path)?;
-    if let Some(last) = result.rounds.last() {
-        observer.note(&format!(
+    match result.rounds.last() {
+        Some(last) if cfg.table.is_none() => observer.note(&format!(
             "final global accuracy {:.4}; results in {}",
             last.global_accuracy,
             out.display()
-        ));
+        )),
+        _ => observer.note(&format!("results in {}", out.display())),
     }
     Ok(result)
 }
 
 /// Loads the data of `cfg`, splits it among clients and runs the federation.
 pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
-    let data = load_dataset(&cfg.dataset.name, cfg.data_dir.as_deref())
-        .with_context(|| format!("dataset `{}`", cfg.dataset.name))?;
+    if let Some(table) = &cfg.table {
+        return federate_tables(cfg, table, observer);
+    }
+    let (Some(dataset), Some(model)) = (&cfg.dataset, &cfg.model) else {
+        bail!("the config has no [dataset] and [model] to federate");
+    };
+    let data = load_dataset(&dataset.name, cfg.data_dir.as_deref())
+        .with_context(|| format!("dataset `{}`", dataset.name))?;
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let split = server_split(&data.train, cfg.validation_fraction(), &mut rng)?;
     let clients = client_data(
         &split.pool,
         cfg.clients,
         &cfg.partition,
-        cfg.dataset.local_test_fraction,
+        dataset.local_test_fraction,
         &mut rng,
     )?;
 
-    let spec = cfg
-        .model
-        .spec(&data.train.sample_shape, data.train.num_classes)?;
+    let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;
     let trainer = Trainer::new(spec.clone())?;
-    let init = init_params(&spec, cfg.model.init, derive_seed(cfg.seed, 0, usize::MAX));
+    let init = init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX));
     let mut method = cfg.method.build_with(BuildContext {
-        init: cfg.model.init,
+        init: model.init,
         seed: cfg.seed,
         spec: Some(spec.clone()),
         validation: split.validation,
@@ -75,7 +84,7 @@ pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
     observer.note(&format!(
         "{} on {} ({} train / {} test samples), {} clients, {} rounds, model {} params",
         method.name(),
-        cfg.dataset.name,
+        dataset.name,
         data.train.len(),
         data.test.len(),
         cfg.clients,
@@ -89,6 +98,85 @@ pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
         &clients,
         &data.test,
         init,
+        &sim,
+        &|p| observer.progress(p),
+    );
+    observer.run_finished();
+    Ok(result?)
+}
+
+/// The clients' tables of `table`, drawn or read for the run `cfg`.
+pub fn client_tables(cfg: &Config, table: &TableSection) -> Result<ClientTables> {
+    match table {
+        TableSection::Synthetic {
+            features,
+            rows_per_client,
+            test_rows,
+            edge_prob,
+            weight,
+            diag_margin,
+        } => {
+            let spec = GgmTables {
+                features: *features,
+                clients: cfg.clients,
+                rows_per_client: *rows_per_client,
+                test_rows: *test_rows,
+                edge_prob: *edge_prob,
+                weight: *weight,
+                diag_margin: *diag_margin,
+            };
+            Ok(ggm_tables(&spec, cfg.seed)?.0)
+        }
+        TableSection::Cdc {
+            split,
+            drop,
+            test_every,
+        } => {
+            let dir = cfg.data_dir.clone().unwrap_or_else(cache_dir);
+            let opts = CdcOptions::new(cdc_split(split).context("[table]")?);
+            cdc_tables(&dir, &opts, drop, *test_every)
+        }
+    }
+}
+
+/// A tabular method (FedNGM) over the clients' tables of `table`; after each round the method
+/// scores its global model on all the held-out rows.
+fn federate_tables(
+    cfg: &Config,
+    table: &TableSection,
+    observer: &dyn Observer,
+) -> Result<RunResult> {
+    let tables = client_tables(cfg, table)?;
+    let test = Table::concat(&tables.test)?;
+    let mut method = cfg.method.build_with(BuildContext {
+        seed: cfg.seed,
+        ..BuildContext::default()
+    })?;
+    let sim = SimConfig {
+        rounds: cfg.rounds,
+        clients_per_round: cfg.clients_per_round,
+        seed: cfg.seed,
+        local_eval: false,
+        ..SimConfig::default()
+    };
+    let rows: usize = tables.train.iter().map(Table::n_rows).sum();
+    observer.note(&format!(
+        "{} on {} tables ({rows} rows, {} held out), {} clients, up to {} rounds",
+        method.name(),
+        match table {
+            TableSection::Synthetic { .. } => "synthetic",
+            TableSection::Cdc { .. } => "CDC",
+        },
+        test.n_rows(),
+        tables.train.len(),
+        cfg.rounds,
+    ));
+    observer.run_started(cfg.rounds);
+    let result = simulate_tables(
+        method.as_mut(),
+        &tables.train,
+        Some(&test),
+        Params::new(),
         &sim,
         &|p| observer.progress(p),
     );

@@ -101,6 +101,47 @@ fn quickstart_on_bundled_digits() {
 }
 
 #[test]
+fn fedngm_run_writes_each_rounds_traffic_and_held_out_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = run_ok("examples/ngm-synthetic-run.toml", dir.path(), &[]);
+    assert_eq!(results["config"]["table"]["kind"], "synthetic");
+    let rounds = results["rounds"].as_array().unwrap();
+    // Statistics, graphs, one model round.
+    assert_eq!(rounds.len(), 3);
+    for r in rounds {
+        let (up, down) = (
+            r["bytes_up"].as_u64().unwrap(),
+            r["bytes_down"].as_u64().unwrap(),
+        );
+        assert!(
+            up > 0 && down > 0,
+            "round {}: {up} B up, {down} B down",
+            r["round"]
+        );
+        assert!(r["rejected"].as_array().unwrap().is_empty(), "{r}");
+        // The global model is no classifier: NaN, written as null.
+        assert!(r["global_accuracy"].is_null(), "{r}");
+    }
+    // The model round carries 4 clients' models and 2,000 samples of 8 f32 features each.
+    assert!(rounds[2]["bytes_up"].as_u64().unwrap() > 4 * 2000 * 8 * 4);
+    let total: u64 = rounds
+        .iter()
+        .map(|r| r["bytes_up"].as_u64().unwrap() + r["bytes_down"].as_u64().unwrap())
+        .sum();
+    assert_eq!(results["final"]["bytes_total"].as_u64(), Some(total));
+    // The server's held-out RMSE of each feature given the others (unit-variance features).
+    for f in 0..8 {
+        let rmse = rounds[2]["method"][format!("rmse.x{f}")].as_f64().unwrap();
+        assert!(rmse > 0.3 && rmse < 2.0, "x{f}: {rmse}");
+    }
+    let params = fedfuse_core::load_safetensors(&dir.path().join("model.safetensors")).unwrap();
+    assert_eq!(params.tensor_at(0).unwrap().shape, vec![64, 8]);
+    let csv = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4);
+    assert!(!dir.path().join("accuracy_vs_round.png").exists());
+}
+
+#[test]
 fn same_config_and_seed_give_identical_results() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let set = ["--set", "rounds=4", "--set", "clients_per_round=6"];

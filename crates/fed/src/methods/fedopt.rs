@@ -120,7 +120,13 @@ impl ServerStepConfig {
     /// own server state (FedOpt, FedSparse) or change widths (neuron matching) cannot take it.
     pub fn wrap(&self, config: &MethodConfig, method: Box<dyn Method>) -> Result<Box<dyn Method>> {
         if config.matching()
-            || matches!(config, MethodConfig::FedOpt(_) | MethodConfig::FedSparse(_))
+            || matches!(
+                config,
+                MethodConfig::FedOpt(_)
+                    | MethodConfig::FedSparse(_)
+                    | MethodConfig::FedNgm(_)
+                    | MethodConfig::FedNgr(_)
+            )
         {
             return Err(FedError::InvalidSetting {
                 field: "server",

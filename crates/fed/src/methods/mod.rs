@@ -8,6 +8,7 @@ mod feddrop;
 mod fedl1;
 mod fedmedian;
 mod fedmix;
+mod fedngm;
 mod fedopt;
 mod fedprox;
 mod fedsparse;
@@ -21,6 +22,10 @@ pub use feddrop::{FedDrop, FedDropSettings};
 pub use fedl1::{FedL1, FedL1Settings};
 pub use fedmedian::FedMedian;
 pub use fedmix::{FedMix, FedMixSettings};
+pub(crate) use fedngm::member_weights;
+pub use fedngm::{
+    ClientWeighting, FedNgm, FedNgmConfig, FedNgmVariant, FedNgrConfig, GraphSettings, SampleSite,
+};
 pub use fedopt::{FedOpt, FedOptSettings, ServerOptName, ServerStep, ServerStepConfig};
 pub use fedprox::{FedProx, FedProxSettings};
 pub use fedsparse::{FedSparse, FedSparseSettings, PI_TENSOR, SparsityPreset, V_TENSOR, Z_TENSOR};
@@ -89,6 +94,13 @@ pub enum MethodConfig {
     /// GEMS (Guha & Smith): good-enough balls per learner, neurons merged where balls
     /// intersect, one hidden layer per round, then the output layer; MLPs only.
     Gems(GemsSettings),
+    /// FedNGM (note 1.7): neural graphical models over clients' tables, distilled into one
+    /// global model; needs a tabular dataset.
+    #[serde(rename = "fedngm")]
+    FedNgm(FedNgmConfig),
+    /// FedNGR: FedNGM with neural graph revealers, the graph read off the global weights.
+    #[serde(rename = "fedngr")]
+    FedNgr(FedNgrConfig),
 }
 
 /// What building a method may need from the rest of the experiment.
@@ -168,6 +180,14 @@ impl MethodConfig {
             Self::Pfnm(s) => Box::new(s.build_pfnm(&ctx)?),
             Self::GpiFnm(s) => Box::new(s.build_gpi_fnm(&ctx)?),
             Self::Gems(s) => Box::new(s.build(&ctx)?),
+            // The run's seed seeds FedNGM too.
+            Self::FedNgm(cfg) | Self::FedNgr(FedNgrConfig(cfg)) => Box::new(FedNgm::new(
+                FedNgmConfig {
+                    seed: ctx.seed,
+                    ..cfg.clone()
+                },
+                None,
+            )?),
         })
     }
 }

@@ -2,17 +2,22 @@
 //! conditional means, and the CDC infant-death file with client-only features.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
-use fedfuse_core::Params;
+use fedfuse_core::{Params, Record};
 use fedfuse_data::{
     CDC_2015_ZIP, CdcOptions, Ggm, GgmConfig, GraphShape, Table, conditional_mean, load_cdc,
     sample_ggm,
 };
-use fedfuse_fed::FedError;
 use fedfuse_fed::fedngm::{
-    ClientWeighting, FedNgmClient, FedNgmConfig, FedNgmRun, FedNgmVariant, SampleSite, run_fedngm,
-    score_marginal, score_prediction, stitch_client,
+    ClientWeighting, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRun, FedNgmVariant, SampleSite,
+    run_fedngm, score_marginal, score_prediction, stitch_client,
+};
+use fedfuse_fed::{
+    Aggregate, FedAvg, FedError, Method, Reply, RoundMetrics, RunResult, SimConfig, TableContext,
+    simulate, simulate_tables,
 };
 use fedfuse_fuse::{Graph, edge_precision_recall};
 use fedfuse_train::{
@@ -83,7 +88,9 @@ fn clients_of(tables: &[Table]) -> Vec<FedNgmClient<'_>> {
 }
 
 fn run(tables: &[Table], cfg: &FedNgmConfig) -> FedNgmRun {
-    run_fedngm(&clients_of(tables), None, cfg, &|r| eprintln!("{r:?}")).unwrap()
+    let run = run_fedngm(&clients_of(tables), None, cfg, &|_| {}).unwrap();
+    eprintln!("{:?}", run.rounds);
+    run
 }
 
 /// Mean over features of (RMSE predicting it from all others) / (the Bayes RMSE).
@@ -172,6 +179,231 @@ fn fedngm_on_a_ggm_matches_pooled_training_and_beats_every_client() {
     // Same config, same seed: the same global model, bit for bit.
     let again = run(&s.clients, &cfg);
     assert_eq!(again.global, fed.global);
+}
+
+/// FedNGM counting the encoded length of every message it sends and receives, by round, the
+/// way a transport would see them.
+struct Metered {
+    inner: FedNgm,
+    down: Mutex<BTreeMap<usize, u64>>,
+    up: Mutex<BTreeMap<usize, u64>>,
+}
+
+impl Metered {
+    fn new(cfg: &FedNgmConfig) -> Self {
+        Metered {
+            inner: FedNgm::new(cfg.clone(), None).unwrap(),
+            down: Mutex::default(),
+            up: Mutex::default(),
+        }
+    }
+}
+
+fn add(counter: &Mutex<BTreeMap<usize, u64>>, round: usize, record: &Record) {
+    let len = record.encode().unwrap().len() as u64;
+    *counter.lock().unwrap().entry(round).or_default() += len;
+}
+
+impl Method for Metered {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn tabular(&self) -> bool {
+        self.inner.tabular()
+    }
+    fn instruct(
+        &self,
+        round: usize,
+        client: usize,
+        global: &Params,
+    ) -> fedfuse_fed::Result<Record> {
+        let record = self.inner.instruct(round, client, global)?;
+        add(&self.down, round, &record);
+        Ok(record)
+    }
+    fn fit_table(
+        &self,
+        instruction: Record,
+        ctx: &TableContext<'_>,
+    ) -> fedfuse_fed::Result<Record> {
+        let round = instruction.config_f64("server_round").unwrap() as usize;
+        let reply = self.inner.fit_table(instruction, ctx)?;
+        add(&self.up, round, &reply);
+        Ok(reply)
+    }
+    fn check_reply(&self, global: &Params, reply: &Record) -> fedfuse_fed::Result<()> {
+        self.inner.check_reply(global, reply)
+    }
+    fn aggregate(
+        &mut self,
+        round: usize,
+        global: &Params,
+        replies: &[Reply],
+    ) -> fedfuse_fed::Result<Aggregate> {
+        self.inner.aggregate(round, global, replies)
+    }
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        self.inner.round_metrics()
+    }
+    fn evaluate_table(
+        &self,
+        global: &Params,
+        test: &Table,
+    ) -> fedfuse_fed::Result<BTreeMap<String, f64>> {
+        self.inner.evaluate_table(global, test)
+    }
+    fn finished(&self) -> bool {
+        self.inner.finished()
+    }
+}
+
+/// FedNGM through the simulator's round loop, scoring on `test`.
+fn simulated(s: &Synthetic, cfg: &FedNgmConfig) -> (Metered, RunResult) {
+    let mut method = Metered::new(cfg);
+    let sim = SimConfig {
+        rounds: 10,
+        seed: cfg.seed,
+        ..SimConfig::default()
+    };
+    let run = simulate_tables(
+        &mut method,
+        &s.clients,
+        Some(&s.test),
+        Params::new(),
+        &sim,
+        &|_| {},
+    )
+    .unwrap();
+    (method, run)
+}
+
+/// The rounds' metrics without their wall times, as text (NaN equals itself there; every
+/// other value prints its exact bits).
+fn timeless(rounds: &[RoundMetrics]) -> String {
+    let rounds: Vec<RoundMetrics> = rounds
+        .iter()
+        .map(|r| RoundMetrics {
+            seconds: 0.0,
+            ..r.clone()
+        })
+        .collect();
+    format!("{rounds:?}")
+}
+
+#[test]
+fn fedngm_runs_in_the_simulator_with_real_traffic_and_the_same_quality() {
+    let s = synthetic(8, 4, 250, 3);
+    let cfg = FedNgmConfig::default();
+    let (method, run) = simulated(&s, &cfg);
+
+    // Statistics, graphs, one model round, then finished.
+    assert_eq!(run.rounds.len(), cfg.stages());
+    let (down, up) = (
+        method.down.into_inner().unwrap(),
+        method.up.into_inner().unwrap(),
+    );
+    for r in &run.rounds {
+        eprintln!(
+            "round {}: {} B up, {} B down, {:?}",
+            r.round, r.bytes_up, r.bytes_down, r.method
+        );
+        assert!(r.rejected.is_empty(), "{:?}", r.rejected);
+        assert_eq!(r.bytes_down, down[&r.round], "round {}", r.round);
+        assert_eq!(r.bytes_up, up[&r.round], "round {}", r.round);
+        assert!(r.bytes_up > 0 && r.bytes_down > 0, "round {}", r.round);
+        // No classifier to score.
+        assert!(r.global_accuracy.is_nan() && r.global_loss.is_nan());
+    }
+    // The model round carries every client's samples up.
+    assert!(run.rounds[2].bytes_up > (4 * cfg.samples_per_client * 8 * 4) as u64);
+    // The global model's held-out scores, one per feature.
+    let last = &run.rounds[2].method;
+    for name in s.ggm.feature_names() {
+        let rmse = last[&format!("rmse.{name}")];
+        assert!(rmse.is_finite() && rmse > 0.0, "{name}: {rmse}");
+    }
+
+    let names = ["a", "b", "c", "d"];
+    let fed = FedNgmRun::from_simulation(method.inner, run.clone(), &names).unwrap();
+    let m = edge_precision_recall(&fed.consensus, &s.truth).unwrap();
+    assert_eq!(m.recall, 1.0);
+    let (x, means) = pooled_means(&s, &fed);
+    let pooled = fed.ngm.fit(None, &x, &cfg.local).unwrap();
+    let global = rmse_ratio(&s, &fed, &fed.global, &means);
+    let pooled = rmse_ratio(&s, &fed, &pooled.params, &means);
+    let locals: Vec<f64> = fed
+        .locals
+        .iter()
+        .map(|p| rmse_ratio(&s, &fed, p, &means))
+        .collect();
+    eprintln!("simulated: global {global:.3}, pooled {pooled:.3}, locals {locals:.3?}");
+    assert!(global < pooled + 0.02, "global {global} vs pooled {pooled}");
+    assert!(locals.iter().all(|&l| global < l), "{global} vs {locals:?}");
+    assert!(global < 1.05);
+
+    // Same seed: the same run, bit for bit, traffic and scores included.
+    let (_, again) = simulated(&s, &cfg);
+    assert_eq!(again.params, run.params);
+    assert_eq!(timeless(&again.rounds), timeless(&run.rounds));
+}
+
+#[test]
+fn the_simulator_keeps_tables_and_labelled_samples_apart_and_lists_a_failing_client() {
+    let s = synthetic(4, 3, 40, 1);
+    let small = NgmConfig {
+        epochs: 20,
+        ..FedNgmConfig::default().local
+    };
+    let cfg = FedNgmConfig {
+        local: small.clone(),
+        global: small,
+        samples_per_client: 50,
+        ..FedNgmConfig::default()
+    };
+    let sim = SimConfig {
+        rounds: cfg.stages(),
+        ..SimConfig::default()
+    };
+    // FedAvg cannot run on tables, nor FedNGM on labelled samples.
+    let err =
+        simulate_tables(&mut FedAvg, &s.clients, None, Params::new(), &sim, &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("labelled samples"), "{err}");
+    let digits = fedfuse_data::load_dataset("digits", None).unwrap();
+    let spec = fedfuse_core::ModelSpec::mlp(64, &[], 10);
+    let trainer = fedfuse_train::Trainer::new(spec).unwrap();
+    let one = [fedfuse_data::ClientData {
+        train: digits.test.clone(),
+        test: digits.test.clone(),
+    }];
+    let mut fedngm = FedNgm::new(cfg.clone(), None).unwrap();
+    let err = simulate(
+        &mut fedngm,
+        &trainer,
+        &one,
+        &digits.test,
+        Params::new(),
+        &sim,
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("tables"), "{err}");
+
+    // A client with one row is left out in the first round, named with its reason; the others
+    // federate on.
+    let mut tables = s.clients.clone();
+    tables[1] = tables[1].select_rows(&[0]).unwrap();
+    let mut method = FedNgm::new(cfg, None).unwrap();
+    let run = simulate_tables(&mut method, &tables, None, Params::new(), &sim, &|_| {}).unwrap();
+    let first = &run.rounds[0].rejected;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].client, 1);
+    assert!(first[0].reason.contains("1 row(s)"), "{first:?}");
+    assert_eq!(run.rounds.len(), 3);
+    assert!(!run.params.is_empty());
+    let ids: Vec<usize> = method.locals().iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, vec![0, 2]);
+    let err = FedNgmRun::from_simulation(method, run, &["a", "b", "c"]).unwrap_err();
+    assert!(err.to_string().contains("client 1 (`b`)"), "{err}");
 }
 
 #[test]

@@ -32,7 +32,7 @@ use crate::Observer;
 use crate::config::TrainSection;
 use crate::pipeline::client_data;
 use crate::plot::{Chart, Line, write_chart};
-use crate::table::{Stats, Tables, group_first_seen, write_atomic};
+use crate::table::{Stats, Tables, group_first_seen};
 
 /// How the learners' data are made.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -443,12 +443,7 @@ pub fn run(
     data_dir: Option<&Path>,
     observer: &dyn Observer,
 ) -> Result<()> {
-    std::fs::create_dir_all(out)
-        .with_context(|| format!("cannot create output folder {}", out.display()))?;
-    write_atomic(
-        &out.join("experiment.toml"),
-        toml::to_string_pretty(cfg)?.as_bytes(),
-    )?;
+    crate::table::start_output(out, "experiment.toml", cfg)?;
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut rows = Vec::new();

@@ -520,12 +520,7 @@ pub fn run(
     data_dir: Option<&Path>,
     observer: &dyn Observer,
 ) -> Result<()> {
-    std::fs::create_dir_all(out)
-        .with_context(|| format!("cannot create output folder {}", out.display()))?;
-    write_atomic(
-        &out.join("experiment.toml"),
-        toml::to_string_pretty(cfg)?.as_bytes(),
-    )?;
+    crate::table::start_output(out, "experiment.toml", cfg)?;
     let dir = data_dir
         .map(Path::to_path_buf)
         .or_else(|| cfg.data_dir.clone())

@@ -17,10 +17,7 @@ use crate::pipeline::{ClientTables, GgmTables, cdc_tables, client_data, ggm_tabl
 /// Runs the experiment of `cfg`, writing the resolved config, results.json, metrics.csv, the
 /// final model and the plots under `out`.
 pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResult> {
-    std::fs::create_dir_all(out)
-        .with_context(|| format!("cannot create output folder {}", out.display()))?;
-    let resolved = toml::to_string_pretty(cfg).context("cannot serialise the resolved config")?;
-    crate::table::write_atomic(&out.join("config.toml"), resolved.as_bytes())?;
+    crate::table::start_output(out, "config.toml", cfg)?;
 
     let result = federate(cfg, observer)?;
 

@@ -527,12 +527,7 @@ pub fn run(
     data_dir: Option<&Path>,
     observer: &dyn Observer,
 ) -> Result<()> {
-    std::fs::create_dir_all(out)
-        .with_context(|| format!("cannot create output folder {}", out.display()))?;
-    write_atomic(
-        &out.join("sweep.toml"),
-        toml::to_string_pretty(cfg)?.as_bytes(),
-    )?;
+    crate::table::start_output(out, "sweep.toml", cfg)?;
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut settings = Vec::new();

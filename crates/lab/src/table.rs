@@ -114,6 +114,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// Creates the output folder `out` and records the settings that produced it as `file` (TOML),
+/// so a folder always says what it holds.
+pub fn start_output<T: serde::Serialize>(out: &Path, file: &str, settings: &T) -> Result<()> {
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("cannot create output folder {}", out.display()))?;
+    let text = toml::to_string_pretty(settings).context("cannot serialise the settings")?;
+    write_atomic(&out.join(file), text.as_bytes())
+}
+
 /// The three tables of an experiment, written together into its output folder.
 pub struct Tables {
     /// One row per seed (and round, where there are rounds).

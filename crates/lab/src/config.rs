@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{CdcSplit, PartitionSpec};
 use fedfuse_fed::{
@@ -493,7 +493,7 @@ impl Config {
         self.train
             .to_train_config()
             .check()
-            .map_err(anyhow::Error::from)?;
+            .map_err(crate::LabError::from)?;
         if let Some(f) = dataset.validation_fraction
             && !(0.0..1.0).contains(&f)
         {
@@ -529,7 +529,7 @@ impl Config {
                 validation: Some(std::sync::Arc::new(validation)),
                 ..BuildContext::default()
             })
-            .map_err(anyhow::Error::from)?;
+            .map_err(crate::LabError::from)?;
         if let Some(server) = &self.server {
             server.wrap(&self.method, method)?;
         }
@@ -588,7 +588,7 @@ impl Config {
         }
         self.method
             .build_with(BuildContext::default())
-            .map_err(anyhow::Error::from)?;
+            .map_err(crate::LabError::from)?;
         Ok(())
     }
 
@@ -835,6 +835,17 @@ name = "fedngm"
         assert!(err(TABLE, &["table={kind=\"cdc\"}"]).contains("set `clients = 3`"));
         assert!(err(TABLE, &["table.features=1"]).contains("features >= 2"));
         assert!(err(TABLE, &["method.samples_per_client=0"]).contains("samples"));
+        // Settings FedNGM would ignore are refused: runs have no public rows, the global
+        // model has the local architecture, and seeds come from the run's.
+        assert!(err(TABLE, &["method.gamma=2"]).contains("has none"));
+        let hidden = err(TABLE, &["method.global={hidden=[8]}"]);
+        assert!(hidden.contains("set `local.hidden`"), "{hidden}");
+        assert!(err(TABLE, &["method.local={seed=3}"]).contains("derived from the run"));
+        let small = Config::parse(TABLE, &["method.local={hidden=[8]}".into()]).unwrap();
+        assert_eq!(
+            small.tabular().map(|c| c.local.hidden.clone()),
+            Some(vec![8])
+        );
         // Classifiers need [dataset] and [model]; a table is not for them.
         assert!(err(BASE, &["method.name=fedngm"]).contains("[table]"));
         let fedavg_on_table = err(TABLE, &["method={name=\"fedavg\"}"]);

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{
     ClientData, Dataset, PartitionSpec, holdout, load_dataset, map_labels, permute_features,

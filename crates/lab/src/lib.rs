@@ -7,12 +7,13 @@
 //! let cfg = fedfuse_lab::Config::load("examples/quickstart.toml".as_ref(), &[])?;
 //! let result = fedfuse_lab::run::federate(&cfg, &fedfuse_lab::Silent)?;
 //! println!("{:.3}", result.rounds.last().map_or(0.0, |r| r.global_accuracy));
-//! # Ok::<(), anyhow::Error>(())
+//! # Ok::<(), fedfuse_lab::LabError>(())
 //! ```
 #![deny(missing_docs)]
 
 pub mod compare;
 pub mod config;
+pub mod error;
 pub mod gems;
 pub mod ngm;
 pub mod oneshot;
@@ -24,6 +25,7 @@ pub mod sweep;
 pub mod table;
 
 pub use config::Config;
+pub use error::LabError;
 use fedfuse_fed::Progress;
 
 /// What an experiment reports while it runs. The binary draws progress bars and prints the

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use fedfuse_core::Params;
 use fedfuse_data::{CdcExtra, CdcOptions, Table, conditional_mean};
 use fedfuse_fed::fedngm::{

@@ -7,7 +7,7 @@ use fedfuse_data::ClientData;
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rayon::prelude::*;
 
-use anyhow::{Result, bail};
+use crate::error::{Result, bail};
 use fedfuse_fed::{Reply, derive_seed, put_class_counts};
 
 /// Where the clients' local training starts.

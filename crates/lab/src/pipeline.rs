@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use fedfuse_data::{
     CDC_2015_ZIP, CdcOptions, ClientData, Dataset, Ggm, GgmConfig, GraphShape, PartitionSpec,
     Table, client_splits, holdout, load_cdc, partition, sample_ggm,

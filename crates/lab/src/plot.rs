@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Once;
 
-use anyhow::{Result, anyhow};
+use crate::error::{LabError, Result};
 use fedfuse_fed::RoundMetrics;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -52,7 +52,10 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &Chart) -> Result<(
 where
     DB::ErrorType: 'static,
 {
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("plot `{}`: {e:?}", c.title);
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| LabError::Plot {
+        title: c.title.clone(),
+        reason: format!("{e:?}"),
+    };
     root.fill(&WHITE).map_err(err)?;
     let all = || c.lines.iter().flat_map(|l| l.points.iter());
     let x_max = all().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);

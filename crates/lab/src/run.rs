@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use fedfuse_core::Params;
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_fed::{BuildContext, RunResult, SimConfig, derive_seed, simulate, simulate_tables};

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Context, Result, bail};
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{Dataset, PartitionSpec, load_dataset};
 use fedfuse_fed::{
@@ -351,7 +351,7 @@ impl Sweep<'_> {
                     spec: Some(spec.clone()),
                     validation: self.validation.clone(),
                 })
-                .map_err(anyhow::Error::from)
+                .map_err(crate::LabError::from)
             })
             .transpose()
     }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 
 /// Mean and sample standard deviation of a non-empty slice (0 for one value).
 pub fn mean_std(v: &[f64]) -> (f64, f64) {

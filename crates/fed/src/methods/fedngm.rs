@@ -114,14 +114,20 @@ pub struct FedNgmConfig {
     /// Client graph recovery (FedNGM only).
     pub graph: GraphSettings,
     /// Local training. Its `hidden` fixes the architecture of every model, the global one
-    /// included; its `seed` is ignored (derived from [`seed`](Self::seed) per client and
-    /// round). Keys left out of a config file take FedNGM's defaults (one hidden layer of
-    /// 64, 1000 epochs, lr 0.01), not those of a bare NGM.
-    #[serde(deserialize_with = "ngm_over_defaults")]
+    /// included; its `seed` is derived from [`seed`](Self::seed) per client and round, so a
+    /// config file may not set it. Keys left out of a config file take FedNGM's defaults (one
+    /// hidden layer of 64, 1000 epochs, lr 0.01), not those of a bare NGM.
+    #[serde(
+        deserialize_with = "local_over_defaults",
+        serialize_with = "serialize_local"
+    )]
     pub local: NgmConfig,
-    /// The server's distillation. `hidden` and `seed` are ignored as for `local`; missing
-    /// keys default as for `local`.
-    #[serde(deserialize_with = "ngm_over_defaults")]
+    /// The server's distillation. Its architecture is `local.hidden` and its seed derived as
+    /// for `local`, so a config file may set neither; missing keys default as for `local`.
+    #[serde(
+        deserialize_with = "global_over_defaults",
+        serialize_with = "serialize_global"
+    )]
     pub global: NgmConfig,
     /// Rounds of local training and distillation; rounds after the first warm-start the
     /// clients from the global model. The federation runs two set-up rounds before them.
@@ -137,8 +143,9 @@ pub struct FedNgmConfig {
     pub sample: SampleConfig,
     /// Weights of the client models in the distillation targets.
     pub weighting: ClientWeighting,
-    /// Weight of the reconstruction loss on public rows, when there are any.
-    pub gamma: f64,
+    /// Weight of the reconstruction loss on public rows (1 when not given). Setting it
+    /// without public rows is an error, not a silent no-op.
+    pub gamma: Option<f64>,
     /// FedNGR: fraction of feature pairs read off the global weights as edges.
     pub ngr_sparsity: f64,
     /// Seeds every random choice of the run. In a run config the run's `seed` replaces it.
@@ -156,13 +163,75 @@ pub(crate) fn fedngm_ngm_defaults() -> NgmConfig {
     }
 }
 
-/// Reads an [`NgmConfig`] whose missing keys come from [`fedngm_ngm_defaults`] (unknown keys
-/// are still refused).
+/// Keys of an [`NgmConfig`] that FedNGM sets itself: every model's architecture is
+/// `local.hidden`, and every seed is derived from the run's.
+const DERIVED_KEYS: [(&str, &str); 2] = [
+    (
+        "hidden",
+        "the global model has the local models' architecture: set `local.hidden`",
+    ),
+    (
+        "seed",
+        "seeds are derived from the run's `seed` per client and round",
+    ),
+];
+
+fn local_over_defaults<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<NgmConfig, D::Error> {
+    ngm_over_defaults(deserializer, &DERIVED_KEYS[1..])
+}
+
+fn global_over_defaults<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<NgmConfig, D::Error> {
+    ngm_over_defaults(deserializer, &DERIVED_KEYS)
+}
+
+fn serialize_local<S: serde::Serializer>(
+    cfg: &NgmConfig,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    serialize_without(cfg, &DERIVED_KEYS[1..], serializer)
+}
+
+fn serialize_global<S: serde::Serializer>(
+    cfg: &NgmConfig,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    serialize_without(cfg, &DERIVED_KEYS, serializer)
+}
+
+/// Writes an [`NgmConfig`] without the keys FedNGM derives, so a written config reads back.
+fn serialize_without<S: serde::Serializer>(
+    cfg: &NgmConfig,
+    derived: &[(&str, &str)],
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::Error;
+    let mut map = match serde_json::to_value(cfg) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => return Err(S::Error::custom("cannot lay out the NGM settings")),
+    };
+    for (key, _) in derived {
+        map.remove(*key);
+    }
+    map.serialize(serializer)
+}
+
+/// Reads an [`NgmConfig`] whose missing keys come from [`fedngm_ngm_defaults`]; unknown keys
+/// and the `refused` ones (with why) are errors.
 fn ngm_over_defaults<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
+    refused: &[(&str, &str)],
 ) -> std::result::Result<NgmConfig, D::Error> {
     use serde::de::Error;
     let given = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
+    if let Some((key, why)) = refused.iter().find(|(k, _)| given.contains_key(*k)) {
+        return Err(D::Error::custom(format!(
+            "`{key}` cannot be set here: {why}"
+        )));
+    }
     let mut merged = match serde_json::to_value(fedngm_ngm_defaults()) {
         Ok(serde_json::Value::Object(m)) => m,
         _ => return Err(D::Error::custom("cannot lay out the NGM defaults")),
@@ -187,7 +256,7 @@ impl Default for FedNgmConfig {
                 ..SampleConfig::default()
             },
             weighting: ClientWeighting::Uniform,
-            gamma: 1.0,
+            gamma: None,
             ngr_sparsity: 1.0 / 3.0,
             seed: 0,
         }
@@ -207,8 +276,8 @@ impl FedNgmConfig {
                 "0 samples: the global model would have nothing to learn from".into(),
             );
         }
-        if !(self.gamma.is_finite() && self.gamma >= 0.0) {
-            return bad("fedngm.gamma", format!("{} is not >= 0", self.gamma));
+        if let Some(gamma) = self.gamma.filter(|g| !(g.is_finite() && *g >= 0.0)) {
+            return bad("fedngm.gamma", format!("{gamma} is not >= 0"));
         }
         if !(0.0..=1.0).contains(&self.ngr_sparsity) {
             return bad(
@@ -389,6 +458,12 @@ impl FedNgm {
     /// FedNGM with `cfg`, and optional `public` rows for the server's distillation.
     pub fn new(cfg: FedNgmConfig, public: Option<Table>) -> Result<Self> {
         cfg.check()?;
+        if cfg.gamma.is_some() && public.is_none() {
+            return Err(FedError::InvalidSetting {
+                field: "fedngm.gamma",
+                reason: "weighs the loss on public rows, and this run has none; remove it".into(),
+            });
+        }
         Ok(Self {
             cfg,
             public,
@@ -628,7 +703,7 @@ impl FedNgm {
             inputs: &samples,
             targets: &targets,
             public: shared.public_x.as_deref(),
-            gamma: cfg.gamma,
+            gamma: cfg.gamma.unwrap_or(1.0),
         };
         // Round 1 distils from scratch; later rounds refine the global model.
         let start = (round > 1 && !global.is_empty()).then_some(global);

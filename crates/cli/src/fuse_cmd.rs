@@ -1,14 +1,13 @@
-//! `fedfuse fuse`: one-shot fusion of pre-trained MLPs from safetensors or npz files.
+//! `fedfuse fuse`: one-shot fusion of pre-trained MLPs from safetensors or npz files; the
+//! fusion itself is [`fedfuse_lab::fusion`], which Python's `fedfuse.fuse` calls too.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use fedfuse_core::{ModelSpec, Params, load_params, save_safetensors};
-use fedfuse_fuse::{PfnmConfig, pfnm_fuse, weighted_mean_params};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
-use serde::Serialize;
+use fedfuse_core::{load_params, params_to_safetensors};
+use fedfuse_fuse::PfnmConfig;
+use fedfuse_lab::fusion::{self, FuseMethod as Method};
 
 /// Fusion methods for files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -37,63 +36,15 @@ pub struct FuseArgs {
     pub seed: u64,
 }
 
-/// Widths of the MLP in `p`, input first; errors name the file.
-fn mlp_widths(p: &Params, file: &Path) -> Result<Vec<usize>> {
-    let context = || {
-        format!(
-            "{}: not an MLP of PyTorch nn.Linear layers (`layers.{{i}}.weight` [out, in] and \
-             `layers.{{i}}.bias`)",
-            file.display()
-        )
-    };
-    ModelSpec::infer_mlp(p)
-        .with_context(context)?
-        .mlp_widths()
-        .with_context(context)
-}
-
-#[derive(Serialize)]
-struct LayerAssignments {
-    layer: usize,
-    global_units: usize,
-    /// Client -> local unit -> global unit.
-    assignments: Vec<Vec<usize>>,
-}
-
-#[derive(Serialize)]
-struct AssignmentsFile<'a> {
-    method: &'static str,
-    clients: Vec<String>,
-    input_widths: &'a [Vec<usize>],
-    fused_widths: Vec<usize>,
-    layers: Vec<LayerAssignments>,
-}
-
-fn read_class_counts(path: &Path, clients: usize, classes: usize) -> Result<Vec<Vec<f64>>> {
+fn read_class_counts(path: &Path) -> Result<Vec<Vec<f64>>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read class counts {}", path.display()))?;
-    let counts: Vec<Vec<f64>> = serde_json::from_str(&text).with_context(|| {
+    serde_json::from_str(&text).with_context(|| {
         format!(
-            "{}: expected a JSON list with one list of {classes} class counts per client",
+            "{}: expected a JSON list with one list of class counts per client",
             path.display()
         )
-    })?;
-    if counts.len() != clients {
-        bail!(
-            "{}: {} count lists for {clients} client files",
-            path.display(),
-            counts.len()
-        );
-    }
-    for (j, c) in counts.iter().enumerate() {
-        if c.len() != classes || c.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
-            bail!(
-                "{}: entry {j} must hold {classes} non-negative counts, got {c:?}",
-                path.display()
-            );
-        }
-    }
-    Ok(counts)
+    })
 }
 
 /// Runs `fedfuse fuse`.
@@ -102,109 +53,37 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
         bail!("no client files given");
     }
     let mut models = Vec::with_capacity(args.inputs.len());
-    let mut widths = Vec::with_capacity(args.inputs.len());
     for file in &args.inputs {
         let p = load_params(file).with_context(|| format!("client model {}", file.display()))?;
-        p.check_finite()
-            .with_context(|| format!("client model {}", file.display()))?;
-        widths.push(mlp_widths(&p, file)?);
-        models.push(p);
+        models.push((file.display().to_string(), p));
     }
-    let (first_in, first_out) = (widths[0][0], widths[0][widths[0].len() - 1]);
-    for (w, file) in widths.iter().zip(&args.inputs) {
-        if w[0] != first_in || w[w.len() - 1] != first_out || w.len() != widths[0].len() {
-            bail!(
-                "{}: widths {w:?} do not fit {}'s {:?}: clients must share inputs, outputs and depth",
-                file.display(),
-                args.inputs[0].display(),
-                widths[0]
-            );
-        }
-    }
-    let counts = args
-        .class_counts
-        .as_deref()
-        .map(|p| read_class_counts(p, models.len(), first_out))
-        .transpose()?;
-    let refs: Vec<&Params> = models.iter().collect();
-    let names: Vec<String> = args
-        .inputs
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    let (fused, layers, method) = match args.method {
-        FuseMethod::Pfnm | FuseMethod::GpiFnm => {
-            let method = if args.method == FuseMethod::Pfnm {
-                if args.pfnm.eps != 0.0 {
-                    bail!("--eps is GPI-FNM's coefficient: use --method gpi-fnm");
-                }
-                "pfnm"
-            } else {
-                if args.pfnm.eps <= 0.0 {
-                    bail!(
-                        "--method gpi-fnm needs --eps E > 0 (eps = 0 is PFNM); to choose eps on \
-                         validation data, run the federation with method `gpi-fnm`"
-                    );
-                }
-                "gpi-fnm"
-            };
-            args.pfnm.check()?;
-            let mut rng = StdRng::seed_from_u64(args.seed);
-            let fused = pfnm_fuse(&refs, counts.as_deref(), &args.pfnm, &mut rng).map_err(|e| {
-                anyhow::anyhow!(
-                    "{e} (clients are numbered in the order given: {})",
-                    names.join(", ")
-                )
-            })?;
-            let layers = fused
-                .assignments
-                .into_iter()
-                .enumerate()
-                .map(|(layer, assignments)| LayerAssignments {
-                    layer,
-                    global_units: fused
-                        .params
-                        .get(&format!("layers.{layer}.bias"))
-                        .map_or(0, |b| b.data.len()),
-                    assignments,
-                })
-                .collect();
-            (fused.params, layers, method)
-        }
-        FuseMethod::Fedavg => {
-            for (w, file) in widths.iter().zip(&args.inputs) {
-                if *w != widths[0] {
-                    bail!(
-                        "{}: widths {w:?} differ from {:?}; fedavg needs identical shapes (use --method pfnm)",
-                        file.display(),
-                        widths[0]
-                    );
-                }
-            }
-            let weights: Vec<f64> = match &counts {
-                Some(c) => c.iter().map(|v| v.iter().sum()).collect(),
-                None => vec![1.0; refs.len()],
-            };
-            let pairs: Vec<(&Params, f64)> = refs.iter().copied().zip(weights).collect();
-            (weighted_mean_params(&pairs)?, Vec::new(), "fedavg")
-        }
+    let counts = match &args.class_counts {
+        Some(path) => Some(read_class_counts(path)?),
+        None => None,
     };
-    let fused_widths = mlp_widths(&fused, &args.out)?;
-    save_safetensors(&fused, &args.out)?;
+    let method = match args.method {
+        FuseMethod::Pfnm => Method::Pfnm,
+        FuseMethod::GpiFnm => Method::GpiFnm,
+        FuseMethod::Fedavg => Method::FedAvg,
+    };
+    let fused = fusion::fuse(&models, method, counts.as_deref(), &args.pfnm, args.seed)
+        .with_context(|| match &args.class_counts {
+            Some(path) => format!("class counts from {}", path.display()),
+            None => "fusing the client files".to_string(),
+        })?;
+    let bytes = params_to_safetensors(&fused.params, Default::default())?;
+    fedfuse_lab::table::write_atomic(&args.out, &bytes)?;
     let assignments_path = args.out.with_extension("assignments.json");
-    let report = AssignmentsFile {
-        method,
-        clients: names,
-        input_widths: &widths,
-        fused_widths: fused_widths.clone(),
-        layers,
-    };
-    std::fs::write(&assignments_path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", assignments_path.display()))?;
+    fedfuse_lab::table::write_atomic(
+        &assignments_path,
+        serde_json::to_string_pretty(&fused)?.as_bytes(),
+    )?;
     eprintln!(
-        "fused {} clients with {method}: widths {:?} -> {fused_widths:?}; wrote {} and {}",
+        "fused {} clients with {}: widths {:?} -> {:?}; wrote {} and {}",
         models.len(),
-        widths[0],
+        fused.method,
+        fused.input_widths[0],
+        fused.fused_widths,
         args.out.display(),
         assignments_path.display()
     );

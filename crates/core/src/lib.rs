@@ -27,6 +27,7 @@
 
 mod error;
 mod features;
+pub mod flower;
 pub mod groups;
 mod io;
 mod npz;
@@ -39,7 +40,7 @@ pub use error::{CoreError, Result};
 pub use features::{BlockAggregate, BlockKind, FeatureBlock, block_scores};
 pub use groups::{GroupLayout, GroupedLayer, GroupedRows};
 pub use io::{load_safetensors, params_from_safetensors, params_to_safetensors, save_safetensors};
-pub use npz::{load_npz, load_params, params_from_npz};
+pub use npz::{decode_npy_array, encode_npy, load_npz, load_params, params_from_npz};
 pub use params::{Params, Tensor};
 pub use record::{ConfigValue, Record};
 pub use spec::{Activation, ModelSpec, ParamShape};

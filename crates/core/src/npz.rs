@@ -120,6 +120,35 @@ fn in_file(e: CoreError, path: &Path) -> CoreError {
     }
 }
 
+/// One `.npy` file (what `numpy.save` writes) of a row-major f32 array: the
+/// bytes a Flower `Array` of `stype` `numpy.ndarray` carries.
+pub fn encode_npy(shape: &[usize], values: &[f32]) -> Result<Vec<u8>> {
+    use npyz::WriterBuilder;
+    let shape: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+    let fail = |e: std::io::Error| CoreError::Decode {
+        what: "npy array".into(),
+        reason: e.to_string(),
+    };
+    let mut out = Vec::with_capacity(128 + 4 * values.len());
+    let mut writer = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(&mut out)
+        .begin_nd()
+        .map_err(fail)?;
+    writer.extend(values.iter().copied()).map_err(fail)?;
+    writer.finish().map_err(fail)?;
+    Ok(out)
+}
+
+/// Shape (row-major) and values of one `.npy` array, checked before anything is allocated.
+pub fn decode_npy_array(bytes: &[u8]) -> Result<(Vec<usize>, Vec<f32>)> {
+    decode_npy(bytes).map_err(|reason| CoreError::Decode {
+        what: "npy array".into(),
+        reason,
+    })
+}
+
 /// Shape (row-major) and values of one `.npy` array.
 fn decode_npy(bytes: &[u8]) -> std::result::Result<(Vec<usize>, Vec<f32>), String> {
     let (text_start, data_start) = header_bounds(bytes)?;

@@ -654,6 +654,23 @@ impl View for Wire<'_> {
     }
 }
 
+/// `t` as a sparse blob when that is smaller than dense f32, counting its values against
+/// `budget` (the decoder's [`MAX_SPARSE_VALUES`] per record); `None` to send it dense.
+pub fn blob_if_smaller(t: &Tensor, budget: &mut usize) -> Option<Vec<u8>> {
+    let n = t.data.len();
+    let nonzeros = t.data.iter().filter(|v| v.to_bits() != 0).count();
+    // With every value stored, a blob only adds its index and header.
+    if n > *budget || nonzeros == n {
+        return None;
+    }
+    let plan = Plan::new(t);
+    if plan.blob_len(t) >= n.saturating_mul(4) {
+        return None;
+    }
+    *budget -= n;
+    Some(plan.write(t).bytes)
+}
+
 /// Encodes `params` with each tensor dense or sparse, whichever is smaller, and `metadata` in
 /// the header.
 pub(crate) fn params_to_container(
@@ -669,23 +686,12 @@ pub(crate) fn params_to_container(
     let mut budget = MAX_SPARSE_VALUES;
     let mut views = Vec::with_capacity(params.len());
     for (name, t) in params.iter() {
-        let n = t.data.len();
-        let nonzeros = t.data.iter().filter(|v| v.to_bits() != 0).count();
-        // With every value stored, a blob only adds its index and header.
-        let wire = if n <= budget && nonzeros < n {
-            let plan = Plan::new(t);
-            if plan.blob_len(t) < n.saturating_mul(4) {
-                budget -= n;
-                let bytes = plan.write(t).bytes;
-                Wire::Blob {
-                    shape: [bytes.len()],
-                    bytes,
-                }
-            } else {
-                Wire::Dense(t)
-            }
-        } else {
-            Wire::Dense(t)
+        let wire = match blob_if_smaller(t, &mut budget) {
+            Some(bytes) => Wire::Blob {
+                shape: [bytes.len()],
+                bytes,
+            },
+            None => Wire::Dense(t),
         };
         views.push((name.to_string(), wire));
     }

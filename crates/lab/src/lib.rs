@@ -14,6 +14,7 @@
 pub mod compare;
 pub mod config;
 pub mod error;
+pub mod fusion;
 pub mod gems;
 pub mod ngm;
 pub mod oneshot;

@@ -258,7 +258,7 @@ fn gpi_fnm_fuses_npz_files_as_in_memory() {
 
     // eps belongs to GPI-FNM, and GPI-FNM needs one.
     let o = run(&["--method", "gpi-fnm"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--eps"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("eps > 0"));
     let o = run(&["--method", "pfnm", "--eps", "0.1"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("gpi-fnm"));
     let pt = dir.path().join("model.pt");

@@ -25,7 +25,8 @@ mod simulator;
 
 pub use error::{FedError, Result};
 pub use method::{
-    Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, Reply, TableContext, standard_fit,
+    Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, PROXIMAL_MU, Reply, SERVER_ROUND,
+    TableContext, standard_fit,
 };
 pub use methods::put_class_counts;
 pub use methods::{
@@ -39,6 +40,6 @@ pub use methods::{
 };
 pub use seed::derive_seed;
 pub use simulator::{
-    ClientsPerRound, Progress, Rejection, RoundMetrics, RunResult, SimConfig, simulate,
-    simulate_tables,
+    ClientsPerRound, Progress, Rejection, RoundMetrics, RoundState, RoundTally, RunResult, Sampler,
+    SimConfig, client_step, evaluate_classifier, simulate, simulate_tables,
 };

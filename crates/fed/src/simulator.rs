@@ -216,25 +216,14 @@ fn client_task(
         Population::Labelled {
             trainer, clients, ..
         } => {
-            let data = &clients[id];
             let ctx = ClientContext {
                 id,
-                data,
+                data: &clients[id],
                 trainer,
                 train,
                 seed,
             };
-            received
-                .and_then(|received| method.fit(received, &ctx))
-                .map(|mut reply| {
-                    if local_eval
-                        && !reply.metrics.contains_key(LOCAL_ACCURACY)
-                        && let Some(acc) = own_accuracy(&reply.params, data, trainer)
-                    {
-                        reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
-                    }
-                    reply
-                })
+            received.and_then(|received| client_step(method, received, &ctx, local_eval))
         }
         Population::Tables { clients, .. } => {
             let ctx = TableContext {
@@ -250,6 +239,25 @@ fn client_task(
         down: down.len(),
         up,
     }
+}
+
+/// A client's whole step on an instruction: the method's local procedure, plus, when
+/// `local_eval` is on, the accuracy of its upload on its own test split (unless the method
+/// reported one). The simulator and a client on Flower both run exactly this.
+pub fn client_step(
+    method: &dyn Method,
+    instruction: Record,
+    ctx: &ClientContext<'_>,
+    local_eval: bool,
+) -> Result<Record> {
+    let mut reply = method.fit(instruction, ctx)?;
+    if local_eval
+        && !reply.metrics.contains_key(LOCAL_ACCURACY)
+        && let Some(acc) = own_accuracy(&reply.params, ctx.data, ctx.trainer)
+    {
+        reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
+    }
+    Ok(reply)
 }
 
 /// The accuracy of a client's uploaded model on its own test split, as the client would
@@ -332,6 +340,32 @@ pub fn simulate_tables(
     )
 }
 
+/// Which clients take part in each round: `cfg.clients_per_round` of `n` drawn with the run's
+/// seed, in increasing order. The simulator and the Flower strategy draw the same sequence.
+pub struct Sampler {
+    rng: StdRng,
+    n: usize,
+    k: usize,
+}
+
+impl Sampler {
+    /// The sampler of a run of `cfg` over `n` clients.
+    pub fn new(cfg: &SimConfig, n: usize) -> Result<Self> {
+        Ok(Self {
+            rng: StdRng::seed_from_u64(cfg.seed),
+            n,
+            k: cfg.sample_size(n)?,
+        })
+    }
+
+    /// The next round's clients, in increasing order.
+    pub fn next_round(&mut self) -> Vec<usize> {
+        let mut sampled = rand::seq::index::sample(&mut self.rng, self.n, self.k).into_vec();
+        sampled.sort_unstable();
+        sampled
+    }
+}
+
 /// The round loop shared by [`simulate`] and [`simulate_tables`].
 fn run_rounds(
     method: &mut dyn Method,
@@ -347,14 +381,12 @@ fn run_rounds(
             reason: "no clients to federate".into(),
         });
     }
-    let k = cfg.sample_size(n_clients)?;
+    let mut sampler = Sampler::new(cfg, n_clients)?;
     let mut global = init;
     let mut rounds = Vec::with_capacity(cfg.rounds);
-    let mut rng = StdRng::seed_from_u64(cfg.seed);
     for round in 1..=cfg.rounds {
         let started = Instant::now();
-        let mut sampled = rand::seq::index::sample(&mut rng, n_clients, k).into_vec();
-        sampled.sort_unstable();
+        let sampled = sampler.next_round();
         progress(Progress::RoundStart {
             round,
             clients: sampled.len(),
@@ -362,17 +394,12 @@ fn run_rounds(
 
         // Methods with a streaming server step fold replies chunk by chunk, in sampled order
         // (so results do not depend on thread count); the others get all replies at once.
-        let mut fold = method.fold();
-        let chunk = if fold.is_some() {
+        let mut state = RoundState::new(method, round, sampled.len());
+        let chunk = if state.folds() {
             FOLD_CHUNK_PER_THREAD * rayon::current_num_threads()
         } else {
             sampled.len()
         };
-        let (mut bytes_up, mut bytes_down) = (0u64, 0u64);
-        let (mut loss_sum, mut examples, mut accepted) = (0.0f64, 0.0f64, 0usize);
-        let (mut own_sum, mut own_count) = (0.0f64, 0usize);
-        let mut replies = Vec::new();
-        let mut rejected = Vec::new();
         for ids in sampled.chunks(chunk.max(1)) {
             let shared: &dyn Method = method;
             let outcomes: Vec<(usize, Exchange)> = ids
@@ -392,51 +419,15 @@ fn run_rounds(
                 })
                 .collect();
             for (client, ex) in outcomes {
-                bytes_down += ex.down as u64;
-                let checked = ex.up.and_then(|up| {
-                    bytes_up += up.len() as u64;
+                state.count_down(ex.down);
+                let reply = ex.up.and_then(|up| {
                     let record = Record::decode(&up)?;
-                    method.check_reply(&global, &record)?;
-                    Ok(record)
+                    Ok((record, up.len()))
                 });
-                let record = match checked {
-                    Ok(record) => record,
-                    Err(e) => {
-                        rejected.push(Rejection {
-                            client,
-                            reason: e.to_string(),
-                        });
-                        continue;
-                    }
-                };
-                if let Some(acc) = record.metrics.get(LOCAL_ACCURACY) {
-                    own_sum += acc;
-                    own_count += 1;
-                }
-                let n = record.num_examples as f64;
-                if let Some(loss) = record.metrics.get("train_loss") {
-                    loss_sum += loss * n;
-                    examples += n;
-                }
-                accepted += 1;
-                let reply = Reply { client, record };
-                match fold.as_mut() {
-                    Some(f) => f.add(reply)?,
-                    None => replies.push(reply),
-                }
+                state.offer(method, &global, client, reply)?;
             }
         }
-        let train_loss = loss_sum / examples.max(1.0);
-        let next = match fold {
-            Some(f) if accepted > 0 => f.finish(round, &global)?,
-            None if accepted > 0 => method.aggregate(round, &global, &replies)?,
-            _ => Aggregate::Keep,
-        };
-        if let Aggregate::Replace(next) = next {
-            global = next;
-        }
-        drop(replies);
-
+        let tally = state.finish(method, &mut global)?;
         let mut method_metrics = method.round_metrics();
         let (global_accuracy, global_loss, local_accuracy_mean) = match population {
             Population::Labelled {
@@ -457,25 +448,12 @@ fn run_rounds(
                 (f64::NAN, f64::NAN, f64::NAN)
             }
         };
-        let metrics = RoundMetrics {
-            round,
-            global_accuracy,
-            global_loss,
-            local_accuracy_mean,
-            client_accuracy_mean: if own_count > 0 {
-                own_sum / own_count as f64
-            } else {
-                f64::NAN
-            },
-            train_loss,
-            bytes_up,
-            bytes_down,
-            global_params: global.num_values(),
-            clients: sampled.len(),
-            rejected,
-            method: method_metrics,
-            seconds: started.elapsed().as_secs_f64(),
-        };
+        let metrics = tally.metrics(
+            &global,
+            (global_accuracy, global_loss, local_accuracy_mean),
+            method_metrics,
+            started,
+        );
         progress(Progress::RoundEnd(&metrics));
         rounds.push(metrics);
         if method.finished() {
@@ -488,9 +466,170 @@ fn run_rounds(
     })
 }
 
+/// The server's side of one round: each reply checked, folded in the order offered (the
+/// simulator and the Flower strategy both offer in client-slot order), traffic and the
+/// clients' figures tallied. The simulator and `fedfuse.flwr.Strategy` both run exactly this.
+pub struct RoundState {
+    round: usize,
+    clients: usize,
+    fold: Option<Box<dyn crate::Fold>>,
+    replies: Vec<Reply>,
+    bytes_up: u64,
+    bytes_down: u64,
+    loss_sum: f64,
+    examples: f64,
+    accepted: usize,
+    own_sum: f64,
+    own_count: usize,
+    rejected: Vec<Rejection>,
+}
+
+impl RoundState {
+    /// Round `round` with `clients` sampled clients.
+    pub fn new(method: &dyn Method, round: usize, clients: usize) -> Self {
+        Self {
+            round,
+            clients,
+            fold: method.fold(),
+            replies: Vec::new(),
+            bytes_up: 0,
+            bytes_down: 0,
+            loss_sum: 0.0,
+            examples: 0.0,
+            accepted: 0,
+            own_sum: 0.0,
+            own_count: 0,
+            rejected: Vec::new(),
+        }
+    }
+
+    /// Whether the method folds replies as they come (so callers may offer them in chunks).
+    pub fn folds(&self) -> bool {
+        self.fold.is_some()
+    }
+
+    /// Counts an instruction of `bytes` sent to a client.
+    pub fn count_down(&mut self, bytes: usize) {
+        self.bytes_down += bytes as u64;
+    }
+
+    /// A client's decoded reply and its size on the wire, or why there is none. A failed or
+    /// malformed reply is listed in the round's rejections; only the method's own fold can
+    /// fail the round.
+    pub fn offer(
+        &mut self,
+        method: &dyn Method,
+        global: &Params,
+        client: usize,
+        reply: Result<(Record, usize)>,
+    ) -> Result<()> {
+        let checked = reply.and_then(|(record, bytes)| {
+            self.bytes_up += bytes as u64;
+            method.check_reply(global, &record)?;
+            Ok(record)
+        });
+        let record = match checked {
+            Ok(record) => record,
+            Err(e) => {
+                self.reject(client, e.to_string());
+                return Ok(());
+            }
+        };
+        if let Some(acc) = record.metrics.get(LOCAL_ACCURACY) {
+            self.own_sum += acc;
+            self.own_count += 1;
+        }
+        let n = record.num_examples as f64;
+        if let Some(loss) = record.metrics.get("train_loss") {
+            self.loss_sum += loss * n;
+            self.examples += n;
+        }
+        self.accepted += 1;
+        let reply = Reply { client, record };
+        match self.fold.as_mut() {
+            Some(f) => f.add(reply),
+            None => {
+                self.replies.push(reply);
+                Ok(())
+            }
+        }
+    }
+
+    /// Lists `client` as sampled but without a usable reply.
+    pub fn reject(&mut self, client: usize, reason: String) {
+        self.rejected.push(Rejection { client, reason });
+    }
+
+    /// Aggregates the accepted replies into `global` (kept when there are none).
+    pub fn finish(self, method: &mut dyn Method, global: &mut Params) -> Result<RoundTally> {
+        let next = match self.fold {
+            Some(f) if self.accepted > 0 => f.finish(self.round, global)?,
+            None if self.accepted > 0 => method.aggregate(self.round, global, &self.replies)?,
+            _ => Aggregate::Keep,
+        };
+        if let Aggregate::Replace(next) = next {
+            *global = next;
+        }
+        Ok(RoundTally {
+            round: self.round,
+            clients: self.clients,
+            train_loss: self.loss_sum / self.examples.max(1.0),
+            client_accuracy_mean: if self.own_count > 0 {
+                self.own_sum / self.own_count as f64
+            } else {
+                f64::NAN
+            },
+            bytes_up: self.bytes_up,
+            bytes_down: self.bytes_down,
+            rejected: self.rejected,
+        })
+    }
+}
+
+/// What a finished round measured before the global model is evaluated.
+#[derive(Clone, Debug)]
+pub struct RoundTally {
+    round: usize,
+    clients: usize,
+    train_loss: f64,
+    client_accuracy_mean: f64,
+    bytes_up: u64,
+    bytes_down: u64,
+    rejected: Vec<Rejection>,
+}
+
+impl RoundTally {
+    /// The round's metrics, given the evaluation of `global` (accuracy, loss and local mean,
+    /// NaN where not measured) and the method's own figures.
+    pub fn metrics(
+        self,
+        global: &Params,
+        (global_accuracy, global_loss, local_accuracy_mean): (f64, f64, f64),
+        method: BTreeMap<String, f64>,
+        started: Instant,
+    ) -> RoundMetrics {
+        RoundMetrics {
+            round: self.round,
+            global_accuracy,
+            global_loss,
+            local_accuracy_mean,
+            client_accuracy_mean: self.client_accuracy_mean,
+            train_loss: self.train_loss,
+            bytes_up: self.bytes_up,
+            bytes_down: self.bytes_down,
+            global_params: global.num_values(),
+            clients: self.clients,
+            rejected: self.rejected,
+            method,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 /// The classifier's evaluation after a round: on the global test set, the mean over clients'
-/// own test splits (NaN when `local_eval` is off) and the method's own figures.
-fn evaluate_classifier(
+/// own test splits (NaN when `local_eval` is off; a server on Flower has none) and the
+/// method's own figures.
+pub fn evaluate_classifier(
     method: &dyn Method,
     trainer: &Trainer,
     clients: &[ClientData],

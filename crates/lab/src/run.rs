@@ -5,7 +5,10 @@ use std::path::Path;
 use crate::error::{Context, Result, bail};
 use fedfuse_core::Params;
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
-use fedfuse_fed::{BuildContext, RunResult, SimConfig, derive_seed, simulate, simulate_tables};
+use fedfuse_data::{ClientData, Dataset};
+use fedfuse_fed::{
+    BuildContext, Method, RunResult, SimConfig, derive_seed, simulate, simulate_tables,
+};
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -20,14 +23,7 @@ pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResul
     crate::table::start_output(out, "config.toml", cfg)?;
 
     let result = federate(cfg, observer)?;
-
-    crate::output::write_results(out, cfg, &result)?;
-    // A tabular method's model is no classifier: no accuracy to plot.
-    if cfg.table.is_none() {
-        crate::plot::write_plots(out, &result.rounds)?;
-    }
-    let model_path = out.join("model.safetensors");
-    fedfuse_core::save_safetensors(&result.params, &model_path)?;
+    write_outputs(out, cfg, &result)?;
     match result.rounds.last() {
         Some(last) if cfg.table.is_none() => observer.note(&format!(
             "final global accuracy {:.4}; results in {}",
@@ -39,67 +35,116 @@ pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResul
     Ok(result)
 }
 
+/// Writes a finished run's results.json, metrics.csv, model and plots under `out` (the
+/// simulator's runs and those over Flower alike).
+pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()> {
+    crate::output::write_results(out, cfg, result)?;
+    // A tabular method's model is no classifier: no accuracy to plot.
+    if cfg.table.is_none() {
+        crate::plot::write_plots(out, &result.rounds)?;
+    }
+    let model = fedfuse_core::params_to_safetensors(&result.params, Default::default())?;
+    crate::table::write_atomic(&out.join("model.safetensors"), &model)
+}
+
 /// Loads the data of `cfg`, splits it among clients and runs the federation.
 pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
     if let Some(table) = &cfg.table {
         return federate_tables(cfg, table, observer);
     }
-    let (Some(dataset), Some(model)) = (&cfg.dataset, &cfg.model) else {
-        bail!("the config has no [dataset] and [model] to federate");
-    };
-    let data = load_dataset(&dataset.name, cfg.data_dir.as_deref())
-        .with_context(|| format!("dataset `{}`", dataset.name))?;
-    let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let split = server_split(&data.train, cfg.validation_fraction(), &mut rng)?;
-    let clients = client_data(
-        &split.pool,
-        cfg.clients,
-        &cfg.partition,
-        dataset.local_test_fraction,
-        &mut rng,
-    )?;
-
-    let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;
-    let trainer = Trainer::new(spec.clone())?;
-    let init = init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX));
-    let mut method = cfg.method.build_with(BuildContext {
-        init: model.init,
-        seed: cfg.seed,
-        spec: Some(spec.clone()),
-        validation: split.validation,
-    })?;
-    if let Some(server) = &cfg.server {
-        method = server.wrap(&cfg.method, method)?;
-    }
-    let sim = SimConfig {
-        rounds: cfg.rounds,
-        clients_per_round: cfg.clients_per_round,
-        seed: cfg.seed,
-        train: cfg.train.to_train_config(),
-        local_eval: cfg.local_eval,
-    };
-    observer.note(&format!(
-        "{} on {} ({} train / {} test samples), {} clients, {} rounds, model {} params",
-        method.name(),
-        dataset.name,
-        data.train.len(),
-        data.test.len(),
-        cfg.clients,
-        cfg.rounds,
-        spec.num_params()
-    ));
+    let mut fed = Federation::prepare(cfg)?;
+    observer.note(&fed.summary);
     observer.run_started(cfg.rounds);
     let result = simulate(
-        method.as_mut(),
-        &trainer,
-        &clients,
-        &data.test,
-        init,
-        &sim,
+        fed.method.as_mut(),
+        &fed.trainer,
+        &fed.clients,
+        &fed.test,
+        fed.init,
+        &fed.sim,
         &|p| observer.progress(p),
     );
     observer.run_finished();
     Ok(result?)
+}
+
+/// Everything a run of a classifier federation starts from, built from its config the same
+/// way wherever it runs: in the simulator, or split between a Flower strategy (method,
+/// trainer, test set, initial model) and Flower nodes (method, trainer, their client's data).
+pub struct Federation {
+    /// The method, built and checked.
+    pub method: Box<dyn Method>,
+    /// Builds, trains and evaluates the model.
+    pub trainer: Trainer,
+    /// Every client's data, by client slot.
+    pub clients: Vec<ClientData>,
+    /// The global test set.
+    pub test: Dataset,
+    /// The initial global model.
+    pub init: Params,
+    /// Rounds, sampling, seeds and local training.
+    pub sim: SimConfig,
+    /// One line saying what runs, for the person running it.
+    pub summary: String,
+}
+
+impl Federation {
+    /// Loads the data of `cfg`, splits it among clients and builds the method.
+    pub fn prepare(cfg: &Config) -> Result<Self> {
+        let (Some(dataset), Some(model)) = (&cfg.dataset, &cfg.model) else {
+            bail!("the config has no [dataset] and [model] to federate");
+        };
+        let data = load_dataset(&dataset.name, cfg.data_dir.as_deref())
+            .with_context(|| format!("dataset `{}`", dataset.name))?;
+        let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let split = server_split(&data.train, cfg.validation_fraction(), &mut rng)?;
+        let clients = client_data(
+            &split.pool,
+            cfg.clients,
+            &cfg.partition,
+            dataset.local_test_fraction,
+            &mut rng,
+        )?;
+
+        let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;
+        let trainer = Trainer::new(spec.clone())?;
+        let init = init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX));
+        let mut method = cfg.method.build_with(BuildContext {
+            init: model.init,
+            seed: cfg.seed,
+            spec: Some(spec.clone()),
+            validation: split.validation,
+        })?;
+        if let Some(server) = &cfg.server {
+            method = server.wrap(&cfg.method, method)?;
+        }
+        let sim = SimConfig {
+            rounds: cfg.rounds,
+            clients_per_round: cfg.clients_per_round,
+            seed: cfg.seed,
+            train: cfg.train.to_train_config(),
+            local_eval: cfg.local_eval,
+        };
+        let summary = format!(
+            "{} on {} ({} train / {} test samples), {} clients, {} rounds, model {} params",
+            method.name(),
+            dataset.name,
+            data.train.len(),
+            data.test.len(),
+            cfg.clients,
+            cfg.rounds,
+            spec.num_params()
+        );
+        Ok(Self {
+            method,
+            trainer,
+            clients,
+            test: data.test,
+            init,
+            sim,
+            summary,
+        })
+    }
 }
 
 /// The clients' tables of `table`, drawn or read for the run `cfg`.

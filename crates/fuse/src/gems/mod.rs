@@ -248,6 +248,18 @@ pub fn two_ball_point(a: &Ball, b: &Ball) -> Option<Vec<f32>> {
 
 /// Objective `sum_k max(0, d_k(theta) - r_k)` and, when `grad` is given, a subgradient.
 fn hinge_sum(balls: &[&Ball], radii: &[f64], theta: &[f32], grad: Option<&mut [f64]>) -> f64 {
+    violations(balls, radii, theta, grad, false)
+}
+
+/// `sum_k v_k` (or `sum_k v_k^2` when `squared`) of the violations `v_k = max(0, d_k - R_k)`,
+/// and its gradient in `grad`.
+fn violations(
+    balls: &[&Ball],
+    radii: &[f64],
+    theta: &[f32],
+    grad: Option<&mut [f64]>,
+    squared: bool,
+) -> f64 {
     let mut total = 0.0;
     let mut grad = grad;
     if let Some(g) = grad.as_deref_mut() {
@@ -258,20 +270,49 @@ fn hinge_sum(balls: &[&Ball], radii: &[f64], theta: &[f32], grad: Option<&mut [f
         if d <= r {
             continue;
         }
-        total += d - r;
+        let v = d - r;
+        total += if squared { v * v } else { v };
+        let scale = if squared { 2.0 * v / d } else { 1.0 / d };
         if let Some(g) = grad.as_deref_mut() {
             for (i, gi) in g.iter_mut().enumerate() {
                 let w = ball.axes.as_ref().map_or(1.0, |a| f64::from(a[i]));
-                *gi += w * w * (f64::from(theta[i]) - f64::from(ball.centre[i])) / d;
+                *gi += w * w * (f64::from(theta[i]) - f64::from(ball.centre[i])) * scale;
             }
         }
     }
     total
 }
 
+/// Descends `violations` from `theta` with an adaptive step, for at most `steps` steps.
+fn descend(balls: &[&Ball], radii: &[f64], theta: &mut Vec<f32>, steps: usize, squared: bool) {
+    let k = balls.len() as f64;
+    let mut grad = vec![0f64; theta.len()];
+    let mut f = violations(balls, radii, theta, Some(&mut grad), squared);
+    let mut step = (radii.iter().sum::<f64>() / k).max(1e-3) * 0.1;
+    let mut trial = vec![0f32; theta.len()];
+    for _ in 0..steps {
+        if f <= 0.0 || step < 1e-12 {
+            break;
+        }
+        for ((t, &x), &g) in trial.iter_mut().zip(theta.iter()).zip(&grad) {
+            *t = (f64::from(x) - step * g) as f32;
+        }
+        let ft = violations(balls, radii, &trial, None, squared);
+        if ft < f {
+            std::mem::swap(theta, &mut trial);
+            f = violations(balls, radii, theta, Some(&mut grad), squared);
+            step *= 1.5;
+        } else {
+            step *= 0.5;
+        }
+    }
+}
+
 /// A point in every ball: the closed form for two spheres, otherwise the minimiser of
 /// `sum_k max(0, ||w_k (theta - c_k)|| - R_k)` by descent from the mean of the centres (the
-/// authors' K-ball program, with a step size that adapts instead of their fixed 0.01).
+/// authors' K-ball program, with a step size that adapts instead of their fixed 0.01); where
+/// that stalls at a kink outside some ball, descent on the squared violations goes on from
+/// there.
 ///
 /// Errors with [`FuseError::NoIntersection`] when the program ends outside some ball.
 pub fn intersect_balls(balls: &[&Ball], cfg: &IntersectConfig) -> Result<Vec<f32>> {
@@ -309,25 +350,11 @@ pub fn intersect_balls(balls: &[&Ball], cfg: &IntersectConfig) -> Result<Vec<f32
         .iter()
         .map(|b| b.radius * (1.0 - cfg.margin))
         .collect();
-    let mut grad = vec![0f64; p];
-    let mut f = hinge_sum(balls, &radii, &theta, Some(&mut grad));
-    let mut step = (radii.iter().sum::<f64>() / k).max(1e-3) * 0.1;
-    let mut trial = vec![0f32; p];
-    for _ in 0..cfg.steps {
-        if f <= 0.0 || step < 1e-12 {
-            break;
-        }
-        for ((t, &x), &g) in trial.iter_mut().zip(&theta).zip(&grad) {
-            *t = (f64::from(x) - step * g) as f32;
-        }
-        let ft = hinge_sum(balls, &radii, &trial, None);
-        if ft < f {
-            std::mem::swap(&mut theta, &mut trial);
-            f = hinge_sum(balls, &radii, &theta, Some(&mut grad));
-            step *= 1.5;
-        } else {
-            step *= 0.5;
-        }
+    descend(balls, &radii, &mut theta, cfg.steps, false);
+    if !inside_all(&theta) {
+        // The sum of hinges has kinks where its subgradient is no descent direction (a small
+        // intersection of many balls); their squares are smooth, so descent on them goes on.
+        descend(balls, &radii, &mut theta, cfg.steps, true);
     }
     if inside_all(&theta) {
         Ok(theta)

@@ -125,6 +125,36 @@ fn disjoint_balls_error_with_advice() {
     assert!(err.to_string().contains("raise epsilon"), "{err}");
 }
 
+/// The case a CI run drew where the sum of hinges stalled at a kink (violation 0.021).
+#[test]
+fn many_ellipsoids_with_a_small_intersection() {
+    let mut rng = StdRng::seed_from_u64(263);
+    let point: Vec<f32> = (0..2).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let balls: Vec<Ball> = (0..6)
+        .map(|_| {
+            let centre: Vec<f32> = point
+                .iter()
+                .map(|p| p + rng.random_range(-3.0f32..3.0))
+                .collect();
+            let axes = Some(
+                (0..2)
+                    .map(|_| rng.random_range(0.2f32..3.0))
+                    .collect::<Vec<_>>(),
+            );
+            let mut ball = Ball {
+                centre,
+                radius: 0.0,
+                axes,
+            };
+            ball.radius = ball.distance(&point) * 1.02 + 0.01;
+            ball
+        })
+        .collect();
+    let refs: Vec<&Ball> = balls.iter().collect();
+    let theta = intersect_balls(&refs, &IntersectConfig::default()).expect("they intersect");
+    assert!(balls.iter().all(|b| b.contains(&theta, 1e-6)));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 

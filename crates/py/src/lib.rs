@@ -1,0 +1,567 @@
+//! `fedfuse._core`: the Rust half of the `fedfuse` Python package. Everything here is a thin
+//! conversion around fedfuse-lab and fedfuse-fed; the Python half (`python/fedfuse`) turns
+//! these plain tuples into numpy arrays and Flower records.
+//!
+//! Flower content crosses as `(arrays, config, metrics)`: `arrays` a list of
+//! `(key, dtype, shape, stype, data)`, `config` a list of `(key, bool | int | float | str)`,
+//! `metrics` a list of `(key, int | float)` ([`fedfuse_core::flower`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
+use fedfuse_core::{ConfigValue, Params, Record};
+use fedfuse_fed::{
+    ClientContext, RoundMetrics, RoundState, RunResult, SERVER_ROUND, Sampler, client_step,
+    derive_seed, evaluate_classifier,
+};
+use fedfuse_fuse::PfnmConfig;
+use fedfuse_lab::fusion::{FuseMethod, fuse as fuse_models};
+use fedfuse_lab::run::Federation;
+use fedfuse_lab::{Config, LabError};
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+create_exception!(
+    _core,
+    FedfuseError,
+    PyValueError,
+    "A fedfuse setting, input or reply was invalid; the message says which and why."
+);
+
+fn err(e: impl std::fmt::Display) -> PyErr {
+    FedfuseError::new_err(e.to_string())
+}
+
+/// A Flower config value as Python gives it (bool before int: Python's bools are ints).
+#[derive(FromPyObject, IntoPyObject)]
+enum PyConfigValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl From<PyConfigValue> for ConfigValue {
+    fn from(v: PyConfigValue) -> Self {
+        match v {
+            PyConfigValue::Bool(b) => Self::Bool(b),
+            PyConfigValue::Int(i) => Self::Int(i),
+            PyConfigValue::Float(f) => Self::Float(f),
+            PyConfigValue::Str(s) => Self::Str(s),
+        }
+    }
+}
+
+impl From<ConfigValue> for PyConfigValue {
+    fn from(v: ConfigValue) -> Self {
+        match v {
+            ConfigValue::Bool(b) => Self::Bool(b),
+            ConfigValue::Int(i) => Self::Int(i),
+            ConfigValue::Float(f) => Self::Float(f),
+            ConfigValue::Str(s) => Self::Str(s),
+        }
+    }
+}
+
+/// A metric value as Python gives it.
+#[derive(FromPyObject, IntoPyObject)]
+enum PyMetric {
+    Int(i64),
+    Float(f64),
+}
+
+type PyArray<'py> = (String, String, Vec<usize>, String, Bound<'py, PyBytes>);
+type PyContent<'py> = (
+    Vec<PyArray<'py>>,
+    Vec<(String, PyConfigValue)>,
+    Vec<(String, PyMetric)>,
+);
+
+fn content_from_py(c: PyContent<'_>) -> FlowerContent {
+    let (arrays, config, metrics) = c;
+    FlowerContent {
+        arrays: arrays
+            .into_iter()
+            .map(|(key, dtype, shape, stype, data)| FlowerArray {
+                key,
+                dtype,
+                shape,
+                stype,
+                data: data.as_bytes().to_vec(),
+            })
+            .collect(),
+        config: config.into_iter().map(|(k, v)| (k, v.into())).collect(),
+        metrics: metrics
+            .into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    PyMetric::Int(i) => MetricValue::Int(i),
+                    PyMetric::Float(f) => MetricValue::Float(f),
+                };
+                (k, v)
+            })
+            .collect(),
+    }
+}
+
+fn content_to_py(py: Python<'_>, c: FlowerContent) -> PyContent<'_> {
+    let arrays = c
+        .arrays
+        .into_iter()
+        .map(|a| (a.key, a.dtype, a.shape, a.stype, PyBytes::new(py, &a.data)))
+        .collect();
+    let config = c.config.into_iter().map(|(k, v)| (k, v.into())).collect();
+    let metrics = c
+        .metrics
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                MetricValue::Int(i) => PyMetric::Int(i),
+                MetricValue::Float(f) => PyMetric::Float(f),
+            };
+            (k, v)
+        })
+        .collect();
+    (arrays, config, metrics)
+}
+
+/// Bytes a content puts on Flower's wire: its arrays' encoded data (records and protobuf
+/// framing add a few dozen bytes per array).
+fn wire_bytes(c: &FlowerContent) -> usize {
+    c.arrays.iter().map(|a| a.data.len()).sum()
+}
+
+/// Tensors as `(name, shape, little-endian f32 bytes)` triples.
+type PyTensors<'py> = Vec<(String, Vec<usize>, Bound<'py, PyBytes>)>;
+
+fn params_from_py(model: PyTensors<'_>, client: usize) -> PyResult<Params> {
+    let mut p = Params::new();
+    for (name, shape, bytes) in model {
+        let raw = bytes.as_bytes();
+        if raw.len() % 4 != 0 {
+            return Err(err(format!(
+                "model {client}, tensor `{name}`: {} bytes are not whole float32 values",
+                raw.len()
+            )));
+        }
+        let data: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        p.push(name.clone(), shape, data)
+            .map_err(|e| err(format!("model {client}, tensor `{name}`: {e}")))?;
+    }
+    Ok(p)
+}
+
+fn params_to_py<'py>(py: Python<'py>, p: &Params) -> PyTensors<'py> {
+    p.iter()
+        .map(|(name, t)| {
+            let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (name.to_string(), t.shape.clone(), PyBytes::new(py, &bytes))
+        })
+        .collect()
+}
+
+/// Fuses pre-trained MLPs; returns the fused tensors and the assignments as JSON (the
+/// `.assignments.json` that `fedfuse fuse` writes).
+#[pyfunction]
+#[pyo3(signature = (models, method, class_counts, sigma, sigma0, gamma, iters, eps, max_global, bias_mean, seed))]
+#[allow(clippy::too_many_arguments)]
+fn fuse<'py>(
+    py: Python<'py>,
+    models: Vec<PyTensors<'py>>,
+    method: &str,
+    class_counts: Option<Vec<Vec<f64>>>,
+    sigma: f64,
+    sigma0: f64,
+    gamma: f64,
+    iters: usize,
+    eps: f64,
+    max_global: usize,
+    bias_mean: f64,
+    seed: u64,
+) -> PyResult<(PyTensors<'py>, String)> {
+    let method = FuseMethod::parse(method).map_err(err)?;
+    let models = models
+        .into_iter()
+        .enumerate()
+        .map(|(j, m)| Ok((format!("model {j}"), params_from_py(m, j)?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let cfg = PfnmConfig {
+        sigma,
+        sigma0,
+        gamma,
+        iters,
+        max_global,
+        bias_mean,
+        eps,
+    };
+    let fused = py
+        .detach(|| fuse_models(&models, method, class_counts.as_deref(), &cfg, seed))
+        .map_err(err)?;
+    let report = serde_json::to_string(&fused).map_err(err)?;
+    Ok((params_to_py(py, &fused.params), report))
+}
+
+/// A record's tensors, config and metrics as Flower content (`sparse`: tensors may travel
+/// sparse), and back: the round trip the Flower strategy and ClientApp make.
+#[pyfunction]
+fn record_to_flower<'py>(
+    py: Python<'py>,
+    tensors: PyTensors<'py>,
+    config: Vec<(String, PyConfigValue)>,
+    metrics: Vec<(String, f64)>,
+    num_examples: u64,
+    sparse: bool,
+) -> PyResult<PyContent<'py>> {
+    let mut r = Record::from_params(params_from_py(tensors, 0)?)
+        .with_num_examples(num_examples)
+        .with_sparse(sparse);
+    r.config = config.into_iter().map(|(k, v)| (k, v.into())).collect();
+    r.metrics = metrics.into_iter().collect();
+    Ok(content_to_py(py, r.to_flower().map_err(err)?))
+}
+
+/// The record in Flower content: `(tensors, config, metrics, num_examples, sparse)`.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn record_from_flower<'py>(
+    py: Python<'py>,
+    content: PyContent<'py>,
+) -> PyResult<(
+    PyTensors<'py>,
+    Vec<(String, PyConfigValue)>,
+    Vec<(String, f64)>,
+    u64,
+    bool,
+)> {
+    let r = Record::from_flower(&content_from_py(content)).map_err(err)?;
+    let config = r.config.into_iter().map(|(k, v)| (k, v.into())).collect();
+    let metrics = r.metrics.into_iter().collect();
+    Ok((
+        params_to_py(py, &r.params),
+        config,
+        metrics,
+        r.num_examples,
+        r.sparse,
+    ))
+}
+
+fn load_config(config: &str, overrides: Vec<String>) -> PyResult<Config> {
+    let cfg = Config::load(Path::new(config), &overrides).map_err(err)?;
+    if cfg.table.is_some() {
+        return Err(err(format!(
+            "{config}: tabular methods (fedngm, fedngr) do not run on Flower yet; run them \
+             with `fedfuse run`"
+        )));
+    }
+    Ok(cfg)
+}
+
+struct OpenRound {
+    round: usize,
+    sampled: Vec<usize>,
+    state: RoundState,
+    started: Instant,
+}
+
+struct ServerState {
+    cfg: Config,
+    fed: Federation,
+    global: Params,
+    sampler: Sampler,
+    open: Option<OpenRound>,
+    rounds: Vec<RoundMetrics>,
+}
+
+/// The server half of a fedfuse run: the method, the global model, client sampling and each
+/// round's aggregation and evaluation, exactly as `fedfuse run` does them in process.
+#[pyclass(module = "fedfuse._core")]
+struct Server(Mutex<ServerState>);
+
+impl Server {
+    fn with<T>(&self, f: impl FnOnce(&mut ServerState) -> PyResult<T>) -> PyResult<T> {
+        let mut guard = self
+            .0
+            .lock()
+            .map_err(|_| err("an earlier call panicked; start a new Server"))?;
+        f(&mut guard)
+    }
+}
+
+#[pymethods]
+impl Server {
+    /// The server of the run config at `config` (a `fedfuse run` TOML file) with `overrides`
+    /// (`key=value`, as `--set`).
+    #[new]
+    #[pyo3(signature = (config, overrides = Vec::new()))]
+    fn new(py: Python<'_>, config: &str, overrides: Vec<String>) -> PyResult<Self> {
+        let cfg = load_config(config, overrides)?;
+        let fed = py.detach(|| Federation::prepare(&cfg)).map_err(err)?;
+        let sampler = Sampler::new(&fed.sim, fed.clients.len()).map_err(err)?;
+        Ok(Self(Mutex::new(ServerState {
+            global: fed.init.clone(),
+            cfg,
+            fed,
+            sampler,
+            open: None,
+            rounds: Vec::new(),
+        })))
+    }
+
+    /// Rounds the run config asks for.
+    fn num_rounds(&self) -> PyResult<usize> {
+        self.with(|s| Ok(s.fed.sim.rounds))
+    }
+
+    /// Client slots of the run (Flower's `num-partitions`).
+    fn num_clients(&self) -> PyResult<usize> {
+        self.with(|s| Ok(s.fed.clients.len()))
+    }
+
+    /// What the run does, in one line.
+    fn summary(&self) -> PyResult<String> {
+        self.with(|s| Ok(s.fed.summary.clone()))
+    }
+
+    /// Whether the method has built its final model (one-shot methods stop early).
+    fn finished(&self) -> PyResult<bool> {
+        self.with(|s| Ok(s.fed.method.finished()))
+    }
+
+    /// Opens the next round; returns its sampled client slots, in increasing order.
+    fn start_round(&self) -> PyResult<Vec<usize>> {
+        self.with(|s| {
+            if s.open.is_some() {
+                return Err(err("the previous round is still open: finish it first"));
+            }
+            let round = s.rounds.len() + 1;
+            let sampled = s.sampler.next_round();
+            s.open = Some(OpenRound {
+                round,
+                state: RoundState::new(s.fed.method.as_ref(), round, sampled.len()),
+                sampled: sampled.clone(),
+                started: Instant::now(),
+            });
+            Ok(sampled)
+        })
+    }
+
+    /// The open round's instruction for `client`, as Flower content.
+    fn instruct<'py>(&self, py: Python<'py>, client: usize) -> PyResult<PyContent<'py>> {
+        let content = self.with(|s| {
+            let open = s.open.as_mut().ok_or_else(|| err("no open round"))?;
+            if !open.sampled.contains(&client) {
+                return Err(err(format!("client {client} is not sampled this round")));
+            }
+            let record = s
+                .fed
+                .method
+                .instruct(open.round, client, &s.global)
+                .map_err(err)?;
+            let content = record.to_flower().map_err(err)?;
+            open.state.count_down(wire_bytes(&content));
+            Ok(content)
+        })?;
+        Ok(content_to_py(py, content))
+    }
+
+    /// Closes the open round with `replies`: `(client, content)` for a reply, `(client,
+    /// reason)` for a failure. Replies are folded in client-slot order whatever order they
+    /// arrived in; a sampled client without a reply is listed as failed. Returns the
+    /// round's metrics as JSON (one entry of results.json's `rounds`).
+    fn finish_round(
+        &self,
+        py: Python<'_>,
+        replies: Vec<(usize, Bound<'_, PyAny>)>,
+    ) -> PyResult<String> {
+        let mut by_client: BTreeMap<usize, Result<FlowerContent, String>> = BTreeMap::new();
+        for (client, reply) in replies {
+            let reply = match reply.extract::<String>() {
+                Ok(reason) => Err(reason),
+                Err(_) => Ok(content_from_py(reply.extract::<PyContent<'_>>()?)),
+            };
+            if by_client.insert(client, reply).is_some() {
+                return Err(err(format!("two replies for client {client}")));
+            }
+        }
+        self.with(|s| {
+            let mut open = s.open.take().ok_or_else(|| err("no open round"))?;
+            let method = s.fed.method.as_mut();
+            let global = &mut s.global;
+            let (fed_trainer, test) = (&s.fed.trainer, &s.fed.test);
+            let metrics = py.detach(|| -> Result<RoundMetrics, LabError> {
+                for &client in &open.sampled {
+                    let reply = match by_client.remove(&client) {
+                        Some(Ok(content)) => Record::from_flower(&content)
+                            .map(|r| (r, wire_bytes(&content)))
+                            .map_err(Into::into),
+                        Some(Err(reason)) => {
+                            Err(fedfuse_fed::FedError::BadReply { client, reason })
+                        }
+                        None => Err(fedfuse_fed::FedError::BadReply {
+                            client,
+                            reason: "no reply: the node timed out or left".into(),
+                        }),
+                    };
+                    open.state.offer(method, global, client, reply)?;
+                }
+                for client in by_client.keys() {
+                    open.state
+                        .reject(*client, "replied but was not sampled this round".into());
+                }
+                let tally = open.state.finish(method, global)?;
+                let mut scores = method.round_metrics();
+                // The server holds no client data: the local mean is not measured.
+                let (eval, _, extra) =
+                    evaluate_classifier(method, fed_trainer, &[], test, global, false)?;
+                scores.extend(extra);
+                Ok(tally.metrics(
+                    global,
+                    (eval.accuracy, eval.loss, f64::NAN),
+                    scores,
+                    open.started,
+                ))
+            });
+            let metrics = metrics.map_err(err)?;
+            let json = serde_json::to_string(&metrics).map_err(err)?;
+            s.rounds.push(metrics);
+            Ok(json)
+        })
+    }
+
+    /// The global model as Flower content (dense).
+    fn global_model<'py>(&self, py: Python<'py>) -> PyResult<PyContent<'py>> {
+        let content = self.with(|s| {
+            Record::from_params(s.global.clone())
+                .to_flower()
+                .map_err(err)
+        })?;
+        Ok(content_to_py(py, content))
+    }
+
+    /// Writes the run's config.toml, results.json, metrics.csv, model and plots under `out`,
+    /// as `fedfuse run` does.
+    fn write_outputs(&self, out: &str) -> PyResult<()> {
+        self.with(|s| {
+            let result = RunResult {
+                rounds: s.rounds.clone(),
+                params: s.global.clone(),
+            };
+            let out = Path::new(out);
+            fedfuse_lab::table::start_output(out, "config.toml", &s.cfg).map_err(err)?;
+            fedfuse_lab::run::write_outputs(out, &s.cfg, &result).map_err(err)
+        })
+    }
+}
+
+/// One client slot of a run: its own data split and the method's client procedure, exactly
+/// as the simulator runs them.
+#[pyclass(module = "fedfuse._core")]
+struct Client {
+    fed: Federation,
+    id: usize,
+}
+
+#[pymethods]
+impl Client {
+    /// Client `partition_id` of the run config at `config` with `overrides`.
+    #[new]
+    #[pyo3(signature = (config, partition_id, overrides = Vec::new()))]
+    fn new(
+        py: Python<'_>,
+        config: &str,
+        partition_id: usize,
+        overrides: Vec<String>,
+    ) -> PyResult<Self> {
+        let cfg = load_config(config, overrides)?;
+        if partition_id >= cfg.clients {
+            return Err(err(format!(
+                "partition-id {partition_id} is out of range: {config} has {} clients (0 to {})",
+                cfg.clients,
+                cfg.clients - 1
+            )));
+        }
+        let fed = py.detach(|| Federation::prepare(&cfg)).map_err(err)?;
+        Ok(Self {
+            fed,
+            id: partition_id,
+        })
+    }
+
+    /// Examples in this client's training split.
+    fn num_examples(&self) -> usize {
+        self.fed.clients[self.id].train.len()
+    }
+
+    /// Runs the method's client step on an instruction (Flower content holding
+    /// `server-round`); returns the reply as Flower content.
+    fn fit<'py>(&self, py: Python<'py>, instruction: PyContent<'py>) -> PyResult<PyContent<'py>> {
+        let content = content_from_py(instruction);
+        let reply = py
+            .detach(|| -> Result<FlowerContent, String> {
+                let record = Record::from_flower(&content).map_err(|e| e.to_string())?;
+                let round = record
+                    .config
+                    .get(SERVER_ROUND)
+                    .and_then(ConfigValue::as_f64)
+                    .filter(|r| *r >= 1.0 && r.fract() == 0.0)
+                    .ok_or("the instruction has no `server-round` of 1 or more")?
+                    as usize;
+                let ctx = ClientContext {
+                    id: self.id,
+                    data: &self.fed.clients[self.id],
+                    trainer: &self.fed.trainer,
+                    train: &self.fed.sim.train,
+                    seed: derive_seed(self.fed.sim.seed, round, self.id),
+                };
+                let reply = client_step(
+                    self.fed.method.as_ref(),
+                    record,
+                    &ctx,
+                    self.fed.sim.local_eval,
+                )
+                .map_err(|e| e.to_string())?;
+                reply.to_flower().map_err(|e| e.to_string())
+            })
+            .map_err(|e| err(format!("client {}: {e}", self.id)))?;
+        Ok(content_to_py(py, reply))
+    }
+
+    /// `(loss, accuracy, examples)` of the model in `content` on this client's own test split.
+    fn evaluate(&self, py: Python<'_>, content: PyContent<'_>) -> PyResult<(f64, f64, usize)> {
+        let content = content_from_py(content);
+        py.detach(|| -> Result<(f64, f64, usize), String> {
+            let record = Record::from_flower(&content).map_err(|e| e.to_string())?;
+            let data = &self.fed.clients[self.id].test;
+            if data.is_empty() {
+                return Ok((f64::NAN, f64::NAN, 0));
+            }
+            let e = self
+                .fed
+                .trainer
+                .evaluate(&record.params, data)
+                .map_err(|e| e.to_string())?;
+            Ok((e.loss, e.accuracy, data.len()))
+        })
+        .map_err(|e| err(format!("client {}: {e}", self.id)))
+    }
+}
+
+/// The module.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("FedfuseError", m.py().get_type::<FedfuseError>())?;
+    m.add_function(wrap_pyfunction!(fuse, m)?)?;
+    m.add_function(wrap_pyfunction!(record_to_flower, m)?)?;
+    m.add_function(wrap_pyfunction!(record_from_flower, m)?)?;
+    m.add_class::<Server>()?;
+    m.add_class::<Client>()?;
+    Ok(())
+}

@@ -1,0 +1,90 @@
+"""fedfuse: federated learning that fuses client networks.
+
+The Rust core does the work; this package converts numpy arrays and Flower records.
+
+- :func:`fuse` fuses pre-trained MLPs (PyTorch ``state_dict``s as numpy arrays) with PFNM,
+  GPI-FNM or FedAvg, exactly as ``fedfuse fuse`` does with files.
+- :mod:`fedfuse.flwr` has the fedfuse methods as Flower strategies and a ClientApp that trains
+  with fedfuse (needs ``flwr``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedfuse._core import FedfuseError
+from fedfuse._core import fuse as _fuse
+
+__all__ = ["FedfuseError", "fuse", "tensors_from_arrays", "arrays_from_tensors"]
+__version__ = "0.1.0"
+
+
+def tensors_from_arrays(model: Mapping[str, Any], what: str = "model") -> list:
+    """``(name, shape, float32 bytes)`` per array of ``model``, in its key order."""
+    out = []
+    for name, value in model.items():
+        if hasattr(value, "detach"):  # a torch tensor: through numpy, on the CPU
+            value = value.detach().cpu().numpy()
+        arr = np.asarray(value)
+        if arr.dtype.kind != "f":
+            raise FedfuseError(f"{what}, `{name}`: dtype {arr.dtype}; fedfuse fuses float arrays")
+        arr = np.ascontiguousarray(arr, dtype="<f4")
+        out.append((str(name), list(arr.shape), arr.tobytes()))
+    return out
+
+
+def arrays_from_tensors(tensors: Sequence) -> dict[str, np.ndarray]:
+    """The inverse of :func:`tensors_from_arrays`: a dict of float32 numpy arrays."""
+    return {
+        name: np.frombuffer(data, dtype="<f4").reshape(shape).copy()
+        for name, shape, data in tensors
+    }
+
+
+def fuse(
+    models: Sequence[Mapping[str, Any]],
+    method: str = "pfnm",
+    class_counts: Sequence[Sequence[float]] | None = None,
+    sigma: float = 1.0,
+    sigma0: float = 1.0,
+    gamma: float = 1.0,
+    iters: int = 5,
+    eps: float = 0.0,
+    max_global: int = 700,
+    bias_mean: float = 0.1,
+    seed: int = 0,
+) -> tuple[dict[str, np.ndarray], dict]:
+    """Fuses pre-trained MLPs into one global model.
+
+    ``models`` are mappings of names to arrays (``{k: v.numpy() for k, v in
+    net.state_dict().items()}`` of ``nn.Linear`` layers named ``layers.{i}.weight`` /
+    ``layers.{i}.bias``). ``method`` is ``"pfnm"``, ``"gpi-fnm"`` (needs ``eps > 0``) or
+    ``"fedavg"``. ``sigma`` and ``sigma0`` are variances, as in the PFNM reference code;
+    ``class_counts`` (one list of per-class example counts per model) weight the output
+    layer, and weight FedAvg by each model's total. ``seed`` seeds PFNM's refinement orders.
+
+    Returns the fused arrays (same names as the inputs) and the assignments: for each hidden
+    layer, which global unit each client unit joined (what ``fedfuse fuse`` writes to
+    ``FUSED.assignments.json``). The result equals ``fedfuse fuse`` on the same models, bit
+    for bit.
+    """
+    tensors = [tensors_from_arrays(m, f"model {j}") for j, m in enumerate(models)]
+    counts = None if class_counts is None else [[float(c) for c in row] for row in class_counts]
+    fused, report = _fuse(
+        tensors,
+        method,
+        counts,
+        float(sigma),
+        float(sigma0),
+        float(gamma),
+        int(iters),
+        float(eps),
+        int(max_global),
+        float(bias_mean),
+        int(seed),
+    )
+    return arrays_from_tensors(fused), json.loads(report)

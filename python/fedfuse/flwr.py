@@ -326,9 +326,9 @@ FedMix = _method_strategy("fedmix")
 def make_client_app(config: str | os.PathLike | None = None, overrides: Iterable[str] = ()) -> ClientApp:
     """A Flower ClientApp that trains with fedfuse.
 
-    Its run config is ``config`` or, when ``None``, the path in the Flower run config's
-    ``fedfuse-config``; ``overrides`` (or the run config's ``fedfuse-set``, ``;``-separated)
-    change it as ``fedfuse run --set`` does. The node's client slot is its node config's
+    Its run config is the path in the Flower run config's ``fedfuse-config`` when set, else
+    ``config``; ``overrides`` (or the run config's ``fedfuse-set``, ``;``-separated) change it
+    as ``fedfuse run --set`` does. The node's client slot is its node config's
     ``partition-id``. Each process builds its client once (data loaded and split as in
     ``fedfuse run``; only its own slot is used).
     """
@@ -338,7 +338,7 @@ def make_client_app(config: str | os.PathLike | None = None, overrides: Iterable
     clients: dict[tuple, Any] = {}
 
     def client(context: Context):
-        path = fixed or context.run_config.get(CONFIG_KEY)
+        path = context.run_config.get(CONFIG_KEY) or fixed
         if not path:
             raise FedfuseError(f"set `{CONFIG_KEY}` in [tool.flwr.app.config] to a fedfuse run config")
         pid = context.node_config.get(PARTITION_ID)

@@ -1,0 +1,1 @@
+"""fedfuse's digits quickstart as a Flower app."""

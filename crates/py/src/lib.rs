@@ -18,9 +18,9 @@ use fedfuse_fed::{
     derive_seed, evaluate_classifier,
 };
 use fedfuse_fuse::PfnmConfig;
+use fedfuse_lab::Config;
 use fedfuse_lab::fusion::{FuseMethod, fuse as fuse_models};
 use fedfuse_lab::run::Federation;
-use fedfuse_lab::{Config, LabError};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -203,7 +203,10 @@ fn fuse<'py>(
         eps,
     };
     let fused = py
-        .detach(|| fuse_models(&models, method, class_counts.as_deref(), &cfg, seed))
+        .detach(|| {
+            fuse_models(&models, method, class_counts.as_deref(), &cfg, seed)
+                .map_err(|e| e.to_string())
+        })
         .map_err(err)?;
     let report = serde_json::to_string(&fused).map_err(err)?;
     Ok((params_to_py(py, &fused.params), report))
@@ -303,7 +306,9 @@ impl Server {
     #[pyo3(signature = (config, overrides = Vec::new()))]
     fn new(py: Python<'_>, config: &str, overrides: Vec<String>) -> PyResult<Self> {
         let cfg = load_config(config, overrides)?;
-        let fed = py.detach(|| Federation::prepare(&cfg)).map_err(err)?;
+        let fed = py
+            .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
+            .map_err(err)?;
         let sampler = Sampler::new(&fed.sim, fed.clients.len()).map_err(err)?;
         Ok(Self(Mutex::new(ServerState {
             global: fed.init.clone(),
@@ -396,7 +401,7 @@ impl Server {
             let method = s.fed.method.as_mut();
             let global = &mut s.global;
             let (fed_trainer, test) = (&s.fed.trainer, &s.fed.test);
-            let metrics = py.detach(|| -> Result<RoundMetrics, LabError> {
+            let metrics = py.detach(|| -> Result<RoundMetrics, String> {
                 for &client in &open.sampled {
                     let reply = match by_client.remove(&client) {
                         Some(Ok(content)) => Record::from_flower(&content)
@@ -410,17 +415,23 @@ impl Server {
                             reason: "no reply: the node timed out or left".into(),
                         }),
                     };
-                    open.state.offer(method, global, client, reply)?;
+                    open.state
+                        .offer(method, global, client, reply)
+                        .map_err(|e| e.to_string())?;
                 }
                 for client in by_client.keys() {
                     open.state
                         .reject(*client, "replied but was not sampled this round".into());
                 }
-                let tally = open.state.finish(method, global)?;
+                let tally = open
+                    .state
+                    .finish(method, global)
+                    .map_err(|e| e.to_string())?;
                 let mut scores = method.round_metrics();
                 // The server holds no client data: the local mean is not measured.
                 let (eval, _, extra) =
-                    evaluate_classifier(method, fed_trainer, &[], test, global, false)?;
+                    evaluate_classifier(method, fed_trainer, &[], test, global, false)
+                        .map_err(|e| e.to_string())?;
                 scores.extend(extra);
                 Ok(tally.metrics(
                     global,
@@ -488,7 +499,9 @@ impl Client {
                 cfg.clients - 1
             )));
         }
-        let fed = py.detach(|| Federation::prepare(&cfg)).map_err(err)?;
+        let fed = py
+            .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
+            .map_err(err)?;
         Ok(Self {
             fed,
             id: partition_id,

@@ -62,6 +62,7 @@ __all__ = [
     "FedSparse",
     "GEMS",
     "FedMix",
+    "FedNGM",
     "client_app",
     "make_client_app",
     "to_recorddict",
@@ -318,6 +319,7 @@ GPIFNM = _method_strategy("gpi-fnm")
 FedSparse = _method_strategy("fedsparse")
 GEMS = _method_strategy("gems")
 FedMix = _method_strategy("fedmix")
+FedNGM = _method_strategy("fedngm")
 
 
 # -- the ClientApp ---------------------------------------------------------------------------

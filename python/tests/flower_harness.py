@@ -46,8 +46,11 @@ class Deployment:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.home / f"{name}.log", "w")
+        # Its own process group, so that killing a SuperNode also kills the ClientApp
+        # process it started.
         self.procs[name] = subprocess.Popen(
-            args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home
+            args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home,
+            start_new_session=True,
         )
 
     def log(self, name: str) -> str:
@@ -76,7 +79,9 @@ class Deployment:
         ])
 
     def kill(self, name: str) -> None:
-        self.procs[name].kill()
+        """Kills a process and its children at once (SIGKILL: no goodbye to the SuperLink)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.procs[name].pid, signal.SIGKILL)
         self.procs[name].wait()
 
     def _healthy(self) -> bool:
@@ -97,20 +102,31 @@ class Deployment:
             time.sleep(0.25)
 
     def run(self, app: Path, run_config: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        """`flwr run` to the end of the run; fails the test with both logs if it fails."""
+        done = self.submit(app, run_config)
+        out, err = done.communicate(timeout=timeout)
+        if done.returncode != 0:
+            raise AssertionError(f"flwr run failed ({done.returncode}):\n{out[-4000:]}\n{err[-4000:]}")
+        return subprocess.CompletedProcess(done.args, done.returncode, out, err)
+
+    def submit(self, app: Path, run_config: str) -> subprocess.Popen:
+        """Starts `flwr run` and returns at once."""
+        return subprocess.Popen(
             ["flwr", "run", str(app), "e2e", "--stream", "--run-config", run_config],
-            env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.home,
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.home,
         )
 
     def stop(self) -> None:
         for p in self.procs.values():
             if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=20)
             if p.poll() is None:
-                p.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
 
 

@@ -40,6 +40,6 @@ pub use methods::{
 };
 pub use seed::derive_seed;
 pub use simulator::{
-    ClientsPerRound, Progress, Rejection, RoundMetrics, RoundState, RoundTally, RunResult, Sampler,
-    SimConfig, client_step, evaluate_classifier, simulate, simulate_tables,
+    ClientsPerRound, Population, Progress, Rejection, RoundMetrics, RoundState, RoundTally,
+    RunResult, Sampler, SimConfig, client_step, evaluate_classifier, simulate, simulate_tables,
 };

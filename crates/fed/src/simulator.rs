@@ -164,28 +164,105 @@ struct Exchange {
     up: Result<Vec<u8>>,
 }
 
-/// The clients' data, and what the server evaluates the global model on.
+/// The clients' data, and what the server evaluates the global model on. A Flower server
+/// holds the second half only: its population has no clients.
 #[derive(Clone, Copy)]
-enum Population<'a> {
+pub enum Population<'a> {
     /// Labelled samples: the global model is a classifier that `trainer` evaluates on `test`.
     Labelled {
+        /// Builds, trains and evaluates the classifier.
         trainer: &'a Trainer,
+        /// Every client's data, by client slot.
         clients: &'a [ClientData],
+        /// The global test set.
         test: &'a Dataset,
     },
     /// Tables: the method scores its own global model on `test`, if any.
     Tables {
+        /// Every client's rows, by client slot.
         clients: &'a [Table],
+        /// The held-out rows.
         test: Option<&'a Table>,
     },
 }
 
 impl Population<'_> {
-    fn len(&self) -> usize {
+    /// Client slots.
+    pub fn len(&self) -> usize {
         match self {
             Population::Labelled { clients, .. } => clients.len(),
             Population::Tables { clients, .. } => clients.len(),
         }
+    }
+
+    /// Whether there are no clients (the server's view on Flower).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Client `id`'s reply to `instruction`: [`client_step`] on labelled data, the method's
+    /// tabular procedure on a table. The simulator and a node on Flower both run this.
+    pub fn client_reply(
+        &self,
+        method: &dyn Method,
+        instruction: Record,
+        id: usize,
+        (train, seed): (&TrainConfig, u64),
+        local_eval: bool,
+    ) -> Result<Record> {
+        match *self {
+            Population::Labelled {
+                trainer, clients, ..
+            } => {
+                let ctx = ClientContext {
+                    id,
+                    data: &clients[id],
+                    trainer,
+                    train,
+                    seed,
+                };
+                client_step(method, instruction, &ctx, local_eval)
+            }
+            Population::Tables { clients, .. } => {
+                let ctx = TableContext {
+                    id,
+                    table: &clients[id],
+                    seed,
+                };
+                method.fit_table(instruction, &ctx)
+            }
+        }
+    }
+
+    /// The global model's scores after a round: `(global accuracy, global loss, mean local
+    /// accuracy)`, NaN where not measured (a table's model is no classifier; the local mean
+    /// needs `local_eval` and the clients' data), and the method's own figures.
+    pub fn evaluate(
+        &self,
+        method: &dyn Method,
+        global: &Params,
+        local_eval: bool,
+    ) -> Result<((f64, f64, f64), BTreeMap<String, f64>)> {
+        let mut scores = method.round_metrics();
+        let figures = match *self {
+            Population::Labelled {
+                trainer,
+                clients,
+                test,
+            } => {
+                let (eval, local, extra) =
+                    evaluate_classifier(method, trainer, clients, test, global, local_eval)?;
+                scores.extend(extra);
+                (eval.accuracy, eval.loss, local)
+            }
+            Population::Tables { test, .. } => {
+                if let Some(test) = test {
+                    scores.extend(method.evaluate_table(global, test)?);
+                }
+                (f64::NAN, f64::NAN, f64::NAN)
+            }
+        };
+        Ok((figures, scores))
     }
 }
 
@@ -211,30 +288,12 @@ fn client_task(
         }
     };
     let (population, train, seed) = ctx;
-    let received = Record::decode(&down).map_err(FedError::from);
-    let up = match population {
-        Population::Labelled {
-            trainer, clients, ..
-        } => {
-            let ctx = ClientContext {
-                id,
-                data: &clients[id],
-                trainer,
-                train,
-                seed,
-            };
-            received.and_then(|received| client_step(method, received, &ctx, local_eval))
-        }
-        Population::Tables { clients, .. } => {
-            let ctx = TableContext {
-                id,
-                table: &clients[id],
-                seed,
-            };
-            received.and_then(|received| method.fit_table(received, &ctx))
-        }
-    }
-    .and_then(|reply| Ok(reply.encode()?));
+    let up = Record::decode(&down)
+        .map_err(FedError::from)
+        .and_then(|received| {
+            population.client_reply(method, received, id, (train, seed), local_eval)
+        })
+        .and_then(|reply| Ok(reply.encode()?));
     Exchange {
         down: down.len(),
         up,
@@ -428,32 +487,8 @@ fn run_rounds(
             }
         }
         let tally = state.finish(method, &mut global)?;
-        let mut method_metrics = method.round_metrics();
-        let (global_accuracy, global_loss, local_accuracy_mean) = match population {
-            Population::Labelled {
-                trainer,
-                clients,
-                test,
-            } => {
-                let (eval, local, scores) =
-                    evaluate_classifier(method, trainer, clients, test, &global, cfg.local_eval)?;
-                method_metrics.extend(scores);
-                (eval.accuracy, eval.loss, local)
-            }
-            Population::Tables { test, .. } => {
-                if let Some(test) = test {
-                    method_metrics.extend(method.evaluate_table(&global, test)?);
-                }
-                // No classifier to score: the method's figures stand instead.
-                (f64::NAN, f64::NAN, f64::NAN)
-            }
-        };
-        let metrics = tally.metrics(
-            &global,
-            (global_accuracy, global_loss, local_accuracy_mean),
-            method_metrics,
-            started,
-        );
+        let (figures, method_metrics) = population.evaluate(method, &global, cfg.local_eval)?;
+        let metrics = tally.metrics(&global, figures, method_metrics, started);
         progress(Progress::RoundEnd(&metrics));
         rounds.push(metrics);
         if method.finished() {

@@ -7,7 +7,7 @@ use fedfuse_core::Params;
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset};
 use fedfuse_fed::{
-    BuildContext, Method, RunResult, SimConfig, derive_seed, simulate, simulate_tables,
+    BuildContext, Method, Population, RunResult, SimConfig, derive_seed, simulate, simulate_tables,
 };
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
@@ -49,38 +49,45 @@ pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()>
 
 /// Loads the data of `cfg`, splits it among clients and runs the federation.
 pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
-    if let Some(table) = &cfg.table {
-        return federate_tables(cfg, table, observer);
-    }
     let mut fed = Federation::prepare(cfg)?;
     observer.note(&fed.summary);
     observer.run_started(cfg.rounds);
-    let result = simulate(
-        fed.method.as_mut(),
-        &fed.trainer,
-        &fed.clients,
-        &fed.test,
-        fed.init,
-        &fed.sim,
-        &|p| observer.progress(p),
-    );
+    let result = match &fed.data {
+        FederationData::Labelled {
+            trainer,
+            clients,
+            test,
+        } => simulate(
+            fed.method.as_mut(),
+            trainer,
+            clients,
+            test,
+            fed.init,
+            &fed.sim,
+            &|p| observer.progress(p),
+        ),
+        FederationData::Tables { clients, test } => simulate_tables(
+            fed.method.as_mut(),
+            clients,
+            Some(test),
+            fed.init,
+            &fed.sim,
+            &|p| observer.progress(p),
+        ),
+    };
     observer.run_finished();
     Ok(result?)
 }
 
-/// Everything a run of a classifier federation starts from, built from its config the same
-/// way wherever it runs: in the simulator, or split between a Flower strategy (method,
-/// trainer, test set, initial model) and Flower nodes (method, trainer, their client's data).
+/// Everything a run of a federation starts from, built from its config the same way wherever
+/// it runs: in the simulator, or split between a Flower strategy (method, test data, initial
+/// model) and Flower nodes (method, their client's data).
 pub struct Federation {
     /// The method, built and checked.
     pub method: Box<dyn Method>,
-    /// Builds, trains and evaluates the model.
-    pub trainer: Trainer,
-    /// Every client's data, by client slot.
-    pub clients: Vec<ClientData>,
-    /// The global test set.
-    pub test: Dataset,
-    /// The initial global model.
+    /// The clients' data and the server's test data.
+    pub data: FederationData,
+    /// The initial global model (empty for FedNGM, which builds its own).
     pub init: Params,
     /// Rounds, sampling, seeds and local training.
     pub sim: SimConfig,
@@ -91,6 +98,9 @@ pub struct Federation {
 impl Federation {
     /// Loads the data of `cfg`, splits it among clients and builds the method.
     pub fn prepare(cfg: &Config) -> Result<Self> {
+        if let Some(table) = &cfg.table {
+            return prepare_tables(cfg, table);
+        }
         let (Some(dataset), Some(model)) = (&cfg.dataset, &cfg.model) else {
             bail!("the config has no [dataset] and [model] to federate");
         };
@@ -137,13 +147,81 @@ impl Federation {
         );
         Ok(Self {
             method,
-            trainer,
-            clients,
-            test: data.test,
+            data: FederationData::Labelled {
+                trainer,
+                clients,
+                test: data.test,
+            },
             init,
             sim,
             summary,
         })
+    }
+}
+
+/// The clients' data of a run and what its server evaluates on.
+pub enum FederationData {
+    /// Labelled samples and a classifier.
+    Labelled {
+        /// Builds, trains and evaluates the model.
+        trainer: Trainer,
+        /// Every client's data, by client slot.
+        clients: Vec<ClientData>,
+        /// The global test set.
+        test: Dataset,
+    },
+    /// Tables (FedNGM).
+    Tables {
+        /// Every client's rows, by client slot.
+        clients: Vec<Table>,
+        /// All clients' held-out rows.
+        test: Table,
+    },
+}
+
+impl FederationData {
+    /// The whole population, as the simulator and a node see it.
+    pub fn population(&self) -> Population<'_> {
+        match self {
+            Self::Labelled {
+                trainer,
+                clients,
+                test,
+            } => Population::Labelled {
+                trainer,
+                clients,
+                test,
+            },
+            Self::Tables { clients, test } => Population::Tables {
+                clients,
+                test: Some(test),
+            },
+        }
+    }
+
+    /// What a server that holds no client data sees: the test data alone.
+    pub fn server_view(&self) -> Population<'_> {
+        match self.population() {
+            Population::Labelled { trainer, test, .. } => Population::Labelled {
+                trainer,
+                clients: &[],
+                test,
+            },
+            Population::Tables { test, .. } => Population::Tables { clients: &[], test },
+        }
+    }
+
+    /// Client slots.
+    pub fn num_clients(&self) -> usize {
+        self.population().len()
+    }
+
+    /// Client `id`'s training examples (rows, for a table).
+    pub fn num_examples(&self, id: usize) -> usize {
+        match self {
+            Self::Labelled { clients, .. } => clients[id].train.len(),
+            Self::Tables { clients, .. } => clients[id].n_rows(),
+        }
     }
 }
 
@@ -181,16 +259,12 @@ pub fn client_tables(cfg: &Config, table: &TableSection) -> Result<ClientTables>
     }
 }
 
-/// A tabular method (FedNGM) over the clients' tables of `table`; after each round the method
-/// scores its global model on all the held-out rows.
-fn federate_tables(
-    cfg: &Config,
-    table: &TableSection,
-    observer: &dyn Observer,
-) -> Result<RunResult> {
+/// A tabular federation (FedNGM) over the clients' tables of `table`; after each round the
+/// method scores its global model on all the held-out rows.
+fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
     let tables = client_tables(cfg, table)?;
     let test = Table::concat(&tables.test)?;
-    let mut method = cfg.method.build_with(BuildContext {
+    let method = cfg.method.build_with(BuildContext {
         seed: cfg.seed,
         ..BuildContext::default()
     })?;
@@ -202,7 +276,7 @@ fn federate_tables(
         ..SimConfig::default()
     };
     let rows: usize = tables.train.iter().map(Table::n_rows).sum();
-    observer.note(&format!(
+    let summary = format!(
         "{} on {} tables ({rows} rows, {} held out), {} clients, up to {} rounds",
         method.name(),
         match table {
@@ -212,16 +286,15 @@ fn federate_tables(
         test.n_rows(),
         tables.train.len(),
         cfg.rounds,
-    ));
-    observer.run_started(cfg.rounds);
-    let result = simulate_tables(
-        method.as_mut(),
-        &tables.train,
-        Some(&test),
-        Params::new(),
-        &sim,
-        &|p| observer.progress(p),
     );
-    observer.run_finished();
-    Ok(result?)
+    Ok(Federation {
+        method,
+        data: FederationData::Tables {
+            clients: tables.train,
+            test,
+        },
+        init: Params::new(),
+        sim,
+        summary,
+    })
 }

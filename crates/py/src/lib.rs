@@ -13,14 +13,11 @@ use std::time::Instant;
 
 use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
 use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_fed::{
-    ClientContext, RoundMetrics, RoundState, RunResult, SERVER_ROUND, Sampler, client_step,
-    derive_seed, evaluate_classifier,
-};
+use fedfuse_fed::{RoundMetrics, RoundState, RunResult, SERVER_ROUND, Sampler, derive_seed};
 use fedfuse_fuse::PfnmConfig;
 use fedfuse_lab::Config;
 use fedfuse_lab::fusion::{FuseMethod, fuse as fuse_models};
-use fedfuse_lab::run::Federation;
+use fedfuse_lab::run::{Federation, FederationData};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -257,14 +254,7 @@ fn record_from_flower<'py>(
 }
 
 fn load_config(config: &str, overrides: Vec<String>) -> PyResult<Config> {
-    let cfg = Config::load(Path::new(config), &overrides).map_err(err)?;
-    if cfg.table.is_some() {
-        return Err(err(format!(
-            "{config}: tabular methods (fedngm, fedngr) do not run on Flower yet; run them \
-             with `fedfuse run`"
-        )));
-    }
-    Ok(cfg)
+    Config::load(Path::new(config), &overrides).map_err(err)
 }
 
 struct OpenRound {
@@ -309,7 +299,7 @@ impl Server {
         let fed = py
             .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
             .map_err(err)?;
-        let sampler = Sampler::new(&fed.sim, fed.clients.len()).map_err(err)?;
+        let sampler = Sampler::new(&fed.sim, fed.data.num_clients()).map_err(err)?;
         Ok(Self(Mutex::new(ServerState {
             global: fed.init.clone(),
             cfg,
@@ -327,7 +317,7 @@ impl Server {
 
     /// Client slots of the run (Flower's `num-partitions`).
     fn num_clients(&self) -> PyResult<usize> {
-        self.with(|s| Ok(s.fed.clients.len()))
+        self.with(|s| Ok(s.fed.data.num_clients()))
     }
 
     /// What the run does, in one line.
@@ -380,7 +370,8 @@ impl Server {
     /// Closes the open round with `replies`: `(client, content)` for a reply, `(client,
     /// reason)` for a failure. Replies are folded in client-slot order whatever order they
     /// arrived in; a sampled client without a reply is listed as failed. Returns the
-    /// round's metrics as JSON (one entry of results.json's `rounds`).
+    /// round's metrics as JSON (one entry of results.json's `rounds`, plus the seconds the
+    /// server spent folding replies, `aggregate_seconds`, and evaluating, `evaluate_seconds`).
     fn finish_round(
         &self,
         py: Python<'_>,
@@ -400,8 +391,10 @@ impl Server {
             let mut open = s.open.take().ok_or_else(|| err("no open round"))?;
             let method = s.fed.method.as_mut();
             let global = &mut s.global;
-            let (fed_trainer, test) = (&s.fed.trainer, &s.fed.test);
-            let metrics = py.detach(|| -> Result<RoundMetrics, String> {
+            // The server holds no client data: the local mean is not measured.
+            let view = s.fed.data.server_view();
+            let metrics = py.detach(|| -> Result<(RoundMetrics, f64, f64), String> {
+                let aggregating = Instant::now();
                 for &client in &open.sampled {
                     let reply = match by_client.remove(&client) {
                         Some(Ok(content)) => Record::from_flower(&content)
@@ -427,23 +420,25 @@ impl Server {
                     .state
                     .finish(method, global)
                     .map_err(|e| e.to_string())?;
-                let mut scores = method.round_metrics();
-                // The server holds no client data: the local mean is not measured.
-                let (eval, _, extra) =
-                    evaluate_classifier(method, fed_trainer, &[], test, global, false)
-                        .map_err(|e| e.to_string())?;
-                scores.extend(extra);
-                Ok(tally.metrics(
-                    global,
-                    (eval.accuracy, eval.loss, f64::NAN),
-                    scores,
-                    open.started,
-                ))
+                let aggregate_seconds = aggregating.elapsed().as_secs_f64();
+                let evaluating = Instant::now();
+                let (figures, scores) = view
+                    .evaluate(method, global, false)
+                    .map_err(|e| e.to_string())?;
+                let evaluate_seconds = evaluating.elapsed().as_secs_f64();
+                let metrics = tally.metrics(global, figures, scores, open.started);
+                Ok((metrics, aggregate_seconds, evaluate_seconds))
             });
-            let metrics = metrics.map_err(err)?;
-            let json = serde_json::to_string(&metrics).map_err(err)?;
+            let (metrics, aggregate_seconds, evaluate_seconds) = metrics.map_err(err)?;
+            // Timings of the server step for the Flower Result and benchmarks; results.json
+            // keeps the simulator's format.
+            let mut json = serde_json::to_value(&metrics).map_err(err)?;
+            if let Some(fields) = json.as_object_mut() {
+                fields.insert("aggregate_seconds".into(), aggregate_seconds.into());
+                fields.insert("evaluate_seconds".into(), evaluate_seconds.into());
+            }
             s.rounds.push(metrics);
-            Ok(json)
+            Ok(json.to_string())
         })
     }
 
@@ -492,25 +487,26 @@ impl Client {
         overrides: Vec<String>,
     ) -> PyResult<Self> {
         let cfg = load_config(config, overrides)?;
-        if partition_id >= cfg.clients {
-            return Err(err(format!(
-                "partition-id {partition_id} is out of range: {config} has {} clients (0 to {})",
-                cfg.clients,
-                cfg.clients - 1
-            )));
-        }
         let fed = py
             .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
             .map_err(err)?;
+        let clients = fed.data.num_clients();
+        if partition_id >= clients {
+            return Err(err(format!(
+                "partition-id {partition_id} is out of range: {config} has {clients} clients \
+                 (0 to {})",
+                clients.saturating_sub(1)
+            )));
+        }
         Ok(Self {
             fed,
             id: partition_id,
         })
     }
 
-    /// Examples in this client's training split.
+    /// Examples in this client's training split (rows, for a table).
     fn num_examples(&self) -> usize {
-        self.fed.clients[self.id].train.len()
+        self.fed.data.num_examples(self.id)
     }
 
     /// Runs the method's client step on an instruction (Flower content holding
@@ -527,38 +523,42 @@ impl Client {
                     .filter(|r| *r >= 1.0 && r.fract() == 0.0)
                     .ok_or("the instruction has no `server-round` of 1 or more")?
                     as usize;
-                let ctx = ClientContext {
-                    id: self.id,
-                    data: &self.fed.clients[self.id],
-                    trainer: &self.fed.trainer,
-                    train: &self.fed.sim.train,
-                    seed: derive_seed(self.fed.sim.seed, round, self.id),
-                };
-                let reply = client_step(
-                    self.fed.method.as_ref(),
-                    record,
-                    &ctx,
-                    self.fed.sim.local_eval,
-                )
-                .map_err(|e| e.to_string())?;
+                let seed = derive_seed(self.fed.sim.seed, round, self.id);
+                let reply = self
+                    .fed
+                    .data
+                    .population()
+                    .client_reply(
+                        self.fed.method.as_ref(),
+                        record,
+                        self.id,
+                        (&self.fed.sim.train, seed),
+                        self.fed.sim.local_eval,
+                    )
+                    .map_err(|e| e.to_string())?;
                 reply.to_flower().map_err(|e| e.to_string())
             })
             .map_err(|e| err(format!("client {}: {e}", self.id)))?;
         Ok(content_to_py(py, reply))
     }
 
-    /// `(loss, accuracy, examples)` of the model in `content` on this client's own test split.
+    /// `(loss, accuracy, examples)` of the model in `content` on this client's own test split
+    /// (no examples for a table: its model is no classifier).
     fn evaluate(&self, py: Python<'_>, content: PyContent<'_>) -> PyResult<(f64, f64, usize)> {
         let content = content_from_py(content);
         py.detach(|| -> Result<(f64, f64, usize), String> {
             let record = Record::from_flower(&content).map_err(|e| e.to_string())?;
-            let data = &self.fed.clients[self.id].test;
+            let FederationData::Labelled {
+                trainer, clients, ..
+            } = &self.fed.data
+            else {
+                return Ok((f64::NAN, f64::NAN, 0));
+            };
+            let data = &clients[self.id].test;
             if data.is_empty() {
                 return Ok((f64::NAN, f64::NAN, 0));
             }
-            let e = self
-                .fed
-                .trainer
+            let e = trainer
                 .evaluate(&record.params, data)
                 .map_err(|e| e.to_string())?;
             Ok((e.loss, e.accuracy, data.len()))

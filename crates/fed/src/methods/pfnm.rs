@@ -292,18 +292,29 @@ pub fn put_class_counts(record: &mut Record, counts: &[usize]) {
     }
 }
 
-/// Reads per-class counts (`classes` of them) from a reply's metrics.
+/// Reads per-class counts (`classes` of them) from a reply's metrics. A reply with none of
+/// them (a stock Flower ClientApp sends only `num-examples`) counts its examples as spread
+/// evenly over the classes; a reply with only some of them is refused.
 pub(crate) fn class_counts(reply: &Reply, classes: usize) -> Result<Vec<f64>> {
-    (0..classes)
-        .map(|k| {
-            reply
-                .record
-                .metrics
-                .get(&format!("{CLASS_COUNT}{k}"))
-                .copied()
+    let metrics = &reply.record.metrics;
+    let counts: Vec<Option<f64>> = (0..classes)
+        .map(|k| metrics.get(&format!("{CLASS_COUNT}{k}")).copied())
+        .collect();
+    if counts.iter().all(Option::is_none) {
+        let even = reply.record.num_examples.max(1) as f64 / classes.max(1) as f64;
+        return Ok(vec![even; classes]);
+    }
+    counts
+        .into_iter()
+        .enumerate()
+        .map(|(k, c)| {
+            c.filter(|c| c.is_finite() && *c >= 0.0)
                 .ok_or_else(|| FedError::BadReply {
                     client: reply.client,
-                    reason: format!("no `{CLASS_COUNT}{k}` metric: PFNM needs class counts"),
+                    reason: format!(
+                        "`{CLASS_COUNT}{k}` is missing or not a count: a reply gives the \
+                         counts of all {classes} classes or of none"
+                    ),
                 })
         })
         .collect()
@@ -395,5 +406,31 @@ impl Method for Pfnm {
 
     fn round_metrics(&self) -> BTreeMap<String, f64> {
         self.report.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(metrics: &[(&str, f64)], examples: u64) -> Reply {
+        let mut record = Record::default().with_num_examples(examples);
+        for (k, v) in metrics {
+            record.metrics.insert((*k).into(), *v);
+        }
+        Reply { client: 3, record }
+    }
+
+    #[test]
+    fn class_counts_are_read_or_spread_evenly_when_absent() {
+        let full = reply(&[("class_count.0", 4.0), ("class_count.1", 6.0)], 10);
+        assert_eq!(class_counts(&full, 2).unwrap(), vec![4.0, 6.0]);
+        let stock = reply(&[("train_loss", 0.5)], 12);
+        assert_eq!(class_counts(&stock, 3).unwrap(), vec![4.0, 4.0, 4.0]);
+        let partial = reply(&[("class_count.0", 4.0)], 10);
+        let e = class_counts(&partial, 2).unwrap_err().to_string();
+        assert!(e.contains("class_count.1") && e.contains("client 3"), "{e}");
+        let negative = reply(&[("class_count.0", -1.0), ("class_count.1", 1.0)], 10);
+        assert!(class_counts(&negative, 2).is_err());
     }
 }

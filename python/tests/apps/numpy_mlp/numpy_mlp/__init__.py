@@ -1,0 +1,1 @@
+"""A plain numpy MLP on Flower, for fedfuse's tests and benchmark."""

@@ -1,0 +1,46 @@
+"""The ServerApp: a fedfuse strategy (any method, from a fedfuse run config) or Flower's own
+FedAvg, over the numpy ClientApp."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from numpy_mlp.client_app import init
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    rounds = int(cfg["rounds"])
+    timeout = float(cfg["round-timeout"])
+    out = str(cfg["out"]) or None
+    if cfg["strategy"] == "fedfuse":
+        from fedfuse.flwr import Strategy
+
+        overrides = [o for o in str(cfg["fedfuse-set"]).split(";") if o]
+        Strategy(str(cfg["fedfuse-config"]), [f"rounds={rounds}", *overrides], out=out).start(
+            grid, timeout=timeout
+        )
+    elif cfg["strategy"] == "flower-fedavg":
+        nodes = len(list(grid.get_node_ids()))
+        model = init(np.random.default_rng(int(cfg["seed"])), 64, int(cfg["hidden"]), 10)
+        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=nodes)
+        result = strategy.start(
+            grid,
+            initial_arrays=ArrayRecord({k: Array(v) for k, v in model.items()}),
+            num_rounds=rounds,
+            timeout=timeout,
+            train_config=ConfigRecord({}),
+        )
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            np.savez(Path(out) / "model.npz", **{k: a.numpy() for k, a in result.arrays.items()})
+            (Path(out) / "done.json").write_text(json.dumps({"rounds": rounds}))
+    else:
+        raise ValueError(f"strategy = {cfg['strategy']!r}: use \"fedfuse\" or \"flower-fedavg\"")

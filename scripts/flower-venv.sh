@@ -10,6 +10,9 @@ venv=target/flower-venv
 stamp="$venv/.fedfuse-requirements"
 pins=(
     flwr==1.41.0
+    # protoc for scripts/gen-flower-proto.sh and python/tests/test_flower_proto.py: the last
+    # release for protobuf 6 (1.82 needs protobuf 7; flwr 1.41.0 needs protobuf<7).
+    grpcio-tools==1.81.1
     numpy==2.4.6
     maturin==1.16.0
     pytest==9.2.0

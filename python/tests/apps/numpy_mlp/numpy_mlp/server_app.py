@@ -30,7 +30,14 @@ def main(grid: Grid, context: Context) -> None:
     elif cfg["strategy"] == "flower-fedavg":
         nodes = len(list(grid.get_node_ids()))
         model = init(np.random.default_rng(int(cfg["seed"])), 64, int(cfg["hidden"]), 10)
-        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=nodes)
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            np.savez(Path(out) / "init.npz", **model)
+        strategy = FedAvg(
+            fraction_train=1.0,
+            fraction_evaluate=float(cfg["fraction-evaluate"]),
+            min_available_nodes=nodes,
+        )
         result = strategy.start(
             grid,
             initial_arrays=ArrayRecord({k: Array(v) for k, v in model.items()}),
@@ -41,6 +48,7 @@ def main(grid: Grid, context: Context) -> None:
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             np.savez(Path(out) / "model.npz", **{k: a.numpy() for k, a in result.arrays.items()})
-            (Path(out) / "done.json").write_text(json.dumps({"rounds": rounds}))
+            evaluated = {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
+            (Path(out) / "done.json").write_text(json.dumps({"rounds": rounds, "evaluate": evaluated}))
     else:
         raise ValueError(f"strategy = {cfg['strategy']!r}: use \"fedfuse\" or \"flower-fedavg\"")

@@ -1,0 +1,50 @@
+//! A Flower SuperNode in Rust: joins a Flower SuperLink (flwr 1.41/1.42) over the Fleet API
+//! (protobuf over HTTP, optionally TLS), pulls each message and the objects of its content,
+//! runs it with a [`node::Handler`] and pushes the reply. Every request is signed with the
+//! node's P-384 key, as Flower's own SuperNode signs them.
+//!
+//! - [`objects`]: Flower's content-addressed message objects, written and read.
+//! - [`fleet`]: the HTTP client, its signing key and TLS.
+//! - [`node`]: the node loop (heartbeat, TTL, error replies, reconnection).
+
+pub mod fleet;
+pub mod node;
+pub mod objects;
+
+/// What can go wrong on a node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The SuperLink could not be reached, or its reply could not be read.
+    #[error("{rpc}: {reason}")]
+    Transport {
+        /// The Fleet call.
+        rpc: String,
+        /// Why.
+        reason: String,
+    },
+    /// The SuperLink refused a call.
+    #[error("{rpc}: the SuperLink answered HTTP {status}: {detail}")]
+    Status {
+        /// The Fleet call.
+        rpc: String,
+        /// HTTP status.
+        status: u16,
+        /// The SuperLink's explanation.
+        detail: String,
+    },
+    /// A message's objects were malformed or incomplete.
+    #[error("message objects: {0}")]
+    Object(String),
+    /// The node's key could not be made or read.
+    #[error("node key: {0}")]
+    Key(String),
+    /// The CA certificate could not be read.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The SuperLink no longer knows this node.
+    #[error("the SuperLink no longer recognises this node")]
+    Forgotten,
+}
+
+/// Results of this crate.
+pub type Result<T> = std::result::Result<T, NodeError>;

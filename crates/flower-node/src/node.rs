@@ -1,0 +1,377 @@
+//! The SuperNode loop: register and activate, heartbeat, pull each message and its objects,
+//! run it, push the reply and its objects; deactivate and unregister when told to stop.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fedfuse_flower_proto::flwr::proto;
+
+use crate::fleet::{Connection, Fleet, NodeKey};
+use crate::objects::{Pulled, RecordDict, deflate};
+use crate::{NodeError, Result};
+
+/// Flower's error code for a ClientApp that raised.
+pub const CLIENT_APP_RAISED_EXCEPTION: i64 = 2;
+/// The SuperLink's node id, the source of instructions.
+const SUPERLINK_NODE: u64 = 1;
+
+/// What a node does with an instruction.
+pub trait Handler {
+    /// Runs one message (`train`, `evaluate`, `query`, ...) on its content and returns the
+    /// reply's content; an `Err` travels back as Flower's error content with its reason.
+    fn handle(
+        &mut self,
+        message_type: &str,
+        content: &RecordDict,
+    ) -> std::result::Result<RecordDict, String>;
+}
+
+/// How the node behaves.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// The SuperLink.
+    pub connection: Connection,
+    /// Seconds between heartbeats (Flower's default is 30).
+    pub heartbeat: Duration,
+    /// Pause between polls when there is nothing to do.
+    pub poll: Duration,
+    /// Longest wait for an object the SuperLink has not received yet.
+    pub object_wait: Duration,
+    /// Longest pause between reconnection attempts.
+    pub max_backoff: Duration,
+}
+
+impl NodeOptions {
+    /// Flower's defaults for `connection`.
+    pub fn new(connection: Connection) -> Self {
+        Self {
+            connection,
+            heartbeat: Duration::from_secs(30),
+            poll: Duration::from_secs(1),
+            object_wait: Duration::from_secs(60),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A progress line for the person running the node.
+pub type Log<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// Sleeps up to `d`, waking early when `stop` is set.
+fn nap(d: Duration, stop: &AtomicBool) {
+    let end = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
+
+/// The node's session with the SuperLink.
+struct Session<'a> {
+    fleet: &'a Fleet,
+    node: proto::Node,
+    self_registered: bool,
+}
+
+impl<'a> Session<'a> {
+    /// Registers (a self-generated key) and activates the node.
+    fn open(fleet: &'a Fleet, self_registered: bool, heartbeat: Duration) -> Result<Self> {
+        let public_key = fleet.key().public_pem().to_vec();
+        if self_registered {
+            let _: proto::RegisterNodeFleetResponse = fleet.call(
+                "register-node",
+                &proto::RegisterNodeFleetRequest {
+                    public_key: public_key.clone(),
+                },
+            )?;
+        }
+        let activated: proto::ActivateNodeResponse = fleet.call(
+            "activate-node",
+            &proto::ActivateNodeRequest {
+                public_key,
+                heartbeat_interval: heartbeat.as_secs_f64(),
+            },
+        )?;
+        Ok(Self {
+            fleet,
+            node: proto::Node {
+                node_id: activated.node_id,
+            },
+            self_registered,
+        })
+    }
+
+    fn close(&self) -> Result<()> {
+        let node_id = self.node.node_id;
+        let _: proto::DeactivateNodeResponse = self
+            .fleet
+            .call("deactivate-node", &proto::DeactivateNodeRequest { node_id })?;
+        if self.self_registered {
+            let _: proto::UnregisterNodeFleetResponse = self.fleet.call(
+                "unregister-node",
+                &proto::UnregisterNodeFleetRequest { node_id },
+            )?;
+        }
+        Ok(())
+    }
+
+    fn heartbeat(&self, interval: Duration) -> Result<bool> {
+        let r: proto::SendNodeHeartbeatResponse = self.fleet.call(
+            "send-node-heartbeat",
+            &proto::SendNodeHeartbeatRequest {
+                node: Some(self.node),
+                heartbeat_interval: interval.as_secs_f64(),
+            },
+        )?;
+        Ok(r.success)
+    }
+
+    /// Pulls every object of `tree` (retrying those the SuperLink does not hold yet).
+    fn pull_objects(
+        &self,
+        run_id: u64,
+        tree: &proto::ObjectTree,
+        wait: Duration,
+        stop: &AtomicBool,
+    ) -> Result<Pulled> {
+        let mut pulled = Pulled::new();
+        let mut todo = vec![tree];
+        while let Some(t) = todo.pop() {
+            todo.extend(t.children.iter());
+            let deadline = Instant::now() + wait;
+            loop {
+                let r: proto::PullObjectResponse = self.fleet.call(
+                    "pull-object",
+                    &proto::PullObjectRequest {
+                        node: Some(self.node),
+                        run_id,
+                        object_id: t.object_id.clone(),
+                    },
+                )?;
+                if !r.object_found {
+                    return Err(NodeError::Object(format!(
+                        "the SuperLink does not know object {}",
+                        t.object_id
+                    )));
+                }
+                if r.object_available {
+                    pulled.insert(&t.object_id, r.object_content)?;
+                    break;
+                }
+                if Instant::now() > deadline || stop.load(Ordering::Relaxed) {
+                    return Err(NodeError::Object(format!(
+                        "object {} was not available within {:?}",
+                        t.object_id, wait
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(pulled)
+    }
+
+    /// Pulls, runs and answers at most one message; whether there was one.
+    fn step(
+        &self,
+        handler: &mut dyn Handler,
+        opts: &NodeOptions,
+        stop: &AtomicBool,
+        log: Log<'_>,
+    ) -> Result<bool> {
+        let pulled: proto::PullMessagesResponse = self.fleet.call(
+            "pull-messages",
+            &proto::PullMessagesRequest {
+                node: Some(self.node),
+                message_ids: Vec::new(),
+            },
+        )?;
+        let (Some(message), Some(tree)) = (
+            pulled.messages_list.first(),
+            pulled.message_object_trees.first(),
+        ) else {
+            return Ok(false);
+        };
+        let meta = message
+            .metadata
+            .clone()
+            .ok_or_else(|| NodeError::Object("a message without metadata".into()))?;
+        if tree.object_id != meta.message_id {
+            return Err(NodeError::Object(format!(
+                "message {}: its object tree is rooted at {}",
+                meta.message_id, tree.object_id
+            )));
+        }
+        let objects = self.pull_objects(meta.run_id, tree, opts.object_wait, stop)?;
+        let _: proto::ConfirmMessageReceivedResponse = self.fleet.call(
+            "confirm-message-received",
+            &proto::ConfirmMessageReceivedRequest {
+                node: Some(self.node),
+                run_id: meta.run_id,
+                message_object_id: meta.message_id.clone(),
+            },
+        )?;
+        let started = now_secs();
+        if meta.created_at + meta.ttl < started {
+            log(&format!(
+                "dropped {} message {}: its TTL had passed",
+                meta.message_type, meta.message_id
+            ));
+            return Ok(true);
+        }
+        let (_, content) = objects.inflate(&meta.message_id)?;
+        let clock = Instant::now();
+        let outcome = handler.handle(&meta.message_type, &content);
+        let runtime = clock.elapsed().as_secs_f64();
+        let now = now_secs();
+        let reply_meta = proto::Metadata {
+            run_id: meta.run_id,
+            message_id: String::new(),
+            src_node_id: self.node.node_id,
+            dst_node_id: if meta.src_node_id == 0 {
+                SUPERLINK_NODE
+            } else {
+                meta.src_node_id
+            },
+            reply_to_message_id: meta.message_id.clone(),
+            group_id: meta.group_id.clone(),
+            ttl: (meta.ttl - (now - meta.created_at)).max(0.0),
+            message_type: meta.message_type.clone(),
+            created_at: now,
+            src_task_id: None,
+            dst_task_id: meta.src_task_id,
+        };
+        let reply = match &outcome {
+            Ok(content) => deflate(reply_meta, Some(content), None),
+            Err(reason) => {
+                log(&format!("{} failed: {reason}", meta.message_type));
+                deflate(
+                    reply_meta,
+                    None,
+                    Some(proto::Error {
+                        code: CLIENT_APP_RAISED_EXCEPTION,
+                        reason: reason.clone(),
+                    }),
+                )
+            }
+        };
+        let pushed: proto::PushMessagesResponse = self.fleet.call(
+            "push-messages",
+            &proto::PushMessagesRequest {
+                node: Some(self.node),
+                messages_list: vec![reply.message.clone()],
+                message_object_trees: vec![reply.tree.clone()],
+                clientapp_runtime_list: vec![runtime],
+            },
+        )?;
+        for id in &pushed.objects_to_push {
+            let content = reply.objects.get(id).ok_or_else(|| {
+                NodeError::Object(format!("the SuperLink asked for unknown object {id}"))
+            })?;
+            let _: proto::PushObjectResponse = self.fleet.call(
+                "push-object",
+                &proto::PushObjectRequest {
+                    node: Some(self.node),
+                    run_id: meta.run_id,
+                    object_id: id.clone(),
+                    object_content: content.clone(),
+                    session_id: pushed.session_id.clone(),
+                },
+            )?;
+        }
+        if outcome.is_ok() {
+            log(&format!(
+                "{} (round message {}) answered in {runtime:.2} s",
+                meta.message_type, meta.group_id
+            ));
+        }
+        Ok(true)
+    }
+}
+
+/// Runs a node until `stop` is set: joins the SuperLink, answers its messages with
+/// `handler`, and leaves cleanly. Lost connections are retried with back-off (the node
+/// registers again when the SuperLink has forgotten it); a wrong address, a refused key or a
+/// certificate mismatch on first contact is an error.
+pub fn run(
+    opts: &NodeOptions,
+    key: Option<NodeKey>,
+    handler: &mut dyn Handler,
+    stop: &AtomicBool,
+    log: Log<'_>,
+) -> Result<()> {
+    let self_registered = key.is_none();
+    let key = match key {
+        Some(k) => k,
+        None => NodeKey::generate()?,
+    };
+    let fleet = Fleet::new(&opts.connection, key)?;
+    let mut session = Session::open(&fleet, self_registered, opts.heartbeat)?;
+    log(&format!(
+        "joined {} as node {}",
+        opts.connection.superlink, session.node.node_id
+    ));
+    let mut last_beat = Instant::now();
+    let mut backoff = Duration::from_secs(1);
+    while !stop.load(Ordering::Relaxed) {
+        let attempt = (|| -> Result<bool> {
+            if last_beat.elapsed() >= opts.heartbeat {
+                if !session.heartbeat(opts.heartbeat)? {
+                    return Err(NodeError::Forgotten);
+                }
+                last_beat = Instant::now();
+            }
+            session.step(handler, opts, stop, log)
+        })();
+        match attempt {
+            Ok(true) => backoff = Duration::from_secs(1),
+            Ok(false) => {
+                backoff = Duration::from_secs(1);
+                nap(opts.poll, stop);
+            }
+            Err(NodeError::Object(reason)) => {
+                // One bad message: say so and go on with the next.
+                log(&format!("a message could not be read: {reason}"));
+            }
+            Err(e) => {
+                log(&format!(
+                    "lost the SuperLink ({e}); retrying in {backoff:?}"
+                ));
+                nap(backoff, stop);
+                backoff = (backoff * 2).min(opts.max_backoff);
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                // Activate again; a restarted SuperLink that forgot the node gets it
+                // registered again first.
+                let rejoined = Session::open(&fleet, false, opts.heartbeat).or_else(|e| {
+                    if self_registered {
+                        Session::open(&fleet, true, opts.heartbeat)
+                    } else {
+                        Err(e)
+                    }
+                });
+                match rejoined {
+                    Ok(mut s) => {
+                        s.self_registered = self_registered;
+                        session = s;
+                        last_beat = Instant::now();
+                        log(&format!("rejoined as node {}", session.node.node_id));
+                    }
+                    Err(e) => log(&format!("could not rejoin yet: {e}")),
+                }
+            }
+        }
+    }
+    session.close()?;
+    log("left the federation");
+    Ok(())
+}

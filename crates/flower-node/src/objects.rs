@@ -1,0 +1,589 @@
+//! Flower's content-addressed objects: a message's content travels as a tree of objects
+//! (Message -> RecordDict -> records -> Array -> ArrayChunk), each stored and fetched by id.
+//!
+//! An object is `"<Type> <child ids, comma-separated> <body length>"`, a NUL byte, then the
+//! body; its id is the hex sha256 of those bytes. Bodies: `ArrayChunk` raw bytes (at most
+//! [`MAX_CHUNK`]); `Array` JSON metadata whose `arraychunk_ids` index the head's child ids;
+//! `ArrayRecord` and `RecordDict` JSON maps from names to child ids; `ConfigRecord`,
+//! `MetricRecord` and `Message` (metadata and error, no content) protobuf. JSON is written
+//! as Python's `json.dumps` writes it, so an object Flower re-deflates keeps its id.
+
+use std::collections::HashMap;
+
+use fedfuse_core::ConfigValue;
+use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
+use fedfuse_flower_proto::flwr::proto;
+use prost::Message as _;
+use sha2::{Digest, Sha256};
+
+use crate::{NodeError, Result};
+
+/// Largest `ArrayChunk` body Flower writes (5 MiB).
+pub const MAX_CHUNK: usize = 5_242_880;
+/// Objects a message may hold: bounds the work a hostile tree can ask for.
+pub const MAX_OBJECTS: usize = 100_000;
+
+/// The hex sha256 of an object's bytes: its id.
+pub fn object_id(content: &[u8]) -> String {
+    let digest = Sha256::digest(content);
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        hex.push_str(&format!("{b:02x}"));
+    }
+    hex
+}
+
+fn bad(what: impl Into<String>) -> NodeError {
+    NodeError::Object(what.into())
+}
+
+/// A Flower record.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    /// An `ArrayRecord`.
+    Arrays(Vec<FlowerArray>),
+    /// A `ConfigRecord` (fedfuse's scalar settings).
+    Config(Vec<(String, ConfigValue)>),
+    /// A `MetricRecord`.
+    Metrics(Vec<(String, MetricValue)>),
+}
+
+/// A Flower `RecordDict`: named records, in order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecordDict(pub Vec<(String, Record)>);
+
+/// Record names of the stock strategy contract.
+pub const ARRAYS: &str = "arrays";
+/// See [`ARRAYS`].
+pub const CONFIG: &str = "config";
+/// See [`ARRAYS`].
+pub const METRICS: &str = "metrics";
+
+impl RecordDict {
+    /// fedfuse's content: at most one record of each kind, whatever their names (a stock
+    /// instruction holds `"arrays"` and `"config"`).
+    pub fn to_content(&self) -> Result<FlowerContent> {
+        let mut content = FlowerContent::default();
+        let mut seen = [false; 3];
+        for (name, record) in &self.0 {
+            let (slot, kind) = match record {
+                Record::Arrays(a) => {
+                    content.arrays = a.clone();
+                    (0, "ArrayRecord")
+                }
+                Record::Config(c) => {
+                    content.config = c.clone();
+                    (1, "ConfigRecord")
+                }
+                Record::Metrics(m) => {
+                    content.metrics = m.clone();
+                    (2, "MetricRecord")
+                }
+            };
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(bad(format!(
+                    "the message holds more than one {kind} (second: `{name}`); fedfuse reads one"
+                )));
+            }
+        }
+        Ok(content)
+    }
+
+    /// The stock reply layout: `"arrays"`, `"metrics"`, then `"config"` when not empty.
+    pub fn from_content(content: FlowerContent) -> Self {
+        let mut records = vec![(ARRAYS.to_string(), Record::Arrays(content.arrays))];
+        records.push((METRICS.to_string(), Record::Metrics(content.metrics)));
+        if !content.config.is_empty() {
+            records.push((CONFIG.to_string(), Record::Config(content.config)));
+        }
+        Self(records)
+    }
+}
+
+// -- writing -------------------------------------------------------------------------------
+
+/// A deflated message: the message itself (metadata with its id, no content), its object
+/// tree and the bytes of every object, by id.
+#[derive(Clone, Debug)]
+pub struct Deflated {
+    /// The message to push (its `message_id` is its object id).
+    pub message: proto::Message,
+    /// Its tree of object ids.
+    pub tree: proto::ObjectTree,
+    /// Every object of the tree.
+    pub objects: HashMap<String, Vec<u8>>,
+}
+
+struct Writer {
+    objects: HashMap<String, Vec<u8>>,
+}
+
+impl Writer {
+    /// Stores one object and returns its id and tree.
+    fn put(
+        &mut self,
+        kind: &str,
+        children: Vec<proto::ObjectTree>,
+        body: &[u8],
+    ) -> proto::ObjectTree {
+        let ids: Vec<&str> = unique(children.iter().map(|c| c.object_id.as_str()));
+        let mut content = format!("{kind} {} {}", ids.join(","), body.len()).into_bytes();
+        content.push(0);
+        content.extend_from_slice(body);
+        let id = object_id(&content);
+        self.objects.insert(id.clone(), content);
+        let mut seen = std::collections::HashSet::new();
+        let children = children
+            .into_iter()
+            .filter(|c| seen.insert(c.object_id.clone()))
+            .collect();
+        proto::ObjectTree {
+            object_id: id,
+            children,
+        }
+    }
+
+    fn array(&mut self, a: &FlowerArray) -> proto::ObjectTree {
+        let chunks: Vec<proto::ObjectTree> = a
+            .data
+            .chunks(MAX_CHUNK)
+            .map(|c| self.put("ArrayChunk", Vec::new(), c))
+            .collect();
+        let unique_ids = unique(chunks.iter().map(|c| c.object_id.as_str()));
+        let indices: Vec<String> = chunks
+            .iter()
+            .map(|c| {
+                unique_ids
+                    .iter()
+                    .position(|u| *u == c.object_id)
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let shape: Vec<String> = a.shape.iter().map(usize::to_string).collect();
+        let body = format!(
+            "{{\"dtype\": {}, \"shape\": [{}], \"stype\": {}, \"arraychunk_ids\": [{}]}}",
+            json_str(&a.dtype),
+            shape.join(", "),
+            json_str(&a.stype),
+            indices.join(", ")
+        );
+        self.put("Array", chunks, body.as_bytes())
+    }
+
+    fn record(&mut self, record: &Record) -> proto::ObjectTree {
+        match record {
+            Record::Arrays(arrays) => {
+                let children: Vec<proto::ObjectTree> =
+                    arrays.iter().map(|a| self.array(a)).collect();
+                let names = arrays.iter().map(|a| a.key.as_str());
+                let body = json_map(names.zip(children.iter().map(|c| c.object_id.as_str())));
+                self.put("ArrayRecord", children, body.as_bytes())
+            }
+            Record::Config(items) => {
+                let body = proto::ConfigRecord {
+                    items: items
+                        .iter()
+                        .map(|(k, v)| proto::config_record::Item {
+                            key: k.clone(),
+                            value: Some(config_value(v)),
+                        })
+                        .collect(),
+                }
+                .encode_to_vec();
+                self.put("ConfigRecord", Vec::new(), &body)
+            }
+            Record::Metrics(items) => {
+                let body = proto::MetricRecord {
+                    items: items
+                        .iter()
+                        .map(|(k, v)| proto::metric_record::Item {
+                            key: k.clone(),
+                            value: Some(metric_value(*v)),
+                        })
+                        .collect(),
+                }
+                .encode_to_vec();
+                self.put("MetricRecord", Vec::new(), &body)
+            }
+        }
+    }
+}
+
+/// Ids in order of first appearance (a Python dict's keys).
+fn unique<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
+    for id in ids {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+/// A JSON string as Python's `json.dumps` writes it (`ensure_ascii`).
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (c as u32) > 0x7e => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn json_map<'a>(items: impl Iterator<Item = (&'a str, &'a str)>) -> String {
+    let parts: Vec<String> = items
+        .map(|(k, v)| format!("{}: {}", json_str(k), json_str(v)))
+        .collect();
+    format!("{{{}}}", parts.join(", "))
+}
+
+fn config_value(v: &ConfigValue) -> proto::ConfigRecordValue {
+    use proto::config_record_value::Value;
+    let value = match v {
+        ConfigValue::Bool(b) => Value::Bool(*b),
+        ConfigValue::Int(i) => Value::Sint64(*i),
+        ConfigValue::Float(f) => Value::Double(*f),
+        ConfigValue::Str(s) => Value::String(s.clone()),
+    };
+    proto::ConfigRecordValue { value: Some(value) }
+}
+
+fn metric_value(v: MetricValue) -> proto::MetricRecordValue {
+    use proto::metric_record_value::Value;
+    let value = match v {
+        MetricValue::Int(i) => Value::Sint64(i),
+        MetricValue::Float(f) => Value::Double(f),
+    };
+    proto::MetricRecordValue { value: Some(value) }
+}
+
+/// Deflates a message: `metadata` (its `message_id` is replaced by the object id) with
+/// `content` or `error`.
+pub fn deflate(
+    mut metadata: proto::Metadata,
+    content: Option<&RecordDict>,
+    error: Option<proto::Error>,
+) -> Deflated {
+    let mut w = Writer {
+        objects: HashMap::new(),
+    };
+    let children = match content {
+        Some(rd) => {
+            let records: Vec<proto::ObjectTree> = rd.0.iter().map(|(_, r)| w.record(r)).collect();
+            let names = rd.0.iter().map(|(n, _)| n.as_str());
+            let body = json_map(names.zip(records.iter().map(|c| c.object_id.as_str())));
+            vec![w.put("RecordDict", records, body.as_bytes())]
+        }
+        None => Vec::new(),
+    };
+    metadata.message_id.clear();
+    let body = proto::Message {
+        metadata: Some(metadata.clone()),
+        content: None,
+        error: error.clone(),
+    }
+    .encode_to_vec();
+    let tree = w.put("Message", children, &body);
+    metadata.message_id = tree.object_id.clone();
+    // The pushed message carries an empty content in place of the tree (none with an error),
+    // as Flower's own nodes send it.
+    let content = error.is_none().then(proto::RecordDict::default);
+    Deflated {
+        message: proto::Message {
+            metadata: Some(metadata),
+            content,
+            error,
+        },
+        tree,
+        objects: w.objects,
+    }
+}
+
+// -- reading -------------------------------------------------------------------------------
+
+/// One object's head and body.
+struct Parsed<'a> {
+    kind: &'a str,
+    children: Vec<&'a str>,
+    body: &'a [u8],
+}
+
+fn parse<'a>(id: &str, content: &'a [u8]) -> Result<Parsed<'a>> {
+    let split = content
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| bad(format!("object {id}: no head")))?;
+    let head = std::str::from_utf8(&content[..split])
+        .map_err(|_| bad(format!("object {id}: the head is not UTF-8")))?;
+    let body = &content[split + 1..];
+    let mut parts = head.split(' ');
+    let (Some(kind), Some(children), Some(len), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad(format!("object {id}: malformed head `{head}`")));
+    };
+    if len.parse::<usize>().ok() != Some(body.len()) {
+        return Err(bad(format!(
+            "object {id}: the head declares {len} body bytes, the object has {}",
+            body.len()
+        )));
+    }
+    let children = if children.is_empty() {
+        Vec::new()
+    } else {
+        children.split(',').collect()
+    };
+    Ok(Parsed {
+        kind,
+        children,
+        body,
+    })
+}
+
+/// Pulled objects by id, checked against their ids.
+pub struct Pulled {
+    objects: HashMap<String, Vec<u8>>,
+}
+
+impl Pulled {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self {
+            objects: HashMap::new(),
+        }
+    }
+
+    /// Adds an object after checking that `content` hashes to `id`.
+    pub fn insert(&mut self, id: &str, content: Vec<u8>) -> Result<()> {
+        let actual = object_id(&content);
+        if actual != id {
+            return Err(bad(format!("object {id}: its bytes hash to {actual}")));
+        }
+        if self.objects.len() >= MAX_OBJECTS {
+            return Err(bad(format!(
+                "more than {MAX_OBJECTS} objects in one message"
+            )));
+        }
+        self.objects.insert(id.to_string(), content);
+        Ok(())
+    }
+
+    fn get(&self, id: &str, kind: &str) -> Result<Parsed<'_>> {
+        let content = self
+            .objects
+            .get(id)
+            .ok_or_else(|| bad(format!("object {id} ({kind}) was not pulled")))?;
+        let p = parse(id, content)?;
+        if p.kind != kind {
+            return Err(bad(format!("object {id}: a {}, expected a {kind}", p.kind)));
+        }
+        Ok(p)
+    }
+
+    /// Rebuilds the message whose object id is `id`: its metadata and error, and its content
+    /// (empty when it carries an error).
+    pub fn inflate(&self, id: &str) -> Result<(proto::Message, RecordDict)> {
+        let m = self.get(id, "Message")?;
+        let mut message =
+            proto::Message::decode(m.body).map_err(|e| bad(format!("message {id}: {e}")))?;
+        if let Some(meta) = message.metadata.as_mut() {
+            meta.message_id = id.to_string();
+        }
+        let content = match m.children.as_slice() {
+            [] => RecordDict::default(),
+            [rd] => self.record_dict(rd)?,
+            _ => return Err(bad(format!("message {id}: more than one content"))),
+        };
+        Ok((message, content))
+    }
+
+    fn record_dict(&self, id: &str) -> Result<RecordDict> {
+        let p = self.get(id, "RecordDict")?;
+        let refs = json_refs(id, p.body)?;
+        check_children(id, &p.children, refs.iter().map(|(_, v)| v.as_str()))?;
+        let mut records = Vec::with_capacity(refs.len());
+        for (name, child) in refs {
+            let content = self
+                .objects
+                .get(&child)
+                .ok_or_else(|| bad(format!("record `{name}` ({child}) was not pulled")))?;
+            let record = match parse(&child, content)?.kind {
+                "ArrayRecord" => self.array_record(&child)?,
+                "ConfigRecord" => self.config_record(&child)?,
+                "MetricRecord" => self.metric_record(&child)?,
+                other => return Err(bad(format!("record `{name}`: a {other}"))),
+            };
+            records.push((name, record));
+        }
+        Ok(RecordDict(records))
+    }
+
+    fn array_record(&self, id: &str) -> Result<Record> {
+        let p = self.get(id, "ArrayRecord")?;
+        let refs = json_refs(id, p.body)?;
+        check_children(id, &p.children, refs.iter().map(|(_, v)| v.as_str()))?;
+        refs.into_iter()
+            .map(|(key, child)| self.array(key, &child))
+            .collect::<Result<Vec<_>>>()
+            .map(Record::Arrays)
+    }
+
+    fn array(&self, key: String, id: &str) -> Result<FlowerArray> {
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            dtype: String,
+            shape: Vec<usize>,
+            stype: String,
+            arraychunk_ids: Vec<usize>,
+        }
+        let p = self.get(id, "Array")?;
+        let meta: Meta = serde_json::from_slice(p.body)
+            .map_err(|e| bad(format!("array `{key}` ({id}): {e}")))?;
+        let mut data = Vec::new();
+        for i in meta.arraychunk_ids {
+            let chunk = p
+                .children
+                .get(i)
+                .ok_or_else(|| bad(format!("array `{key}`: chunk index {i} out of range")))?;
+            data.extend_from_slice(self.get(chunk, "ArrayChunk")?.body);
+        }
+        Ok(FlowerArray {
+            key,
+            dtype: meta.dtype,
+            shape: meta.shape,
+            stype: meta.stype,
+            data,
+        })
+    }
+
+    fn config_record(&self, id: &str) -> Result<Record> {
+        use proto::config_record_value::Value;
+        let p = self.get(id, "ConfigRecord")?;
+        let record = proto::ConfigRecord::decode(p.body)
+            .map_err(|e| bad(format!("config record {id}: {e}")))?;
+        record
+            .items
+            .into_iter()
+            .map(|item| {
+                let v = match item.value.and_then(|v| v.value) {
+                    Some(Value::Bool(b)) => ConfigValue::Bool(b),
+                    Some(Value::Sint64(i)) => ConfigValue::Int(i),
+                    Some(Value::Uint64(u)) => ConfigValue::Int(i64::try_from(u).map_err(|_| {
+                        bad(format!(
+                            "config `{}`: {u} is out of fedfuse's range",
+                            item.key
+                        ))
+                    })?),
+                    Some(Value::Double(f)) => ConfigValue::Float(f),
+                    Some(Value::String(s)) => ConfigValue::Str(s),
+                    _ => {
+                        return Err(bad(format!(
+                            "config `{}`: lists and bytes are not fedfuse settings",
+                            item.key
+                        )));
+                    }
+                };
+                Ok((item.key, v))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Record::Config)
+    }
+
+    fn metric_record(&self, id: &str) -> Result<Record> {
+        use proto::metric_record_value::Value;
+        let p = self.get(id, "MetricRecord")?;
+        let record = proto::MetricRecord::decode(p.body)
+            .map_err(|e| bad(format!("metric record {id}: {e}")))?;
+        record
+            .items
+            .into_iter()
+            .map(|item| {
+                let v = match item.value.and_then(|v| v.value) {
+                    Some(Value::Sint64(i)) => MetricValue::Int(i),
+                    Some(Value::Uint64(u)) => MetricValue::Float(u as f64),
+                    Some(Value::Double(f)) => MetricValue::Float(f),
+                    _ => {
+                        return Err(bad(format!(
+                            "metric `{}`: fedfuse reads scalar metrics",
+                            item.key
+                        )));
+                    }
+                };
+                Ok((item.key, v))
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Record::Metrics)
+    }
+}
+
+impl Default for Pulled {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A JSON map of names to object ids, in the order written (a Python dict's order).
+struct Refs(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for Refs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Refs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of names to object ids")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Refs, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, String>()? {
+                    out.push(entry);
+                }
+                Ok(Refs(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+fn json_refs(id: &str, body: &[u8]) -> Result<Vec<(String, String)>> {
+    serde_json::from_slice::<Refs>(body)
+        .map(|r| r.0)
+        .map_err(|e| bad(format!("object {id}: {e}")))
+}
+
+fn check_children<'a>(
+    id: &str,
+    head: &[&str],
+    referenced: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    let mut want: Vec<&str> = unique(referenced);
+    let mut have: Vec<&str> = head.to_vec();
+    want.sort_unstable();
+    have.sort_unstable();
+    if want != have {
+        return Err(bad(format!(
+            "object {id}: its head's children differ from the ids its body names"
+        )));
+    }
+    Ok(())
+}

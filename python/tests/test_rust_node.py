@@ -1,10 +1,13 @@
-"""fedfuse's Rust SuperNode (crates/flower-node) in a real Flower deployment on 127.0.0.1,
-with Flower's own FedAvg on the server and no Python on the nodes."""
+"""fedfuse's Rust SuperNode (crates/flower-node, `fedfuse flower-node`) in a real Flower
+deployment on 127.0.0.1: no Python on the nodes, Flower's own FedAvg or fedfuse's strategy on
+the server."""
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from conftest import ROOT
 from flower_harness import deployment
@@ -38,3 +41,30 @@ def test_rust_nodes_with_flowers_fedavg_give_the_weighted_mean_step(tmp_path):
     for m in evaluated.values():
         assert m["loss"] == pytest.approx(want_loss, abs=1e-9), m
     assert all(log.count("train") >= 3 for log in logs), logs
+
+
+def test_rust_fedfuse_nodes_with_a_fedfuse_strategy_equal_the_simulator(tmp_path, fedfuse_bin):
+    app = ROOT / "examples" / "flower"
+    config = app / "fedfuse_quickstart" / "run.toml"
+    sets = ["clients=3", "rounds=2"]
+    out = tmp_path / "out"
+    with deployment(tmp_path / "flower", nodes=0) as d:
+        for i in range(3):
+            args = [str(fedfuse_bin), "flower-node", "--insecure", "--superlink", f"127.0.0.1:{d.port}",
+                    "--config", str(config), "--partition-id", str(i)]
+            for s in sets:
+                args += ["--set", s]
+            d._spawn(f"rust{i}", args)
+        d._wait(lambda: all("joined" in d.log(f"rust{i}") for i in range(3)), 60, "the Rust nodes to join")
+        d.run(app, f'fedfuse-set="{";".join(sets)}" out="{out}"')
+    sim = tmp_path / "sim"
+    cmd = [str(fedfuse_bin), "run", str(config), "--out", str(sim), "--quiet"]
+    for s in sets:
+        cmd += ["--set", s]
+    subprocess.run(cmd, check=True, capture_output=True)
+    got, want = load_file(str(out / "model.safetensors")), load_file(str(sim / "model.safetensors"))
+    assert list(got) == list(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+    rounds = json.loads((out / "results.json").read_text())["rounds"]
+    assert [r["rejected"] for r in rounds] == [[], []]

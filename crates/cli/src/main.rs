@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod data_cmd;
 mod fuse_cmd;
+mod node_cmd;
 mod progress;
 
 use std::process::ExitCode;

@@ -164,6 +164,9 @@ struct Exchange {
     up: Result<Vec<u8>>,
 }
 
+/// A global model's `(accuracy, loss, mean local accuracy)`, NaN where not measured.
+pub type Scores = (f64, f64, f64);
+
 /// The clients' data, and what the server evaluates the global model on. A Flower server
 /// holds the second half only: its population has no clients.
 #[derive(Clone, Copy)]
@@ -242,7 +245,7 @@ impl Population<'_> {
         method: &dyn Method,
         global: &Params,
         local_eval: bool,
-    ) -> Result<((f64, f64, f64), BTreeMap<String, f64>)> {
+    ) -> Result<(Scores, BTreeMap<String, f64>)> {
         let mut scores = method.round_metrics();
         let figures = match *self {
             Population::Labelled {

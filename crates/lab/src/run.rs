@@ -2,12 +2,14 @@
 
 use std::path::Path;
 
-use crate::error::{Context, Result, bail};
-use fedfuse_core::Params;
+use crate::error::{Context, LabError, Result, bail};
+use fedfuse_core::flower::FlowerContent;
+use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset};
 use fedfuse_fed::{
-    BuildContext, Method, Population, RunResult, SimConfig, derive_seed, simulate, simulate_tables,
+    BuildContext, Method, Population, RunResult, SERVER_ROUND, SimConfig, derive_seed, simulate,
+    simulate_tables,
 };
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
@@ -156,6 +158,50 @@ impl Federation {
             sim,
             summary,
         })
+    }
+}
+
+impl Federation {
+    /// Client `id`'s reply, as Flower content, to an instruction in Flower content (which
+    /// holds `server-round`): the method's client step with the simulator's seed for that
+    /// client and round. A Flower ClientApp and fedfuse's Rust node both run this.
+    pub fn client_fit(&self, id: usize, instruction: &FlowerContent) -> Result<FlowerContent> {
+        let record = Record::from_flower(instruction)?;
+        let round = record
+            .config
+            .get(SERVER_ROUND)
+            .and_then(ConfigValue::as_f64)
+            .filter(|r| *r >= 1.0 && r.fract() == 0.0)
+            .ok_or_else(|| {
+                LabError::Invalid("the instruction has no `server-round` of 1 or more".into())
+            })? as usize;
+        let seed = derive_seed(self.sim.seed, round, id);
+        let reply = self.data.population().client_reply(
+            self.method.as_ref(),
+            record,
+            id,
+            (&self.sim.train, seed),
+            self.sim.local_eval,
+        )?;
+        Ok(reply.to_flower()?)
+    }
+
+    /// `(loss, accuracy, examples)` of the model in `content` on client `id`'s own test split
+    /// (no examples for a table, whose model is no classifier, or an empty split).
+    pub fn client_evaluate(&self, id: usize, content: &FlowerContent) -> Result<(f64, f64, usize)> {
+        let record = Record::from_flower(content)?;
+        let FederationData::Labelled {
+            trainer, clients, ..
+        } = &self.data
+        else {
+            return Ok((f64::NAN, f64::NAN, 0));
+        };
+        let data = &clients[id].test;
+        if data.is_empty() {
+            return Ok((f64::NAN, f64::NAN, 0));
+        }
+        let e = trainer.evaluate(&record.params, data)?;
+        Ok((e.loss, e.accuracy, data.len()))
     }
 }
 

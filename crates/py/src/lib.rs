@@ -13,11 +13,11 @@ use std::time::Instant;
 
 use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
 use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_fed::{RoundMetrics, RoundState, RunResult, SERVER_ROUND, Sampler, derive_seed};
+use fedfuse_fed::{RoundMetrics, RoundState, RunResult, Sampler};
 use fedfuse_fuse::PfnmConfig;
 use fedfuse_lab::Config;
 use fedfuse_lab::fusion::{FuseMethod, fuse as fuse_models};
-use fedfuse_lab::run::{Federation, FederationData};
+use fedfuse_lab::run::Federation;
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -514,29 +514,10 @@ impl Client {
     fn fit<'py>(&self, py: Python<'py>, instruction: PyContent<'py>) -> PyResult<PyContent<'py>> {
         let content = content_from_py(instruction);
         let reply = py
-            .detach(|| -> Result<FlowerContent, String> {
-                let record = Record::from_flower(&content).map_err(|e| e.to_string())?;
-                let round = record
-                    .config
-                    .get(SERVER_ROUND)
-                    .and_then(ConfigValue::as_f64)
-                    .filter(|r| *r >= 1.0 && r.fract() == 0.0)
-                    .ok_or("the instruction has no `server-round` of 1 or more")?
-                    as usize;
-                let seed = derive_seed(self.fed.sim.seed, round, self.id);
-                let reply = self
-                    .fed
-                    .data
-                    .population()
-                    .client_reply(
-                        self.fed.method.as_ref(),
-                        record,
-                        self.id,
-                        (&self.fed.sim.train, seed),
-                        self.fed.sim.local_eval,
-                    )
-                    .map_err(|e| e.to_string())?;
-                reply.to_flower().map_err(|e| e.to_string())
+            .detach(|| {
+                self.fed
+                    .client_fit(self.id, &content)
+                    .map_err(|e| e.to_string())
             })
             .map_err(|e| err(format!("client {}: {e}", self.id)))?;
         Ok(content_to_py(py, reply))
@@ -546,22 +527,10 @@ impl Client {
     /// (no examples for a table: its model is no classifier).
     fn evaluate(&self, py: Python<'_>, content: PyContent<'_>) -> PyResult<(f64, f64, usize)> {
         let content = content_from_py(content);
-        py.detach(|| -> Result<(f64, f64, usize), String> {
-            let record = Record::from_flower(&content).map_err(|e| e.to_string())?;
-            let FederationData::Labelled {
-                trainer, clients, ..
-            } = &self.fed.data
-            else {
-                return Ok((f64::NAN, f64::NAN, 0));
-            };
-            let data = &clients[self.id].test;
-            if data.is_empty() {
-                return Ok((f64::NAN, f64::NAN, 0));
-            }
-            let e = trainer
-                .evaluate(&record.params, data)
-                .map_err(|e| e.to_string())?;
-            Ok((e.loss, e.accuracy, data.len()))
+        py.detach(|| {
+            self.fed
+                .client_evaluate(self.id, &content)
+                .map_err(|e| e.to_string())
         })
         .map_err(|e| err(format!("client {}: {e}", self.id)))
     }

@@ -1,0 +1,134 @@
+//! `fedfuse flower-node`: a Flower SuperNode that trains its client slot with fedfuse.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result, bail};
+use fedfuse_core::ConfigValue;
+use fedfuse_core::flower::{MetricValue, NUM_EXAMPLES};
+use fedfuse_flower_node::fleet::{Connection, NodeKey};
+use fedfuse_flower_node::node::{Handler, NodeOptions, run};
+use fedfuse_flower_node::objects::{CONFIG, METRICS, Record, RecordDict};
+use fedfuse_lab::Config;
+use fedfuse_lab::run::Federation;
+
+/// The node's settings from the command line.
+pub struct NodeArgs {
+    pub superlink: String,
+    pub config: PathBuf,
+    pub partition_id: usize,
+    pub sets: Vec<String>,
+    pub data_dir: Option<PathBuf>,
+    pub root_certificates: Option<PathBuf>,
+    pub auth_key: Option<PathBuf>,
+    pub insecure: bool,
+}
+
+/// Flower's node-config key for the client slot, which fedfuse's strategy asks for.
+const PARTITION_ID: &str = "partition-id";
+
+/// Answers a fedfuse strategy's messages (`train`, `evaluate`, `query`) and Flower's own
+/// strategies' (`train`, `evaluate`), for one client slot of a run config.
+struct FedfuseClient {
+    fed: Federation,
+    id: usize,
+}
+
+impl FedfuseClient {
+    fn slot(&self) -> (String, ConfigValue) {
+        (PARTITION_ID.into(), ConfigValue::Int(self.id as i64))
+    }
+}
+
+impl Handler for FedfuseClient {
+    fn handle(
+        &mut self,
+        kind: &str,
+        content: &RecordDict,
+    ) -> std::result::Result<RecordDict, String> {
+        let content = content.to_content().map_err(|e| e.to_string())?;
+        match kind {
+            "train" => {
+                let mut reply = self
+                    .fed
+                    .client_fit(self.id, &content)
+                    .map_err(|e| format!("client {}: {e}", self.id))?;
+                reply.config.push(self.slot());
+                Ok(RecordDict::from_content(reply))
+            }
+            "evaluate" => {
+                let (loss, accuracy, n) = self
+                    .fed
+                    .client_evaluate(self.id, &content)
+                    .map_err(|e| format!("client {}: {e}", self.id))?;
+                let mut metrics = vec![(NUM_EXAMPLES.into(), MetricValue::Int(n as i64))];
+                if n > 0 {
+                    metrics.push(("loss".into(), MetricValue::Float(loss)));
+                    metrics.push(("accuracy".into(), MetricValue::Float(accuracy)));
+                }
+                Ok(RecordDict(vec![
+                    (METRICS.into(), Record::Metrics(metrics)),
+                    (CONFIG.into(), Record::Config(vec![self.slot()])),
+                ]))
+            }
+            "query" => Ok(RecordDict(vec![(
+                CONFIG.into(),
+                Record::Config(vec![self.slot()]),
+            )])),
+            other => Err(format!(
+                "fedfuse nodes answer train, evaluate and query, not `{other}`"
+            )),
+        }
+    }
+}
+
+pub fn run_node(args: NodeArgs) -> Result<()> {
+    if args.insecure && args.root_certificates.is_some() {
+        bail!("--insecure and --root-certificates exclude each other: pick plain HTTP or TLS");
+    }
+    let mut cfg = Config::load(&args.config, &args.sets)
+        .with_context(|| format!("config {}", args.config.display()))?;
+    if args.data_dir.is_some() {
+        cfg.data_dir = args.data_dir.clone();
+    }
+    let fed =
+        Federation::prepare(&cfg).with_context(|| format!("config {}", args.config.display()))?;
+    let clients = fed.data.num_clients();
+    if args.partition_id >= clients {
+        bail!(
+            "--partition-id {} is out of range: {} has {clients} clients (0 to {})",
+            args.partition_id,
+            args.config.display(),
+            clients.saturating_sub(1)
+        );
+    }
+    let key = match &args.auth_key {
+        Some(path) => Some(NodeKey::from_pem_file(path)?),
+        None => None,
+    };
+    let opts = NodeOptions::new(Connection {
+        superlink: args.superlink.clone(),
+        insecure: args.insecure,
+        root_certificates: args.root_certificates.clone(),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
+        .context("installing the SIGINT/SIGTERM handler")?;
+    eprintln!(
+        "fedfuse node: client {} of {} ({}), {} examples",
+        args.partition_id,
+        clients,
+        fed.summary,
+        fed.data.num_examples(args.partition_id)
+    );
+    let mut client = FedfuseClient {
+        fed,
+        id: args.partition_id,
+    };
+    let log = |line: &str| eprintln!("fedfuse node: {line}");
+    run(&opts, key, &mut client, &stop, &log)
+        .with_context(|| format!("SuperLink {}", args.superlink))?;
+    Ok(())
+}

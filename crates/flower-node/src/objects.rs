@@ -587,3 +587,175 @@ fn check_children<'a>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content() -> RecordDict {
+        let mut data = vec![7u8; MAX_CHUNK + 10];
+        data[MAX_CHUNK] = 1;
+        RecordDict(vec![
+            (
+                ARRAYS.into(),
+                Record::Arrays(vec![
+                    FlowerArray {
+                        key: "layers.0.weight".into(),
+                        dtype: "float32".into(),
+                        shape: vec![3, 2],
+                        stype: "numpy.ndarray".into(),
+                        data: vec![1, 2, 3],
+                    },
+                    // Two chunks; and the same bytes under a second name share their objects.
+                    FlowerArray {
+                        key: "big".into(),
+                        dtype: "float32".into(),
+                        shape: vec![data.len() / 4],
+                        stype: "fedfuse.sparse.v1".into(),
+                        data: data.clone(),
+                    },
+                    FlowerArray {
+                        key: "big.copy".into(),
+                        dtype: "float32".into(),
+                        shape: vec![data.len() / 4],
+                        stype: "fedfuse.sparse.v1".into(),
+                        data,
+                    },
+                ]),
+            ),
+            (
+                CONFIG.into(),
+                Record::Config(vec![
+                    ("server-round".into(), ConfigValue::Int(3)),
+                    ("name \u{e9}\"".into(), ConfigValue::Str("x".into())),
+                ]),
+            ),
+            (
+                METRICS.into(),
+                Record::Metrics(vec![("num-examples".into(), MetricValue::Int(12))]),
+            ),
+        ])
+    }
+
+    fn metadata() -> proto::Metadata {
+        proto::Metadata {
+            run_id: 5,
+            src_node_id: 9,
+            dst_node_id: 1,
+            group_id: "2".into(),
+            ttl: 100.0,
+            message_type: "train".into(),
+            created_at: 1.5,
+            ..Default::default()
+        }
+    }
+
+    fn store(d: &Deflated) -> Pulled {
+        let mut p = Pulled::new();
+        for (id, bytes) in &d.objects {
+            p.insert(id, bytes.clone()).unwrap();
+        }
+        p
+    }
+
+    #[test]
+    fn a_deflated_message_inflates_to_itself() {
+        let rd = content();
+        let d = deflate(metadata(), Some(&rd), None);
+        let id = d.tree.object_id.clone();
+        assert_eq!(d.message.metadata.as_ref().unwrap().message_id, id);
+        assert!(d.message.content.is_some());
+        // Objects: message, record dict, 3 records, 2 distinct arrays (big and big.copy are
+        // one object), 1 + 2 distinct chunks (the big array's two chunks differ).
+        assert_eq!(
+            d.objects.len(),
+            1 + 1 + 3 + 2 + 1 + 2,
+            "{:?}",
+            d.objects.keys()
+        );
+        let (message, back) = store(&d).inflate(&id).unwrap();
+        assert_eq!(back, rd);
+        assert_eq!(message.metadata.unwrap().group_id, "2");
+    }
+
+    #[test]
+    fn heads_and_json_are_written_as_flower_writes_them() {
+        let d = deflate(metadata(), Some(&content()), None);
+        let chunk = d
+            .objects
+            .values()
+            .find(|o| o.starts_with(b"ArrayChunk  3\0"))
+            .unwrap();
+        assert_eq!(&chunk[chunk.len() - 3..], &[1, 2, 3]);
+        let array = d
+            .objects
+            .values()
+            .find(|o| o.starts_with(b"Array ") && o.ends_with(b"\"arraychunk_ids\": [0]}"))
+            .unwrap();
+        let text = String::from_utf8_lossy(array);
+        assert!(
+            text.contains(
+                "{\"dtype\": \"float32\", \"shape\": [3, 2], \"stype\": \"numpy.ndarray\""
+            ),
+            "{text}"
+        );
+        assert_eq!(json_str("name \u{e9}\"\n"), "\"name \\u00e9\\\"\\n\"");
+        assert_eq!(json_str("\u{1F600}"), "\"\\ud83d\\ude00\"");
+    }
+
+    #[test]
+    fn an_error_reply_has_no_content() {
+        let err = proto::Error {
+            code: 2,
+            reason: "boom".into(),
+        };
+        let d = deflate(metadata(), None, Some(err.clone()));
+        assert!(d.message.content.is_none());
+        assert_eq!(d.objects.len(), 1);
+        let (message, content) = store(&d).inflate(&d.tree.object_id).unwrap();
+        assert_eq!(message.error, Some(err));
+        assert!(content.0.is_empty());
+    }
+
+    #[test]
+    fn tampered_or_malformed_objects_are_refused() {
+        let d = deflate(metadata(), Some(&content()), None);
+        let (id, bytes) = d.objects.iter().next().unwrap();
+        let mut bad_bytes = bytes.clone();
+        bad_bytes.push(0);
+        let e = Pulled::new().insert(id, bad_bytes).unwrap_err().to_string();
+        assert!(e.contains("hash"), "{e}");
+
+        let mut lying = b"ArrayChunk  99\0abc".to_vec();
+        let lying_id = object_id(&lying);
+        let mut p = Pulled::new();
+        p.insert(&lying_id, lying.clone()).unwrap();
+        let e = p.get(&lying_id, "ArrayChunk").err().unwrap().to_string();
+        assert!(e.contains("declares 99"), "{e}");
+
+        lying.clear();
+        lying.extend_from_slice(b"no head at all");
+        let id2 = object_id(&lying);
+        p.insert(&id2, lying).unwrap();
+        assert!(p.inflate(&id2).is_err());
+        // A message whose content was not pulled.
+        let mut partial = Pulled::new();
+        partial
+            .insert(&d.tree.object_id, d.objects[&d.tree.object_id].clone())
+            .unwrap();
+        let e = partial.inflate(&d.tree.object_id).unwrap_err().to_string();
+        assert!(e.contains("was not pulled"), "{e}");
+    }
+
+    #[test]
+    fn content_takes_one_record_of_each_kind() {
+        let c = content().to_content().unwrap();
+        assert_eq!(c.arrays.len(), 3);
+        let twice = RecordDict(vec![
+            ("a".into(), Record::Metrics(Vec::new())),
+            ("b".into(), Record::Metrics(Vec::new())),
+        ]);
+        let e = twice.to_content().unwrap_err().to_string();
+        assert!(e.contains("`b`"), "{e}");
+    }
+}

@@ -58,6 +58,30 @@ fn dependencies_point_one_way() {
             &["fedfuse-fuse", "fedfuse-fed", "fedfuse-lab", "fedfuse"],
         ),
         ("fed", &["fedfuse-lab", "fedfuse"]),
+        // The protocol crates are transport: they know records, not methods or training.
+        (
+            "flower-proto",
+            &[
+                "fedfuse-core",
+                "fedfuse-data",
+                "fedfuse-train",
+                "fedfuse-fuse",
+                "fedfuse-fed",
+                "fedfuse-lab",
+                "fedfuse",
+            ],
+        ),
+        (
+            "flower-node",
+            &[
+                "fedfuse-data",
+                "fedfuse-train",
+                "fedfuse-fuse",
+                "fedfuse-fed",
+                "fedfuse-lab",
+                "fedfuse",
+            ],
+        ),
         ("lab", &["fedfuse"]),
     ];
     for (krate, bad) in forbidden {

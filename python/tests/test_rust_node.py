@@ -43,22 +43,23 @@ def test_rust_nodes_with_flowers_fedavg_give_the_weighted_mean_step(tmp_path):
     assert all(log.count("train") >= 3 for log in logs), logs
 
 
-def test_rust_fedfuse_nodes_with_a_fedfuse_strategy_equal_the_simulator(tmp_path, fedfuse_bin):
-    app = ROOT / "examples" / "flower"
-    config = app / "fedfuse_quickstart" / "run.toml"
-    sets = ["clients=3", "rounds=2"]
-    out = tmp_path / "out"
-    with deployment(tmp_path / "flower", nodes=0) as d:
-        for i in range(3):
-            args = [str(fedfuse_bin), "flower-node", "--insecure", "--superlink", f"127.0.0.1:{d.port}",
-                    "--config", str(config), "--partition-id", str(i)]
-            for s in sets:
-                args += ["--set", s]
-            d._spawn(f"rust{i}", args)
-        d._wait(lambda: all("joined" in d.log(f"rust{i}") for i in range(3)), 60, "the Rust nodes to join")
-        d.run(app, f'fedfuse-set="{";".join(sets)}" out="{out}"')
+APP = ROOT / "examples" / "flower"
+CONFIG = APP / "fedfuse_quickstart" / "run.toml"
+
+
+def start_rust_nodes(d, fedfuse_bin, slots, sets):
+    for i in slots:
+        args = [str(fedfuse_bin), "flower-node", "--insecure", "--superlink", f"127.0.0.1:{d.port}",
+                "--config", str(CONFIG), "--partition-id", str(i)]
+        for s in sets:
+            args += ["--set", s]
+        d._spawn(f"rust{i}", args)
+    d._wait(lambda: all("joined" in d.log(f"rust{i}") for i in slots), 60, "the Rust nodes to join")
+
+
+def assert_equals_simulator(tmp_path, fedfuse_bin, out, sets, rounds):
     sim = tmp_path / "sim"
-    cmd = [str(fedfuse_bin), "run", str(config), "--out", str(sim), "--quiet"]
+    cmd = [str(fedfuse_bin), "run", str(CONFIG), "--out", str(sim), "--quiet"]
     for s in sets:
         cmd += ["--set", s]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -66,5 +67,25 @@ def test_rust_fedfuse_nodes_with_a_fedfuse_strategy_equal_the_simulator(tmp_path
     assert list(got) == list(want)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
-    rounds = json.loads((out / "results.json").read_text())["rounds"]
-    assert [r["rejected"] for r in rounds] == [[], []]
+    results = json.loads((out / "results.json").read_text())["rounds"]
+    assert [r["rejected"] for r in results] == [[]] * rounds
+
+
+def test_rust_fedfuse_nodes_with_a_fedfuse_strategy_equal_the_simulator(tmp_path, fedfuse_bin):
+    sets = ["clients=3", "rounds=2"]
+    out = tmp_path / "out"
+    with deployment(tmp_path / "flower", nodes=0) as d:
+        start_rust_nodes(d, fedfuse_bin, range(3), sets)
+        d.run(APP, f'fedfuse-set="{";".join(sets)}" out="{out}"')
+    assert_equals_simulator(tmp_path, fedfuse_bin, out, sets, rounds=2)
+
+
+def test_a_mixed_federation_of_rust_and_python_nodes_equals_the_simulator(tmp_path, fedfuse_bin):
+    # Slots 0 and 1: Flower's own SuperNodes running the fedfuse ClientApp (Python); slots 2
+    # and 3: `fedfuse flower-node`.
+    sets = ["clients=4", "rounds=2"]
+    out = tmp_path / "out"
+    with deployment(tmp_path / "flower", nodes=2) as d:
+        start_rust_nodes(d, fedfuse_bin, range(2, 4), sets)
+        d.run(APP, f'fedfuse-set="{";".join(sets)}" out="{out}"')
+    assert_equals_simulator(tmp_path, fedfuse_bin, out, sets, rounds=2)

@@ -1,7 +1,6 @@
 """fedfuse on Flower, measured (docs/BENCHMARKS.md, "fedfuse on Flower").
 
-    bash scripts/python-dev.sh
-    target/flower-venv/bin/python scripts/bench-flower.py [--skip-deployment] [--repeats 5]
+    bash scripts/bench-flower.sh [--skip-deployment] [--repeats 5]   # release build of fedfuse-py
 
 1. Server-side aggregation per round inside Flower, for 10 and 100 replies of the 784-100-10
    MLP: `fedfuse.flwr.Strategy` running FedAvg against Flower's own `FedAvg.aggregate_train`

@@ -174,6 +174,15 @@ fn decode_npy(bytes: &[u8]) -> std::result::Result<(Vec<usize>, Vec<f32>), Strin
     // The header is now known to hold a float dtype and a shape whose products fit in
     // usize: npyz's own (unchecked) arithmetic on it cannot overflow.
     let header = NpyHeader::from_reader(header_bytes).map_err(|e| e.to_string())?;
+    // What numpy writes by default (and every Flower array fedfuse sends): little-endian
+    // float32 in C order, read as one pass over the bytes rather than value by value.
+    if checked.descr == "<f4" && header.order() == Order::C {
+        let values = data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        return Ok((checked.shape, values));
+    }
     let order = header.order();
     let npy = NpyFile::with_header(header, data);
     let values: Vec<f32> = match checked.item_size {

@@ -41,9 +41,6 @@ pub enum NodeError {
     /// The CA certificate could not be read.
     #[error("TLS: {0}")]
     Tls(String),
-    /// The SuperLink no longer knows this node.
-    #[error("the SuperLink no longer recognises this node")]
-    Forgotten,
 }
 
 /// Results of this crate.

@@ -1,7 +1,7 @@
 //! The SuperNode loop: register and activate, heartbeat, pull each message and its objects,
 //! run it, push the reply and its objects; deactivate and unregister when told to stop.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fedfuse_flower_proto::flwr::proto;
@@ -122,17 +122,6 @@ impl<'a> Session<'a> {
             )?;
         }
         Ok(())
-    }
-
-    fn heartbeat(&self, interval: Duration) -> Result<bool> {
-        let r: proto::SendNodeHeartbeatResponse = self.fleet.call(
-            "send-node-heartbeat",
-            &proto::SendNodeHeartbeatRequest {
-                node: Some(self.node),
-                heartbeat_interval: interval.as_secs_f64(),
-            },
-        )?;
-        Ok(r.success)
     }
 
     /// Pulls every object of `tree` (retrying those the SuperLink does not hold yet).
@@ -297,6 +286,37 @@ impl<'a> Session<'a> {
     }
 }
 
+/// Sends a heartbeat every `interval` until either flag is set; failures are logged (the
+/// main loop notices a lost SuperLink on its own).
+fn heartbeats(
+    fleet: &Fleet,
+    node_id: &AtomicU64,
+    interval: Duration,
+    flags: [&AtomicBool; 2],
+    log: Log<'_>,
+) {
+    let stopped = || flags.iter().any(|f| f.load(Ordering::Relaxed));
+    let mut next = Instant::now() + interval;
+    while !stopped() {
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        next = Instant::now() + interval;
+        let request = proto::SendNodeHeartbeatRequest {
+            node: Some(proto::Node {
+                node_id: node_id.load(Ordering::Relaxed),
+            }),
+            heartbeat_interval: interval.as_secs_f64(),
+        };
+        match fleet.call::<_, proto::SendNodeHeartbeatResponse>("send-node-heartbeat", &request) {
+            Ok(r) if r.success => {}
+            Ok(_) => log("the SuperLink did not accept a heartbeat"),
+            Err(e) => log(&format!("heartbeat failed: {e}")),
+        }
+    }
+}
+
 /// Runs a node until `stop` is set: joins the SuperLink, answers its messages with
 /// `handler`, and leaves cleanly. Lost connections are retried with back-off (the node
 /// registers again when the SuperLink has forgotten it); a wrong address, a refused key or a
@@ -319,58 +339,56 @@ pub fn run(
         "joined {} as node {}",
         opts.connection.superlink, session.node.node_id
     ));
-    let mut last_beat = Instant::now();
-    let mut backoff = Duration::from_secs(1);
-    while !stop.load(Ordering::Relaxed) {
-        let attempt = (|| -> Result<bool> {
-            if last_beat.elapsed() >= opts.heartbeat {
-                if !session.heartbeat(opts.heartbeat)? {
-                    return Err(NodeError::Forgotten);
+    // Heartbeats run beside the work, so a long local step does not make the SuperLink
+    // count the node as gone.
+    let node_id = AtomicU64::new(session.node.node_id);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| heartbeats(&fleet, &node_id, opts.heartbeat, [stop, &done], log));
+        let mut backoff = Duration::from_secs(1);
+        while !stop.load(Ordering::Relaxed) {
+            match session.step(handler, opts, stop, log) {
+                Ok(true) => backoff = Duration::from_secs(1),
+                Ok(false) => {
+                    backoff = Duration::from_secs(1);
+                    nap(opts.poll, stop);
                 }
-                last_beat = Instant::now();
-            }
-            session.step(handler, opts, stop, log)
-        })();
-        match attempt {
-            Ok(true) => backoff = Duration::from_secs(1),
-            Ok(false) => {
-                backoff = Duration::from_secs(1);
-                nap(opts.poll, stop);
-            }
-            Err(NodeError::Object(reason)) => {
-                // One bad message: say so and go on with the next.
-                log(&format!("a message could not be read: {reason}"));
-            }
-            Err(e) => {
-                log(&format!(
-                    "lost the SuperLink ({e}); retrying in {backoff:?}"
-                ));
-                nap(backoff, stop);
-                backoff = (backoff * 2).min(opts.max_backoff);
-                if stop.load(Ordering::Relaxed) {
-                    break;
+                Err(NodeError::Object(reason)) => {
+                    // One bad message: say so and go on with the next.
+                    log(&format!("a message could not be read: {reason}"));
                 }
-                // Activate again; a restarted SuperLink that forgot the node gets it
-                // registered again first.
-                let rejoined = Session::open(&fleet, false, opts.heartbeat).or_else(|e| {
-                    if self_registered {
-                        Session::open(&fleet, true, opts.heartbeat)
-                    } else {
-                        Err(e)
+                Err(e) => {
+                    log(&format!(
+                        "lost the SuperLink ({e}); retrying in {backoff:?}"
+                    ));
+                    nap(backoff, stop);
+                    backoff = (backoff * 2).min(opts.max_backoff);
+                    if stop.load(Ordering::Relaxed) {
+                        break;
                     }
-                });
-                match rejoined {
-                    Ok(mut s) => {
-                        s.self_registered = self_registered;
-                        session = s;
-                        last_beat = Instant::now();
-                        log(&format!("rejoined as node {}", session.node.node_id));
+                    // Activate again; a restarted SuperLink that forgot the node gets it
+                    // registered again first.
+                    let rejoined = Session::open(&fleet, false, opts.heartbeat).or_else(|e| {
+                        if self_registered {
+                            Session::open(&fleet, true, opts.heartbeat)
+                        } else {
+                            Err(e)
+                        }
+                    });
+                    match rejoined {
+                        Ok(mut s) => {
+                            s.self_registered = self_registered;
+                            session = s;
+                            node_id.store(session.node.node_id, Ordering::Relaxed);
+                            log(&format!("rejoined as node {}", session.node.node_id));
+                        }
+                        Err(e) => log(&format!("could not rejoin yet: {e}")),
                     }
-                    Err(e) => log(&format!("could not rejoin yet: {e}")),
                 }
             }
         }
-    }
+        done.store(true, Ordering::Relaxed);
+    });
     session.close()?;
     log("left the federation");
     Ok(())

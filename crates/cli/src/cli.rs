@@ -112,33 +112,7 @@ enum Command {
     },
     /// Join a Flower federation as a SuperNode that trains one client slot of a run config
     /// with fedfuse (docs/FLOWER.md): fedfuse's strategies and Flower's own both work.
-    FlowerNode {
-        /// The SuperLink's Fleet API, HOST:PORT.
-        #[arg(long)]
-        superlink: String,
-        /// A `fedfuse run` config: dataset, partition, model and local training.
-        #[arg(long)]
-        config: PathBuf,
-        /// This node's client slot (Flower's `partition-id`).
-        #[arg(long)]
-        partition_id: usize,
-        /// Override a config key (repeatable), as for `fedfuse run`.
-        #[arg(long = "set")]
-        sets: Vec<String>,
-        /// Folder holding the dataset files (instead of the cache).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// PEM file of the CA that signed the SuperLink's certificate (TLS).
-        #[arg(long)]
-        root_certificates: Option<PathBuf>,
-        /// The node's P-384 private key (PKCS#8 PEM), registered with the SuperLink
-        /// beforehand; without it the node makes and registers its own.
-        #[arg(long)]
-        auth_key: Option<PathBuf>,
-        /// Plain HTTP, no TLS (loopback and tests).
-        #[arg(long)]
-        insecure: bool,
-    },
+    FlowerNode(crate::node_cmd::NodeArgs),
     /// Measure throughput (see docs/BENCHMARKS.md).
     Bench {
         #[command(subcommand)]
@@ -252,26 +226,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
             },
             seed,
         }),
-        Command::FlowerNode {
-            superlink,
-            config,
-            partition_id,
-            sets,
-            data_dir,
-            root_certificates,
-            auth_key,
-            insecure,
-        } => {
-            crate::node_cmd::run_node(crate::node_cmd::NodeArgs {
-                superlink,
-                config,
-                partition_id,
-                sets,
-                data_dir,
-                root_certificates,
-                auth_key,
-                insecure,
-            })?;
+        Command::FlowerNode(args) => {
+            crate::node_cmd::run_node(args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { command } => match command {

@@ -14,14 +14,32 @@ use fedfuse_lab::Config;
 use fedfuse_lab::run::Federation;
 
 /// The node's settings from the command line.
+#[derive(clap::Args, Debug)]
 pub struct NodeArgs {
+    /// The SuperLink's Fleet API, HOST:PORT.
+    #[arg(long)]
     pub superlink: String,
+    /// A `fedfuse run` config: dataset, partition, model and local training.
+    #[arg(long)]
     pub config: PathBuf,
+    /// This node's client slot (Flower's `partition-id`).
+    #[arg(long)]
     pub partition_id: usize,
+    /// Override a config key (repeatable), as for `fedfuse run`.
+    #[arg(long = "set")]
     pub sets: Vec<String>,
+    /// Folder holding the dataset files (instead of the cache).
+    #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// PEM file of the CA that signed the SuperLink's certificate (TLS).
+    #[arg(long)]
     pub root_certificates: Option<PathBuf>,
+    /// The node's P-384 private key (PKCS#8 PEM), registered with the SuperLink
+    /// beforehand; without it the node makes and registers its own.
+    #[arg(long)]
     pub auth_key: Option<PathBuf>,
+    /// Plain HTTP, no TLS (loopback and tests).
+    #[arg(long)]
     pub insecure: bool,
 }
 

@@ -65,6 +65,7 @@ __all__ = [
     "FedNGM",
     "client_app",
     "make_client_app",
+    "evaluate_fn",
     "to_recorddict",
     "from_recorddict",
 ]
@@ -300,6 +301,21 @@ class Strategy(FlowerStrategy):
                 node_of[node] = free.pop(0)
         self.slots = node_of
         log.info("fedfuse client slots by node: %s", node_of)
+
+
+def evaluate_fn(config: str | os.PathLike, overrides: Iterable[str] = ()):
+    """Central evaluation for Flower's own strategies: ``FedAvg().start(...,
+    evaluate_fn=evaluate_fn("run.toml"))`` scores each round's arrays on the test set of a
+    ``fedfuse run`` config (the set ``fedfuse run`` scores its global model on), so a stock
+    strategy's accuracy is comparable with fedfuse's. The arrays must have the config's model
+    layout (PyTorch names, float32)."""
+    server = _core.Server(str(config), [str(o) for o in overrides])
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        loss, accuracy = server.evaluate(from_recorddict(RecordDict({ARRAYS: arrays})))
+        return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+    return evaluate
 
 
 def _method_strategy(name: str):

@@ -6,9 +6,11 @@ Every process gets its own FLWR_HOME and ports, and is stopped (by PID) when the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,12 +26,99 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def mint_tls(folder: Path) -> dict[str, Path]:
+    """A CA and a SuperLink certificate for 127.0.0.1 signed by it, plus a second CA that
+    signed nothing: `ca`, `cert`, `key`, `other_ca` (PEM files)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def cert(subject, key, issuer, issuer_key, ca):
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(name(subject))
+            .issuer_name(name(issuer))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            b = b.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False,
+            )
+        return b.sign(issuer_key, hashes.SHA256())
+
+    def write(path, pem):
+        path.write_bytes(pem)
+        return path
+
+    def key_pem(k):
+        return k.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+
+    ca_key, other_key, server_key = (ec.generate_private_key(ec.SECP384R1()) for _ in range(3))
+    ca = cert("fedfuse test CA", ca_key, "fedfuse test CA", ca_key, True)
+    other = cert("another CA", other_key, "another CA", other_key, True)
+    server = cert("127.0.0.1", server_key, "fedfuse test CA", ca_key, False)
+    pem = serialization.Encoding.PEM
+    return {
+        "ca": write(folder / "ca.crt", ca.public_bytes(pem)),
+        "other_ca": write(folder / "other-ca.crt", other.public_bytes(pem)),
+        "cert": write(folder / "server.pem", server.public_bytes(pem)),
+        "key": write(folder / "server.key", key_pem(server_key)),
+    }
+
+
+def node_key(path: Path) -> Path:
+    """A node key as `ssh-keygen -t ecdsa -b 384 -N ""` writes it (OpenSSH private key at
+    `path`, public key at `path`.pub)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        )
+    )
+    path.with_suffix(".pub").write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
+    return path
+
+
 class Deployment:
-    def __init__(self, home: Path, nodes: int, num_partitions: int | None = None):
+    def __init__(
+        self,
+        home: Path,
+        nodes: int,
+        num_partitions: int | None = None,
+        tls: dict[str, Path] | None = None,
+        auth: bool = False,
+    ):
+        """`tls` (from `mint_tls`) serves the SuperLink over TLS; `auth` turns node
+        authentication on (it needs TLS)."""
         self.home = home
         self.nodes = nodes
         self.num_partitions = num_partitions or nodes
         self.procs: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()  # killed on purpose: not a failure while waiting
+        self.tls = tls
+        self.auth = auth
         self.port = free_port()
         self.env = dict(
             os.environ,
@@ -39,12 +128,14 @@ class Deployment:
             FLWR_DISABLE_UPDATE_CHECK="1",
         )
         (home / "flwrhome").mkdir(parents=True, exist_ok=True)
+        security = f'root-certificates = "{tls["ca"]}"' if tls else "insecure = true"
         (home / "flwrhome" / "config.toml").write_text(
             '[superlink]\ndefault = "e2e"\n[superlink.e2e]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            f'address = "127.0.0.1:{self.port}"\n{security}\n'
         )
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        self.killed.discard(name)
         log = open(self.home / f"{name}.log", "w")
         # Its own process group, so that killing a SuperNode also kills the ClientApp
         # process it started.
@@ -56,12 +147,34 @@ class Deployment:
     def log(self, name: str) -> str:
         return (self.home / f"{name}.log").read_text(errors="replace")
 
-    def start(self) -> "Deployment":
+    def start_superlink(self) -> None:
+        if self.tls:
+            security = [
+                "--ssl-ca-certfile", str(self.tls["ca"]), "--ssl-certfile", str(self.tls["cert"]),
+                "--ssl-keyfile", str(self.tls["key"]),
+            ]
+        else:
+            security = ["--insecure"]
+        if self.auth:
+            security.append("--enable-supernode-auth")
         self._spawn("superlink", [
-            "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
+            "flower-superlink", *security, "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-runtime-dependency-installation",
         ])
         self._wait(lambda: self._healthy(), 60, "the SuperLink to answer /health")
+
+    def register(self, public_key: Path) -> int:
+        """`flwr supernode register`: the SuperLink learns a node's key; returns its node id."""
+        done = subprocess.run(
+            ["flwr", "supernode", "register", str(public_key), "e2e", "--format", "json"],
+            env=self.env, capture_output=True, text=True, cwd=self.home, timeout=60,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"flwr supernode register failed:\n{done.stdout}\n{done.stderr}")
+        return int(json.loads(done.stdout)["node-id"])
+
+    def start(self) -> "Deployment":
+        self.start_superlink()
         for i in range(self.nodes):
             self.start_node(i)
         self._wait(
@@ -80,13 +193,17 @@ class Deployment:
 
     def kill(self, name: str) -> None:
         """Kills a process and its children at once (SIGKILL: no goodbye to the SuperLink)."""
+        self.killed.add(name)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.procs[name].pid, signal.SIGKILL)
         self.procs[name].wait()
 
     def _healthy(self) -> bool:
+        scheme, context = "http", None
+        if self.tls:
+            scheme, context = "https", ssl.create_default_context(cafile=str(self.tls["ca"]))
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1):
+            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{self.port}/health", timeout=1, context=context):
                 return True
         except OSError:
             return False
@@ -95,7 +212,7 @@ class Deployment:
         deadline = time.monotonic() + seconds
         while not ready():
             for name, p in self.procs.items():
-                if p.poll() is not None:
+                if name not in self.killed and p.poll() is not None:
                     raise RuntimeError(f"{name} exited ({p.returncode}) waiting for {what}:\n{self.log(name)[-3000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {seconds} s for {what}")
@@ -131,8 +248,8 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def deployment(home: Path, nodes: int):
-    d = Deployment(home, nodes)
+def deployment(home: Path, nodes: int, **kwargs):
+    d = Deployment(home, nodes, **kwargs)
     try:
         yield d.start()
     finally:

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result, bail};
 use fedfuse_core::ConfigValue;
 use fedfuse_core::flower::{MetricValue, NUM_EXAMPLES};
+use fedfuse_data::{CsvOptions, read_csv};
 use fedfuse_flower_node::fleet::{Connection, NodeKey};
 use fedfuse_flower_node::node::{Handler, NodeOptions, run};
 use fedfuse_flower_node::objects::{CONFIG, METRICS, Record, RecordDict};
@@ -31,11 +32,17 @@ pub struct NodeArgs {
     /// Folder holding the dataset files (instead of the cache).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// The node's own samples, a CSV file (a header line; numeric features in the run
+    /// dataset's units, then the class id in the last column), in place of its partition of
+    /// the run's dataset. They never leave the node.
+    #[arg(long, value_name = "FILE.csv")]
+    pub own_data: Option<PathBuf>,
     /// PEM file of the CA that signed the SuperLink's certificate (TLS).
     #[arg(long)]
     pub root_certificates: Option<PathBuf>,
-    /// The node's P-384 private key (PKCS#8 PEM), registered with the SuperLink
-    /// beforehand; without it the node makes and registers its own.
+    /// The node's P-384 private key (OpenSSH, as `ssh-keygen -t ecdsa -b 384` writes it, or
+    /// PKCS#8 PEM) whose public half was registered with `flwr supernode register`; without
+    /// it the node makes a key and registers itself (SuperLinks without node authentication).
     #[arg(long)]
     pub auth_key: Option<PathBuf>,
     /// Plain HTTP, no TLS (loopback and tests).
@@ -110,7 +117,7 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
     if args.data_dir.is_some() {
         cfg.data_dir = args.data_dir.clone();
     }
-    let fed =
+    let mut fed =
         Federation::prepare(&cfg).with_context(|| format!("config {}", args.config.display()))?;
     let clients = fed.data.num_clients();
     if args.partition_id >= clients {
@@ -121,8 +128,14 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
             clients.saturating_sub(1)
         );
     }
+    if let Some(path) = &args.own_data {
+        let source = path.display().to_string();
+        let data = read_csv(path, &CsvOptions::default())
+            .with_context(|| format!("--own-data {source}"))?;
+        fed.use_own_data(&cfg, args.partition_id, data, &source)?;
+    }
     let key = match &args.auth_key {
-        Some(path) => Some(NodeKey::from_pem_file(path)?),
+        Some(path) => Some(NodeKey::from_file(path)?),
         None => None,
     };
     let opts = NodeOptions::new(Connection {
@@ -134,8 +147,12 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
         .context("installing the SIGINT/SIGTERM handler")?;
+    let origin = match &args.own_data {
+        Some(path) => format!("its own data in {}", path.display()),
+        None => "its partition".into(),
+    };
     eprintln!(
-        "fedfuse node: client {} of {} ({}), {} examples",
+        "fedfuse node: client {} of {} ({}), {} training examples from {origin}",
         args.partition_id,
         clients,
         fed.summary,

@@ -13,12 +13,16 @@ use p384::ecdsa::{Signature, SigningKey};
 use p384::pkcs8::{DecodePrivateKey, EncodePublicKey, LineEnding};
 use prost::Message;
 use sha2::{Digest, Sha256};
+use ssh_key::private::{EcdsaKeypair, KeypairData};
 
 use crate::{NodeError, Result};
 
 /// Largest reply body read from the SuperLink (one object chunk plus framing, or a message
 /// list): replies past it are refused before they are buffered.
 pub const MAX_REPLY: u64 = 64 << 20;
+
+const OPENSSH_BEGIN: &str = "-----BEGIN OPENSSH PRIVATE KEY-----";
+const OPENSSH_END: &str = "-----END OPENSSH PRIVATE KEY-----";
 
 /// The node's identity: a P-384 key whose public half (PEM SubjectPublicKeyInfo) the
 /// SuperLink knows the node by.
@@ -40,15 +44,45 @@ impl NodeKey {
         }
     }
 
-    /// The key in a PKCS#8 PEM file (`openssl genpkey -algorithm EC -pkeyopt
-    /// ec_paramgen_curve:P-384`).
-    pub fn from_pem_file(path: &Path) -> Result<Self> {
-        let pem = std::fs::read_to_string(path)
+    /// The key in a file: OpenSSH format, as Flower's docs make node keys
+    /// (`ssh-keygen -t ecdsa -b 384 -N "" -f KEY`), or PKCS#8 PEM (`openssl genpkey
+    /// -algorithm EC -pkeyopt ec_paramgen_curve:P-384`).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
             .map_err(|e| NodeError::Key(format!("{}: {e}", path.display())))?;
-        let key = SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
-            NodeError::Key(format!(
-                "{}: not a PKCS#8 PEM P-384 private key ({e})",
-                path.display()
+        let bad = |why: String| NodeError::Key(format!("{}: {why}", path.display()));
+        if let Some(body) = text
+            .split_once(OPENSSH_BEGIN)
+            .and_then(|(_, rest)| rest.split_once(OPENSSH_END))
+            .map(|(body, _)| body)
+        {
+            // ssh-keygen wraps the base64 at 70 columns, Python's `cryptography` at 64; the
+            // PEM reader takes only the first, so the body is decoded here.
+            let body: String = body.split_whitespace().collect();
+            let bytes = B64
+                .decode(body)
+                .map_err(|e| bad(format!("not a readable OpenSSH private key ({e})")))?;
+            let keypair = match ssh_key::PrivateKey::from_bytes(&bytes) {
+                Ok(key) if key.is_encrypted() => return Err(bad(ENCRYPTED.into())),
+                Ok(key) => key.key_data().clone(),
+                Err(_) => openssh_keypair(&bytes)
+                    .map_err(|e| bad(format!("not a readable OpenSSH private key ({e})")))?,
+            };
+            let KeypairData::Ecdsa(EcdsaKeypair::NistP384 { private, .. }) = &keypair else {
+                let kind = keypair
+                    .algorithm()
+                    .map_or_else(|_| "an unknown".into(), |a| format!("a {a}"));
+                return Err(bad(format!(
+                    "{kind} key; Flower node keys are ECDSA P-384 (ssh-keygen -t ecdsa -b 384)"
+                )));
+            };
+            let key = SigningKey::from_slice(private.as_slice())
+                .map_err(|e| bad(format!("not a valid P-384 scalar ({e})")))?;
+            return Self::from_key(key);
+        }
+        let key = SigningKey::from_pkcs8_pem(&text).map_err(|e| {
+            bad(format!(
+                "neither an OpenSSH nor a PKCS#8 PEM P-384 private key ({e})"
             ))
         })?;
         Self::from_key(key)
@@ -77,6 +111,43 @@ impl NodeKey {
             .map_err(|e| NodeError::Key(e.to_string()))?;
         Ok(sig.to_der().as_bytes().to_vec())
     }
+}
+
+const ENCRYPTED: &str = "the key is passphrase-protected; the node reads unencrypted keys \
+                         (ssh-keygen -p -N \"\" -f KEY removes the passphrase)";
+
+/// The key pair of an unencrypted OpenSSH private key, read envelope by envelope. ssh-key 0.6
+/// refuses a whole block of padding after the comment, which Python's `cryptography` writes
+/// and OpenSSH reads; the envelope is simple, the key pair itself is ssh-key's to decode.
+fn openssh_keypair(bytes: &[u8]) -> std::result::Result<KeypairData, String> {
+    use ssh_encoding::Decode as Ssh;
+    let fail = |e: ssh_encoding::Error| e.to_string();
+    let mut r = bytes
+        .strip_prefix(b"openssh-key-v1\0")
+        .ok_or("no openssh-key-v1 header")?;
+    let cipher = <String as Ssh>::decode(&mut r).map_err(fail)?;
+    if cipher != "none" {
+        return Err(ENCRYPTED.into());
+    }
+    let _kdf = <String as Ssh>::decode(&mut r).map_err(fail)?;
+    let _kdf_options = <Vec<u8> as Ssh>::decode(&mut r).map_err(fail)?;
+    let keys = <u32 as Ssh>::decode(&mut r).map_err(fail)?;
+    if keys != 1 {
+        return Err(format!(
+            "{keys} keys in one file; a node key file holds one"
+        ));
+    }
+    let _public = <Vec<u8> as Ssh>::decode(&mut r).map_err(fail)?;
+    let private = <Vec<u8> as Ssh>::decode(&mut r).map_err(fail)?;
+    let mut p = private.as_slice();
+    let (check1, check2) = (
+        <u32 as Ssh>::decode(&mut p).map_err(fail)?,
+        <u32 as Ssh>::decode(&mut p).map_err(fail)?,
+    );
+    if check1 != check2 {
+        return Err("its check numbers differ (a damaged or encrypted key)".into());
+    }
+    <KeypairData as Ssh>::decode(&mut p).map_err(|e| e.to_string())
 }
 
 /// Flower's timestamp: Python's `datetime.now(timezone.utc).isoformat()`.
@@ -189,16 +260,38 @@ impl Fleet {
                 reason: e.to_string(),
             })?;
         if status != 200 {
+            let (code, detail) = explain(&body);
             return Err(NodeError::Status {
                 rpc: rpc.to_string(),
                 status,
-                detail: String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned(),
+                code,
+                detail,
             });
         }
         Resp::decode(body.as_slice()).map_err(|e| NodeError::Transport {
             rpc: rpc.to_string(),
             reason: format!("undecodable reply: {e}"),
         })
+    }
+}
+
+/// The SuperLink's explanation of a refusal: Flower's JSON error (`code`, `detail`) when it
+/// sent one, else the start of the body.
+fn explain(body: &[u8]) -> (Option<i64>, String) {
+    #[derive(serde::Deserialize)]
+    struct FlowerError {
+        code: Option<i64>,
+        detail: Option<String>,
+    }
+    match serde_json::from_slice::<FlowerError>(body) {
+        Ok(FlowerError {
+            code,
+            detail: Some(detail),
+        }) => (code, detail),
+        _ => (
+            None,
+            String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned(),
+        ),
     }
 }
 
@@ -225,6 +318,77 @@ mod tests {
                 .verify_prehash(&Sha256::digest(b"other"), &sig)
                 .is_err()
         );
+    }
+
+    /// `ssh-keygen -q -t ecdsa -b 384 -N "" -C test` (a throwaway test key).
+    const OPENSSH_P384: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAiAAAABNlY2RzYS\n1zaGEyLW5pc3RwMzg0AAAACG5pc3RwMzg0AAAAYQTeekvITSMGf2b2sQi3nknx2uZ4Ydd2\niboT1yXe2vcyi8SHyRdAPsFMdcUrnJEOf9P3la3zRZG6ZVbyd9ZRSOmW0lVPX9MNMBjcp+\nPyX5RapN6Gm8qqy3+NtoXizR4Xle8AAADQrMWyfqzFsn4AAAATZWNkc2Etc2hhMi1uaXN0\ncDM4NAAAAAhuaXN0cDM4NAAAAGEE3npLyE0jBn9m9rEIt55J8drmeGHXdom6E9cl3tr3Mo\nvEh8kXQD7BTHXFK5yRDn/T95Wt80WRumVW8nfWUUjpltJVT1/TDTAY3Kfj8l+UWqTehpvK\nqst/jbaF4s0eF5XvAAAAMQDoZUpLmOve5P8uR7ds8mVpoU6ZtNoBMwfvfRnM4ZOjoiqmq4\nMhOvRmLtWH83IizmMAAAAEdGVzdAECAw==\n-----END OPENSSH PRIVATE KEY-----\n";
+    /// Its public half as `ssh-keygen -e -m PKCS8` prints it.
+    const OPENSSH_P384_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMHYwEAYHKoZIzj0CAQYFK4EEACIDYgAE3npLyE0jBn9m9rEIt55J8drmeGHXdom6\nE9cl3tr3MovEh8kXQD7BTHXFK5yRDn/T95Wt80WRumVW8nfWUUjpltJVT1/TDTAY\n3Kfj8l+UWqTehpvKqst/jbaF4s0eF5Xv\n-----END PUBLIC KEY-----\n";
+    /// `ssh-keygen -q -t ecdsa -b 256 -N "" -C test`: the wrong curve for Flower.
+    const OPENSSH_P256: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAaAAAABNlY2RzYS\n1zaGEyLW5pc3RwMjU2AAAACG5pc3RwMjU2AAAAQQTpoTvb2fPwkg3/S/gw6h8DtVWCeJv/\nSpf+JhyQh1BmfcncWmkvQK1us4YcItjp8qsq81UUDcsO39m74ip8GE57AAAAoGqC929qgv\ndvAAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBOmhO9vZ8/CSDf9L\n+DDqHwO1VYJ4m/9Kl/4mHJCHUGZ9ydxaaS9ArW6zhhwi2OnyqyrzVRQNyw7f2bviKnwYTn\nsAAAAgeRCHWNz3yLavv6/mWsS+1NqSrXULB6i7q6pES2HBAUoAAAAEdGVzdAECAwQ=\n-----END OPENSSH PRIVATE KEY-----\n";
+
+    /// What Python's `cryptography` writes for a P-384 key in OpenSSH format (64 columns,
+    /// a whole block of padding), and its public half from `ssh-keygen -y | ssh-keygen -e -m
+    /// PKCS8`.
+    const CRYPTOGRAPHY_P384: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAiAAAABNl\nY2RzYS1zaGEyLW5pc3RwMzg0AAAACG5pc3RwMzg0AAAAYQTLQdl1nfyJz7VFhTvn\n1D7qS2acVsEeP6Tv39UmWI5WV129qOtso7/gc0g44SSRmrSMm9Lb149BzK7zD7Au\nQWGGDT/F1scKKTGeMOSlGJb2Zz5vioMUh7lskO2ewcljaBoAAADQ+QR3NPkEdzQA\nAAATZWNkc2Etc2hhMi1uaXN0cDM4NAAAAAhuaXN0cDM4NAAAAGEEy0HZdZ38ic+1\nRYU759Q+6ktmnFbBHj+k79/VJliOVlddvajrbKO/4HNIOOEkkZq0jJvS29ePQcyu\n8w+wLkFhhg0/xdbHCikxnjDkpRiW9mc+b4qDFIe5bJDtnsHJY2gaAAAAMElfdtDC\nFMnM6VaISDmq9+gsrdN77SL1avz3IB09/f85GmvbdjHzVjMzOZnWoPsFUQAAAAAB\nAgMEBQYHCA==\n-----END OPENSSH PRIVATE KEY-----\n";
+    const CRYPTOGRAPHY_P384_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMHYwEAYHKoZIzj0CAQYFK4EEACIDYgAEy0HZdZ38ic+1RYU759Q+6ktmnFbBHj+k\n79/VJliOVlddvajrbKO/4HNIOOEkkZq0jJvS29ePQcyu8w+wLkFhhg0/xdbHCikx\nnjDkpRiW9mc+b4qDFIe5bJDtnsHJY2ga\n-----END PUBLIC KEY-----\n";
+
+    fn key_file(name: &str, text: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("fedfuse-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn openssh_keys_are_read_with_the_public_half_ssh_keygen_derives() {
+        let key = NodeKey::from_file(&key_file("p384", OPENSSH_P384)).unwrap();
+        assert_eq!(
+            std::str::from_utf8(key.public_pem()).unwrap(),
+            OPENSSH_P384_PUBLIC
+        );
+        // The same key wrapped at 64 columns, as Python's `cryptography` writes it.
+        let body: String = OPENSSH_P384
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        let wrapped: Vec<&str> = body
+            .as_bytes()
+            .chunks(64)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        let rewrapped = format!("{OPENSSH_BEGIN}\n{}\n{OPENSSH_END}\n", wrapped.join("\n"));
+        let key = NodeKey::from_file(&key_file("p384-64", &rewrapped)).unwrap();
+        assert_eq!(
+            std::str::from_utf8(key.public_pem()).unwrap(),
+            OPENSSH_P384_PUBLIC
+        );
+        let key = NodeKey::from_file(&key_file("cryptography", CRYPTOGRAPHY_P384)).unwrap();
+        assert_eq!(
+            std::str::from_utf8(key.public_pem()).unwrap(),
+            CRYPTOGRAPHY_P384_PUBLIC
+        );
+        let e = NodeKey::from_file(&key_file("p256", OPENSSH_P256))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("ecdsa-sha2-nistp256") && e.contains("P-384"),
+            "{e}"
+        );
+        let e = NodeKey::from_file(&key_file("junk", "not a key"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("fedfuse-") && e.contains("PKCS#8"), "{e}");
+    }
+
+    #[test]
+    fn flower_errors_are_read_from_their_json() {
+        assert_eq!(
+            explain(br#"{"code": 2004, "detail": "Node activation failed"}"#),
+            (Some(2004), "Node activation failed".to_string())
+        );
+        assert_eq!(explain(b"Bad Gateway"), (None, "Bad Gateway".to_string()));
     }
 
     #[test]

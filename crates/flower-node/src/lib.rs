@@ -23,15 +23,20 @@ pub enum NodeError {
         reason: String,
     },
     /// The SuperLink refused a call.
-    #[error("{rpc}: the SuperLink answered HTTP {status}: {detail}")]
+    #[error("{rpc}: the SuperLink answered HTTP {status}{}: {detail}", code.map(|c| format!(" (Flower error {c})")).unwrap_or_default())]
     Status {
         /// The Fleet call.
         rpc: String,
         /// HTTP status.
         status: u16,
+        /// Flower's error code, when the SuperLink sent one.
+        code: Option<i64>,
         /// The SuperLink's explanation.
         detail: String,
     },
+    /// The SuperLink will not let this node in; what to do is in the text.
+    #[error("{0}")]
+    Refused(String),
     /// A message's objects were malformed or incomplete.
     #[error("message objects: {0}")]
     Object(String),

@@ -12,6 +12,8 @@ use crate::{NodeError, Result};
 
 /// Flower's error code for a ClientApp that raised.
 pub const CLIENT_APP_RAISED_EXCEPTION: i64 = 2;
+/// Flower's error code for a self-registration the SuperLink does not allow.
+const REGISTRATION_DISABLED: i64 = 2001;
 /// The SuperLink's node id, the source of instructions.
 const SUPERLINK_NODE: u64 = 1;
 
@@ -87,20 +89,44 @@ impl<'a> Session<'a> {
     fn open(fleet: &'a Fleet, self_registered: bool, heartbeat: Duration) -> Result<Self> {
         let public_key = fleet.key().public_pem().to_vec();
         if self_registered {
-            let _: proto::RegisterNodeFleetResponse = fleet.call(
-                "register-node",
-                &proto::RegisterNodeFleetRequest {
-                    public_key: public_key.clone(),
-                },
-            )?;
+            let _: proto::RegisterNodeFleetResponse = fleet
+                .call(
+                    "register-node",
+                    &proto::RegisterNodeFleetRequest {
+                        public_key: public_key.clone(),
+                    },
+                )
+                .map_err(|e| match e {
+                    NodeError::Status {
+                        code: Some(REGISTRATION_DISABLED),
+                        ..
+                    } => NodeError::Refused(
+                        "the SuperLink authenticates its nodes (--enable-supernode-auth), so a \
+                         node cannot register itself: register the node's public key with \
+                         `flwr supernode register KEY.pub <connection>` and start the node with \
+                         --auth-key KEY"
+                            .into(),
+                    ),
+                    e => e,
+                })?;
         }
-        let activated: proto::ActivateNodeResponse = fleet.call(
-            "activate-node",
-            &proto::ActivateNodeRequest {
-                public_key,
-                heartbeat_interval: heartbeat.as_secs_f64(),
-            },
-        )?;
+        let activated: proto::ActivateNodeResponse = fleet
+            .call(
+                "activate-node",
+                &proto::ActivateNodeRequest {
+                    public_key,
+                    heartbeat_interval: heartbeat.as_secs_f64(),
+                },
+            )
+            .map_err(|e| match e {
+                NodeError::Status { detail, .. } if !self_registered => {
+                    NodeError::Refused(format!(
+                        "the SuperLink refused this node's key ({detail}): register its public \
+                         key with `flwr supernode register KEY.pub <connection>` first"
+                    ))
+                }
+                e => e,
+            })?;
         Ok(Self {
             fleet,
             node: proto::Node {
@@ -277,9 +303,15 @@ impl<'a> Session<'a> {
             )?;
         }
         if outcome.is_ok() {
+            // fedfuse's strategies name the round in the group id; Flower's leave it empty.
+            let group = if meta.group_id.is_empty() {
+                String::new()
+            } else {
+                format!(" (group {})", meta.group_id)
+            };
             log(&format!(
-                "{} (round message {}) answered in {runtime:.2} s",
-                meta.message_type, meta.group_id
+                "{}{group} answered in {runtime:.2} s",
+                meta.message_type
             ));
         }
         Ok(true)
@@ -317,6 +349,27 @@ fn heartbeats(
     }
 }
 
+/// A failed first contact, with what to check: the address, the transport, the CA.
+fn first_contact(e: NodeError, conn: &Connection) -> NodeError {
+    let NodeError::Transport { rpc, reason } = e else {
+        return e;
+    };
+    let hint = if reason.to_lowercase().contains("certificate") {
+        "the SuperLink's TLS certificate was not accepted: --root-certificates must name the CA \
+         that signed it, and the certificate must name the address in --superlink"
+    } else if conn.insecure {
+        "is a SuperLink listening at this address, without TLS? (For a SuperLink with TLS, \
+         give --root-certificates instead of --insecure.)"
+    } else {
+        "is a SuperLink listening at this address, with TLS? (For one without TLS, give \
+         --insecure.)"
+    };
+    NodeError::Transport {
+        rpc,
+        reason: format!("{reason}; {hint}"),
+    }
+}
+
 /// Runs a node until `stop` is set: joins the SuperLink, answers its messages with
 /// `handler`, and leaves cleanly. Lost connections are retried with back-off (the node
 /// registers again when the SuperLink has forgotten it); a wrong address, a refused key or a
@@ -334,7 +387,8 @@ pub fn run(
         None => NodeKey::generate()?,
     };
     let fleet = Fleet::new(&opts.connection, key)?;
-    let mut session = Session::open(&fleet, self_registered, opts.heartbeat)?;
+    let mut session = Session::open(&fleet, self_registered, opts.heartbeat)
+        .map_err(|e| first_contact(e, &opts.connection))?;
     log(&format!(
         "joined {} as node {}",
         opts.connection.superlink, session.node.node_id

@@ -6,7 +6,7 @@ use crate::error::{Context, LabError, Result, bail};
 use fedfuse_core::flower::FlowerContent;
 use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
-use fedfuse_data::{ClientData, Dataset};
+use fedfuse_data::{ClientData, Dataset, client_splits};
 use fedfuse_fed::{
     BuildContext, Method, Population, RunResult, SERVER_ROUND, SimConfig, derive_seed, simulate,
     simulate_tables,
@@ -202,6 +202,57 @@ impl Federation {
         }
         let e = trainer.evaluate(&record.params, data)?;
         Ok((e.loss, e.accuracy, data.len()))
+    }
+    /// Puts a node's own samples in client `id`'s place (a SuperNode's local data, which
+    /// never leaves it): split into training and local test rows as the run's partitions
+    /// are (`dataset.local_test_fraction`, a seed of its own). The samples must have the
+    /// run's features (in its units) and labels below its classes; `source` names them in
+    /// errors.
+    pub fn use_own_data(
+        &mut self,
+        cfg: &Config,
+        id: usize,
+        data: Dataset,
+        source: &str,
+    ) -> Result<()> {
+        let FederationData::Labelled { clients, test, .. } = &mut self.data else {
+            bail!(
+                "{source}: this run federates tables; a node's own samples replace a labelled partition"
+            );
+        };
+        let Some(slot) = clients.get_mut(id) else {
+            bail!("{source}: client {id} is not a slot of this run");
+        };
+        if data.dim() != test.dim() {
+            bail!(
+                "{source}: samples have {} features; this run's model reads {} (sample shape {:?})",
+                data.dim(),
+                test.dim(),
+                test.sample_shape
+            );
+        }
+        let classes = test.num_classes;
+        let data = Dataset::new(data.x, data.y, test.sample_shape.clone(), classes)
+            .with_context(|| format!("{source}: labels must be class ids below {classes}"))?;
+        let fraction = cfg.dataset.as_ref().map_or(0.0, |d| d.local_test_fraction);
+        let mut rng = StdRng::seed_from_u64(derive_seed(cfg.seed, 1, id));
+        let all: Vec<usize> = (0..data.len()).collect();
+        let mut split = client_splits(&data, &[all], fraction, &mut rng)
+            .with_context(|| format!("{source}: splitting off its local test rows"))?;
+        *slot = split.remove(0);
+        Ok(())
+    }
+
+    /// `(loss, accuracy)` of the model in `content` on the run's global test set, as the
+    /// server scores its own model each round (NaN for a table, whose model is no
+    /// classifier); for a stock Flower strategy's central evaluation.
+    pub fn server_evaluate(&self, content: &FlowerContent) -> Result<(f64, f64)> {
+        let record = Record::from_flower(content)?;
+        let FederationData::Labelled { trainer, test, .. } = &self.data else {
+            return Ok((f64::NAN, f64::NAN));
+        };
+        let e = trainer.evaluate(&record.params, test)?;
+        Ok((e.loss, e.accuracy))
     }
 }
 

@@ -29,7 +29,15 @@ def main(grid: Grid, context: Context) -> None:
         )
     elif cfg["strategy"] == "flower-fedavg":
         nodes = len(list(grid.get_node_ids()))
-        model = init(np.random.default_rng(int(cfg["seed"])), 64, int(cfg["hidden"]), 10)
+        if cfg["init"]:
+            model = dict(np.load(str(cfg["init"])))
+        else:
+            model = init(np.random.default_rng(int(cfg["seed"])), 64, int(cfg["hidden"]), 10)
+        central = None
+        if cfg["evaluate-config"]:
+            from fedfuse.flwr import evaluate_fn
+
+            central = evaluate_fn(str(cfg["evaluate-config"]), [o for o in str(cfg["fedfuse-set"]).split(";") if o])
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             np.savez(Path(out) / "init.npz", **model)
@@ -44,11 +52,15 @@ def main(grid: Grid, context: Context) -> None:
             num_rounds=rounds,
             timeout=timeout,
             train_config=ConfigRecord({}),
+            evaluate_fn=central,
         )
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             np.savez(Path(out) / "model.npz", **{k: a.numpy() for k, a in result.arrays.items()})
             evaluated = {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
-            (Path(out) / "done.json").write_text(json.dumps({"rounds": rounds, "evaluate": evaluated}))
+            central = {r: dict(m) for r, m in result.evaluate_metrics_serverapp.items()}
+            (Path(out) / "done.json").write_text(
+                json.dumps({"rounds": rounds, "evaluate": evaluated, "central": central})
+            )
     else:
         raise ValueError(f"strategy = {cfg['strategy']!r}: use \"fedfuse\" or \"flower-fedavg\"")

@@ -2,7 +2,6 @@
 //! (FedTrimmedAvg).
 
 use fedfuse_core::Params;
-use rayon::prelude::*;
 
 use crate::{FuseError, Result};
 
@@ -96,9 +95,6 @@ fn per_tensor(
     Ok(out)
 }
 
-/// Elements per task when a sum is spread over threads (small tensors stay on one).
-const PAR_CHUNK: usize = 1 << 15;
-
 /// A running example-weighted sum of models, for a mean that never holds more than one model
 /// besides the sum (FedAvg over thousands of clients in bounded memory).
 #[derive(Clone, Debug, Default)]
@@ -133,15 +129,9 @@ impl WeightedSum {
             model.check_layout(&self.layout)?;
         }
         for (sum, (_, t)) in self.sums.iter_mut().zip(model.iter()) {
-            // Each element's sum is independent of the others: large tensors are split over
-            // threads with the same result as one pass.
-            sum.par_chunks_mut(PAR_CHUNK)
-                .zip(t.data.par_chunks(PAR_CHUNK))
-                .for_each(|(sums, xs)| {
-                    for (s, x) in sums.iter_mut().zip(xs) {
-                        *s += weight * f64::from(*x);
-                    }
-                });
+            for (s, x) in sum.iter_mut().zip(&t.data) {
+                *s += weight * f64::from(*x);
+            }
         }
         self.total += weight;
         self.count += 1;

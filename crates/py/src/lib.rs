@@ -22,7 +22,6 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use rayon::prelude::*;
 
 create_exception!(
     _core,
@@ -396,35 +395,24 @@ impl Server {
             let view = s.fed.data.server_view();
             let metrics = py.detach(|| -> Result<(RoundMetrics, f64, f64), String> {
                 let aggregating = Instant::now();
-                // Decoding is independent per reply: in parallel. Folding stays in
-                // client-slot order, so the result does not depend on the thread count.
-                let mut decoded: BTreeMap<usize, fedfuse_fed::Result<(Record, usize)>> =
-                    std::mem::take(&mut by_client)
-                        .into_par_iter()
-                        .map(|(client, reply)| {
-                            let reply = match reply {
-                                Ok(content) => Record::from_flower(&content)
-                                    .map(|r| (r, wire_bytes(&content)))
-                                    .map_err(Into::into),
-                                Err(reason) => {
-                                    Err(fedfuse_fed::FedError::BadReply { client, reason })
-                                }
-                            };
-                            (client, reply)
-                        })
-                        .collect();
                 for &client in &open.sampled {
-                    let reply = decoded.remove(&client).unwrap_or_else(|| {
-                        Err(fedfuse_fed::FedError::BadReply {
+                    let reply = match by_client.remove(&client) {
+                        Some(Ok(content)) => Record::from_flower(&content)
+                            .map(|r| (r, wire_bytes(&content)))
+                            .map_err(Into::into),
+                        Some(Err(reason)) => {
+                            Err(fedfuse_fed::FedError::BadReply { client, reason })
+                        }
+                        None => Err(fedfuse_fed::FedError::BadReply {
                             client,
                             reason: "no reply: the node timed out or left".into(),
-                        })
-                    });
+                        }),
+                    };
                     open.state
                         .offer(method, global, client, reply)
                         .map_err(|e| e.to_string())?;
                 }
-                for client in decoded.keys() {
+                for client in by_client.keys() {
                     open.state
                         .reject(*client, "replied but was not sampled this round".into());
                 }

@@ -3,5 +3,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod architecture;
+mod federation;
 mod golden;
 mod matching;

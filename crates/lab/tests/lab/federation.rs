@@ -1,0 +1,84 @@
+//! `lab::run::Federation` as a Flower node and server use it: a node's own samples in place
+//! of its partition, and the server scoring a model given as Flower content.
+
+use fedfuse_core::Record;
+use fedfuse_data::Dataset;
+use fedfuse_lab::Config;
+use fedfuse_lab::run::Federation;
+
+const DIGITS: &str = r#"
+seed = 3
+rounds = 1
+clients = 3
+[dataset]
+name = "digits"
+local_test_fraction = 0.2
+[method]
+name = "fedavg"
+[model]
+kind = "mlp"
+hidden = [16]
+[train]
+epochs = 1
+"#;
+
+fn samples(n: usize, dim: usize, label: u32) -> Dataset {
+    let x = (0..n * dim).map(|i| (i % 17) as f32 / 16.0).collect();
+    let y = (0..n as u32).map(|i| (i + label) % 10).collect();
+    // The file's own class count (what a CSV with labels 0..=9 reads as).
+    Dataset::new(x, y, vec![dim], 10).unwrap()
+}
+
+#[test]
+fn own_samples_replace_a_partition_split_like_one() {
+    let cfg = Config::parse(DIGITS, &[]).unwrap();
+    let mut fed = Federation::prepare(&cfg).unwrap();
+    let before = fed.data.num_examples(0);
+    fed.use_own_data(&cfg, 1, samples(50, 64, 0), "own.csv")
+        .unwrap();
+    // 20% of 50 held out as the local test split, as a partition's is.
+    assert_eq!(fed.data.num_examples(1), 40);
+    assert_eq!(
+        fed.data.num_examples(0),
+        before,
+        "other slots keep their partitions"
+    );
+
+    let e = fed
+        .use_own_data(&cfg, 1, samples(50, 63, 0), "narrow.csv")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("narrow.csv") && e.contains("63 features") && e.contains("64"),
+        "{e}"
+    );
+    let mut wide_labels = samples(50, 64, 0);
+    wide_labels.y[7] = 12;
+    wide_labels.num_classes = 13;
+    let e = fed
+        .use_own_data(&cfg, 1, wide_labels, "labels.csv")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("labels.csv") && e.contains("below 10"), "{e}");
+    let e = fed
+        .use_own_data(&cfg, 7, samples(50, 64, 0), "own.csv")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("client 7"), "{e}");
+}
+
+#[test]
+fn the_server_scores_flower_content_as_it_scores_its_own_model() {
+    let cfg = Config::parse(DIGITS, &[]).unwrap();
+    let fed = Federation::prepare(&cfg).unwrap();
+    let content = Record::from_params(fed.init.clone()).to_flower().unwrap();
+    let (loss, accuracy) = fed.server_evaluate(&content).unwrap();
+    // An untrained 10-class model: near chance, with a loss near ln 10.
+    assert!((0.0..0.3).contains(&accuracy), "{accuracy}");
+    assert!((loss - 10f64.ln()).abs() < 0.5, "{loss}");
+    let view = fed.data.server_view();
+    let (figures, _) = view
+        .evaluate(fed.method.as_ref(), &fed.init, false)
+        .unwrap();
+    assert_eq!((figures.0, figures.1), (accuracy, loss));
+}

@@ -22,6 +22,9 @@ pub enum CoreError {
     /// A tensor name appears twice.
     #[error("tensor `{0}` appears twice")]
     DuplicateTensor(String),
+    /// More tensors than one set may hold.
+    #[error("more than {0} tensors in one model; no network has that many layers")]
+    TooManyTensors(usize),
     /// A tensor that was asked for is absent.
     #[error("tensor `{0}` is missing")]
     MissingTensor(String),

@@ -1,4 +1,10 @@
+use std::collections::HashMap;
+
 use crate::{CoreError, ParamShape, Result};
+
+/// Most tensors one set may hold: far above any network's layer count, low enough that a
+/// file or reply claiming millions of tiny tensors is refused early.
+pub const MAX_TENSORS: usize = 100_000;
 
 /// A dense f32 tensor: shape and row-major (C order) values.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,10 +42,19 @@ impl Tensor {
 }
 
 /// Ordered, named parameter tensors (a PyTorch `state_dict` of f32).
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Params {
     names: Vec<String>,
     tensors: Vec<Tensor>,
+    /// Position of each name: pushing and looking up stay O(1), so reading n tensors is O(n).
+    index: HashMap<String, usize>,
+}
+
+impl PartialEq for Params {
+    fn eq(&self, other: &Self) -> bool {
+        // The index follows from the names.
+        self.names == other.names && self.tensors == other.tensors
+    }
 }
 
 impl Params {
@@ -53,6 +68,7 @@ impl Params {
         let mut p = Self::new();
         for s in layout {
             let n = s.shape.iter().product();
+            p.index.insert(s.name.clone(), p.names.len());
             p.names.push(s.name.clone());
             p.tensors.push(Tensor {
                 shape: s.shape.clone(),
@@ -70,10 +86,14 @@ impl Params {
         data: Vec<f32>,
     ) -> Result<()> {
         let name = name.into();
-        if self.names.contains(&name) {
+        if self.index.contains_key(&name) {
             return Err(CoreError::DuplicateTensor(name));
         }
+        if self.names.len() >= MAX_TENSORS {
+            return Err(CoreError::TooManyTensors(MAX_TENSORS));
+        }
         let t = Tensor::new(&name, shape, data)?;
+        self.index.insert(name.clone(), self.names.len());
         self.names.push(name);
         self.tensors.push(t);
         Ok(())
@@ -81,10 +101,7 @@ impl Params {
 
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
-        self.names
-            .iter()
-            .position(|n| n == name)
-            .map(|i| &self.tensors[i])
+        self.index.get(name).map(|&i| &self.tensors[i])
     }
 
     /// The tensor called `name`, or an error naming it.
@@ -95,16 +112,18 @@ impl Params {
 
     /// Mutable access to the tensor called `name`.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut Tensor> {
-        self.names
-            .iter()
-            .position(|n| n == name)
-            .map(|i| &mut self.tensors[i])
+        self.index.get(name).map(|&i| &mut self.tensors[i])
     }
 
     /// Takes the tensor called `name` out of the set (the others keep their order).
     pub fn remove(&mut self, name: &str) -> Option<Tensor> {
-        let i = self.names.iter().position(|n| n == name)?;
+        let i = self.index.remove(name)?;
         self.names.remove(i);
+        for later in &self.names[i..] {
+            if let Some(pos) = self.index.get_mut(later) {
+                *pos -= 1;
+            }
+        }
         Some(self.tensors.remove(i))
     }
 
@@ -227,6 +246,41 @@ mod tests {
         assert!(matches!(
             p.push("a", vec![1], vec![0.0]),
             Err(CoreError::DuplicateTensor(_))
+        ));
+    }
+
+    #[test]
+    fn lookups_follow_pushes_and_removals() {
+        let mut p = Params::new();
+        for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+            p.push(*name, vec![1], vec![i as f32]).unwrap();
+        }
+        assert!(matches!(
+            p.push("c", vec![1], vec![9.0]),
+            Err(CoreError::DuplicateTensor(n)) if n == "c"
+        ));
+        assert_eq!(p.remove("b").unwrap().data, [1.0]);
+        assert_eq!(p.names(), ["a", "c", "d"]);
+        for (name, want) in [("a", 0.0), ("c", 2.0), ("d", 3.0)] {
+            assert_eq!(p.get(name).unwrap().data, [want], "{name}");
+        }
+        assert!(p.get("b").is_none());
+        p.get_mut("d").unwrap().data[0] = 7.0;
+        p.push("b", vec![1], vec![5.0]).unwrap();
+        assert_eq!(p.names(), ["a", "c", "d", "b"]);
+        assert_eq!(p.get("d").unwrap().data, [7.0]);
+        assert_eq!(p.get("b").unwrap().data, [5.0]);
+    }
+
+    #[test]
+    fn a_set_holds_at_most_max_tensors() {
+        let mut p = Params::new();
+        for i in 0..MAX_TENSORS {
+            p.push(format!("t{i}"), vec![], vec![0.0]).unwrap();
+        }
+        assert!(matches!(
+            p.push("one-more", vec![], vec![0.0]),
+            Err(CoreError::TooManyTensors(MAX_TENSORS))
         ));
     }
 

@@ -26,6 +26,15 @@ pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResul
 
     let result = federate(cfg, observer)?;
     write_outputs(out, cfg, &result)?;
+    if let Some(first) = nothing_accepted(&result) {
+        bail!(
+            "every client's reply was rejected in every round, so the model never left its \
+             initial state (client {}: {}); results.json in {} lists every rejection",
+            first.client,
+            first.reason,
+            out.display()
+        );
+    }
     match result.rounds.last() {
         Some(last) if cfg.table.is_none() => observer.note(&format!(
             "final global accuracy {:.4}; results in {}",
@@ -35,6 +44,21 @@ pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResul
         _ => observer.note(&format!("results in {}", out.display())),
     }
     Ok(result)
+}
+
+/// The first rejection of a run in which no round accepted any reply (a broken client step
+/// or a config the clients cannot follow); `None` when some reply counted.
+pub fn nothing_accepted(result: &RunResult) -> Option<&fedfuse_fed::Rejection> {
+    let all_rejected = !result.rounds.is_empty()
+        && result
+            .rounds
+            .iter()
+            .all(|r| r.clients > 0 && r.rejected.len() >= r.clients);
+    if all_rejected {
+        result.rounds.first()?.rejected.first()
+    } else {
+        None
+    }
 }
 
 /// Writes a finished run's results.json, metrics.csv, model and plots under `out` (the

@@ -82,3 +82,18 @@ fn the_server_scores_flower_content_as_it_scores_its_own_model() {
         .unwrap();
     assert_eq!((figures.0, figures.1), (accuracy, loss));
 }
+
+#[test]
+fn a_run_whose_every_reply_is_rejected_fails_and_says_why() {
+    // A learning rate no weights survive: every client's update is non-finite, every round.
+    let cfg = Config::parse(DIGITS, &["train.lr=1e30".into(), "rounds=2".into()]).unwrap();
+    let out = std::env::temp_dir().join(format!("fedfuse-all-rejected-{}", std::process::id()));
+    let e = fedfuse_lab::run::run(&cfg, &out, &fedfuse_lab::Silent)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("every client's reply was rejected"), "{e}");
+    assert!(e.contains("client 0") && e.contains("non-finite"), "{e}");
+    // The outputs that say which replies were rejected are written.
+    assert!(out.join("results.json").is_file());
+    std::fs::remove_dir_all(&out).ok();
+}

@@ -199,3 +199,19 @@ def test_nodes_rejoin_a_restarted_superlink(tmp_path):
     assert all(alive), logs
     assert not any("panicked" in log for log in logs), logs
     assert_stepped(out, steps, rounds=1)
+
+
+def test_a_failing_step_reaches_the_server_as_flowers_error_and_the_node_goes_on(tmp_path, fedfuse_bin):
+    # The server's model (hidden 32) is not the nodes' (hidden 64): every local step fails.
+    sets = ["clients=2"]
+    out = tmp_path / "out"
+    with deployment(tmp_path / "flower", nodes=0) as d:
+        start_rust_nodes(d, fedfuse_bin, range(2), sets)
+        done = d.run(NUMPY_APP, f'strategy="flower-fedavg" rounds=2 hidden=32 out="{out}"')
+        alive = [d.procs[f"rust{i}"].poll() is None for i in range(2)]
+        logs = [d.log(f"rust{i}") for i in range(2)]
+    assert all(alive), logs
+    assert all(log.count("train failed: client") == 2 for log in logs), logs
+    # Flower's FedAvg counts both replies as failures in both rounds and aggregates nothing.
+    assert (done.stdout + done.stderr).count("Received 0 results and 2 failures") == 2, done.stdout[-3000:]
+    assert np.load(out / "model.npz").files == []

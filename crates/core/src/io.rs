@@ -73,7 +73,25 @@ pub fn params_from_safetensors(bytes: &[u8]) -> Result<(Params, HashMap<String, 
         })?,
         None => st.names().into_iter().map(str::to_string).collect(),
     };
-    if !metadata.contains_key(ORDER_KEY) {
+    if metadata.contains_key(ORDER_KEY) {
+        // The order must name every tensor once: a partial list would drop tensors silently.
+        let mut listed = names.clone();
+        listed.sort();
+        let mut stored: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+        stored.sort();
+        if listed != stored {
+            let missing: Vec<&String> = stored.iter().filter(|n| !listed.contains(n)).collect();
+            return Err(CoreError::Decode {
+                what: format!("`{ORDER_KEY}` metadata"),
+                reason: format!(
+                    "it lists {} names for the file's {} tensors (unlisted: {missing:?}); it \
+                     must name each tensor once, or be left out",
+                    names.len(),
+                    stored.len()
+                ),
+            });
+        }
+    } else {
         names.sort_by_key(|n| tensor_order_key(n));
     }
     let mut params = Params::new();
@@ -193,6 +211,29 @@ pub fn load_safetensors(path: &Path) -> Result<Params> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_order_that_does_not_name_every_tensor_once_is_refused() {
+        let mut p = Params::new();
+        p.push("a", vec![2], vec![1.0, 2.0]).unwrap();
+        p.push("b", vec![1], vec![3.0]).unwrap();
+        let with_order = |order: &str| {
+            let meta = HashMap::from([(ORDER_KEY.to_string(), order.to_string())]);
+            let views = p.iter().map(|(n, t)| (n.to_string(), F32View(t)));
+            safetensors::serialize(views, Some(meta)).unwrap()
+        };
+        let (read, _) = params_from_safetensors(&with_order(r#"["b", "a"]"#)).unwrap();
+        assert_eq!(read.names(), ["b", "a"]);
+        for order in [r#"["a"]"#, r#"["a", "a"]"#, r#"["a", "b", "c"]"#] {
+            let e = params_from_safetensors(&with_order(order))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("fedfuse.order") && e.contains("each tensor once"),
+                "{order}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn natural_order() {

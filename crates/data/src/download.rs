@@ -168,6 +168,24 @@ pub fn download_from(
     Ok(())
 }
 
+/// Whether a URL's authority (`user@host:port`) names this machine: `localhost`, an IPv4
+/// address in 127.0.0.0/8 or `[::1]`; never a name that merely starts like one
+/// (`localhost.example.com`, `127.0.0.1.example.com`).
+fn is_loopback(authority: &str) -> bool {
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some(v6) = host_port.strip_prefix('[') {
+        return v6
+            .split_once(']')
+            .and_then(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().ok())
+            .is_some_and(|ip| ip.is_loopback());
+    }
+    let host = host_port.split_once(':').map_or(host_port, |(h, _)| h);
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn agent_for(url: &str) -> ureq::Agent {
     let authority = url
         .split("://")
@@ -176,9 +194,7 @@ fn agent_for(url: &str) -> ureq::Agent {
         .split('/')
         .next()
         .unwrap_or("");
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let loopback =
-        host.starts_with("127.") || host.starts_with("localhost") || host.starts_with("[::1]");
+    let loopback = is_loopback(authority);
     let cfg = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(30)))
@@ -420,4 +436,37 @@ fn fetch(
         total,
     });
     Ok(resume)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn only_this_machine_counts_as_loopback() {
+        for yes in [
+            "localhost",
+            "localhost:8080",
+            "LocalHost:1",
+            "127.0.0.1",
+            "127.3.2.1:9",
+            "[::1]",
+            "[::1]:8000",
+            "user:pw@127.0.0.1:80",
+        ] {
+            assert!(is_loopback(yes), "{yes}");
+        }
+        for no in [
+            "localhost.example.com",
+            "localhost.example.com:80",
+            "127.0.0.1.example.com",
+            "127.example.com",
+            "[::2]",
+            "10.0.0.1",
+            "example.com@evil",
+            "",
+        ] {
+            assert!(!is_loopback(no), "{no}");
+        }
+    }
 }

@@ -92,7 +92,10 @@ fn a_run_whose_every_reply_is_rejected_fails_and_says_why() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("every client's reply was rejected"), "{e}");
-    assert!(e.contains("client 0: training diverged") && e.contains("lower train.lr"), "{e}");
+    assert!(
+        e.contains("client 0: training diverged") && e.contains("lower train.lr"),
+        "{e}"
+    );
     // The outputs that say which replies were rejected are written.
     assert!(out.join("results.json").is_file());
     std::fs::remove_dir_all(&out).ok();

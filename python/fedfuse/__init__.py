@@ -61,13 +61,15 @@ def fuse(
     """Fuses pre-trained MLPs into one global model.
 
     ``models`` are mappings of names to arrays (``{k: v.numpy() for k, v in
-    net.state_dict().items()}`` of ``nn.Linear`` layers named ``layers.{i}.weight`` /
-    ``layers.{i}.bias``). ``method`` is ``"pfnm"``, ``"gpi-fnm"`` (needs ``eps > 0``) or
+    net.state_dict().items()}`` of a chain of ``nn.Linear`` layers with biases, under any
+    PyTorch naming: ``nn.Sequential`` (``0.weight``, ``2.weight``), named (``fc1.weight``),
+    nested (``net.0.weight``, ``classifier.weight``); the layer order is the mapping's, or
+    the one its widths chain in). ``method`` is ``"pfnm"``, ``"gpi-fnm"`` (needs ``eps > 0``) or
     ``"fedavg"``. ``sigma`` and ``sigma0`` are variances, as in the PFNM reference code;
     ``class_counts`` (one list of per-class example counts per model) weight the output
     layer, and weight FedAvg by each model's total. ``seed`` seeds PFNM's refinement orders.
 
-    Returns the fused arrays (same names as the inputs) and the assignments: for each hidden
+    Returns the fused arrays (under the first model's names) and the assignments: for each hidden
     layer, which global unit each client unit joined (what ``fedfuse fuse`` writes to
     ``FUSED.assignments.json``). The result equals ``fedfuse fuse`` on the same models, bit
     for bit.

@@ -81,3 +81,28 @@ def test_bad_models_name_what_is_wrong():
         fedfuse.fuse([good, dict(good, **{"layers.0.bias": np.zeros(3, np.int64)})])
     with pytest.raises(fedfuse.FedfuseError, match="class-count lists"):
         fedfuse.fuse([good, good], class_counts=[[1, 2]])
+
+
+def test_a_nested_pytorch_naming_saved_as_safetensors_fuses_as_layers_do(tmp_path, fedfuse_bin):
+    # `net.0`, `net.2`, `classifier`: safetensors sorts these names (classifier first); the
+    # command line puts the layers back in the order their widths chain in, and keeps the names.
+    f = json.loads(FIXTURES[0].read_text())
+    models = models_of(f)
+    rename = {}
+    depth = len(models[0]) // 2
+    for layer in range(depth):
+        own = "classifier" if layer == depth - 1 else f"net.{2 * layer}"
+        rename[f"layers.{layer}.weight"] = f"{own}.weight"
+        rename[f"layers.{layer}.bias"] = f"{own}.bias"
+    files = []
+    for j, m in enumerate(models):
+        files.append(tmp_path / f"client{j}.safetensors")
+        save_file({rename[k]: v for k, v in m.items()}, str(files[-1]))
+    out = tmp_path / "fused.safetensors"
+    subprocess.run([str(fedfuse_bin), "fuse", *map(str, files), "--out", str(out), "--seed", "7"],
+                   check=True, capture_output=True)
+    want, _ = fedfuse.fuse(models, seed=7)
+    got = load_file(str(out))
+    assert set(got) == set(rename.values())
+    for key, value in want.items():
+        assert got[rename[key]].tobytes() == value.tobytes(), key

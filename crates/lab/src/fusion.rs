@@ -70,6 +70,141 @@ pub struct Fusion {
     pub layers: Vec<LayerAssignments>,
 }
 
+/// A client's own tensor names for each Linear layer of its chain: `(weight, bias)`.
+type LayerNames = Vec<(String, String)>;
+
+/// `p` renamed to fedfuse's `layers.{i}.weight` / `layers.{i}.bias`, reading the layer chain
+/// from whatever names PyTorch produced: `nn.Sequential` (`0.weight`, `2.weight`), named
+/// layers (`fc1.weight`), nested modules (`net.0.weight`, `classifier.weight`). Each layer is
+/// a `<prefix>.weight` `[out, in]` with its `<prefix>.bias` `[out]`; layers are taken in the
+/// order given when their widths chain, else in the one order in which they do. Anything that
+/// is not a chain of Linear layers is refused, naming the tensor that broke it.
+fn as_layers(p: &Params, name: &str) -> Result<(Params, LayerNames)> {
+    let mut layers: Vec<(String, Option<String>, Option<String>)> = Vec::new();
+    for (tensor, t) in p.iter() {
+        let (prefix, is_weight) = match (
+            tensor.strip_suffix(".weight"),
+            tensor.strip_suffix(".bias"),
+        ) {
+            (Some(prefix), _) => (prefix, true),
+            (_, Some(prefix)) => (prefix, false),
+            _ => bail!(
+                "{name}: tensor `{tensor}` is neither a `.weight` nor a `.bias`: fusion reads a \
+                 chain of nn.Linear layers only"
+            ),
+        };
+        let want = if is_weight { 2 } else { 1 };
+        if t.shape.len() != want {
+            bail!(
+                "{name}: tensor `{tensor}` has shape {:?}; a Linear layer's {} has {want} axes \
+                 (fusion reads a chain of nn.Linear layers only)",
+                t.shape,
+                if is_weight { "weight" } else { "bias" }
+            );
+        }
+        let slot = match layers.iter().position(|(p, _, _)| p == prefix) {
+            Some(i) => i,
+            None => {
+                layers.push((prefix.to_string(), None, None));
+                layers.len() - 1
+            }
+        };
+        let entry = if is_weight {
+            &mut layers[slot].1
+        } else {
+            &mut layers[slot].2
+        };
+        *entry = Some(tensor.to_string());
+    }
+    let mut named: LayerNames = Vec::with_capacity(layers.len());
+    for (prefix, weight, bias) in layers {
+        match (weight, bias) {
+            (Some(w), Some(b)) => named.push((w, b)),
+            (Some(w), None) => bail!(
+                "{name}: layer `{prefix}` has no bias (`{w}` alone); fusion needs nn.Linear \
+                 layers with bias=True"
+            ),
+            (None, _) => bail!("{name}: `{prefix}.bias` has no `{prefix}.weight`"),
+        }
+    }
+    let dims = |(w, _): &(String, String)| -> (usize, usize) {
+        let shape = &p.get(w).map(|t| t.shape.clone()).unwrap_or_default();
+        (shape[1], shape[0])
+    };
+    let chains = |order: &[usize]| {
+        order
+            .windows(2)
+            .all(|pair| dims(&named[pair[0]]).1 == dims(&named[pair[1]]).0)
+    };
+    let given: Vec<usize> = (0..named.len()).collect();
+    let order = if chains(&given) {
+        given
+    } else {
+        chain_by_widths(&named.iter().map(dims).collect::<Vec<_>>()).ok_or_else(|| {
+            let (before, after) = given
+                .windows(2)
+                .map(|pair| (&named[pair[0]], &named[pair[1]]))
+                .find(|(a, b)| dims(a).1 != dims(b).0)
+                .unwrap_or((&named[0], &named[0]));
+            LabError::Invalid(format!(
+                "{name}: not one chain of Linear layers: `{}` takes {} inputs after `{}` gives \
+                 {} outputs, and no other order of the layers chains their widths uniquely",
+                after.0,
+                dims(after).0,
+                before.0,
+                dims(before).1
+            ))
+        })?
+    };
+    let mut out = Params::new();
+    let mut names = Vec::with_capacity(order.len());
+    for (i, &k) in order.iter().enumerate() {
+        let (w, b) = &named[k];
+        for (tensor, kind) in [(w, "weight"), (b, "bias")] {
+            let t = p.require(tensor)?;
+            out.push(
+                format!("layers.{i}.{kind}"),
+                t.shape.clone(),
+                t.data.clone(),
+            )?;
+        }
+        names.push(named[k].clone());
+    }
+    Ok((out, names))
+}
+
+/// The one order of layers (`(inputs, outputs)` each) in which each layer's outputs are the
+/// next one's inputs; `None` when there is none or more than one.
+fn chain_by_widths(dims: &[(usize, usize)]) -> Option<Vec<usize>> {
+    let n = dims.len();
+    let starts: Vec<usize> = (0..n)
+        .filter(|&i| !(0..n).any(|j| j != i && dims[j].1 == dims[i].0))
+        .collect();
+    let [mut at] = starts[..] else { return None };
+    let mut order = vec![at];
+    while order.len() < n {
+        let next: Vec<usize> = (0..n)
+            .filter(|j| !order.contains(j) && dims[*j].0 == dims[at].1)
+            .collect();
+        let [j] = next[..] else { return None };
+        order.push(j);
+        at = j;
+    }
+    Some(order)
+}
+
+/// `fused` (fedfuse's `layers.{i}` names) under the first client's own names.
+fn renamed(fused: Params, names: &LayerNames) -> Result<Params> {
+    let mut out = Params::new();
+    for (i, (w, b)) in names.iter().enumerate() {
+        for (tensor, kind) in [(w, "weight"), (b, "bias")] {
+            let t = fused.require(&format!("layers.{i}.{kind}"))?;
+            out.push(tensor.clone(), t.shape.clone(), t.data.clone())?;
+        }
+    }
+    Ok(out)
+}
+
 /// Widths of the MLP in `p`, input first; errors name the client.
 fn mlp_widths(p: &Params, name: &str) -> Result<Vec<usize>> {
     let context = || {
@@ -110,9 +245,16 @@ pub fn fuse(
         bail!("no client models given");
     };
     let mut widths = Vec::with_capacity(models.len());
+    let mut chains = Vec::with_capacity(models.len());
+    let mut own_names = LayerNames::new();
     for (name, p) in models {
         p.check_finite().context(name.clone())?;
-        widths.push(mlp_widths(p, name)?);
+        let (chain, names) = as_layers(p, name)?;
+        widths.push(mlp_widths(&chain, name)?);
+        if own_names.is_empty() {
+            own_names = names;
+        }
+        chains.push(chain);
     }
     let first = &widths[0];
     let (first_in, first_out) = (first[0], first[first.len() - 1]);
@@ -127,7 +269,7 @@ pub fn fuse(
     if let Some(counts) = class_counts {
         check_class_counts(counts, models.len(), first_out)?;
     }
-    let refs: Vec<&Params> = models.iter().map(|(_, p)| p).collect();
+    let refs: Vec<&Params> = chains.iter().collect();
     let names: Vec<String> = models.iter().map(|(n, _)| n.clone()).collect();
     let (params, layers) = match method {
         FuseMethod::Pfnm | FuseMethod::GpiFnm => {
@@ -182,7 +324,7 @@ pub fn fuse(
     };
     let fused_widths = mlp_widths(&params, "the fused model")?;
     Ok(Fusion {
-        params,
+        params: renamed(params, &own_names)?,
         method: method.name(),
         clients: names,
         input_widths: widths,

@@ -6,3 +6,4 @@ mod architecture;
 mod federation;
 mod golden;
 mod matching;
+mod naming;

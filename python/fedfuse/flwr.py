@@ -129,7 +129,9 @@ class Strategy(FlowerStrategy):
     ``overrides`` are ``key=value`` strings as ``fedfuse run --set`` takes. The server's side
     of each round (instructions, aggregation, evaluation on the test set) runs in Rust, exactly
     as in ``fedfuse run``. With ``out``, the run's results.json, metrics.csv, model and plots
-    are written there after the last round.
+    are written there after the last round. ``max_examples`` bounds the ``num-examples`` a
+    reply may claim (its FedAvg weight, which a node could otherwise inflate at will): a reply
+    above it is listed in ``rejected`` with the reason.
     """
 
     def __init__(
@@ -139,11 +141,14 @@ class Strategy(FlowerStrategy):
         out: str | os.PathLike | None = None,
         min_nodes: int | None = None,
         node_wait: float = 600.0,
+        max_examples: int | None = None,
     ) -> None:
         self.config = str(config)
         self.overrides = [str(o) for o in overrides]
         self.out = None if out is None else str(out)
-        self._server = _core.Server(self.config, self.overrides)
+        if max_examples is not None and (isinstance(max_examples, bool) or int(max_examples) < 1):
+            raise FedfuseError(f"max_examples = {max_examples!r}: give a positive number of examples, or None")
+        self._server = _core.Server(self.config, self.overrides, None if max_examples is None else int(max_examples))
         self.num_clients = self._server.num_clients()
         self.min_nodes = self.num_clients if min_nodes is None else int(min_nodes)
         self.node_wait = float(node_wait)

@@ -271,6 +271,9 @@ struct ServerState {
     sampler: Sampler,
     open: Option<OpenRound>,
     rounds: Vec<RoundMetrics>,
+    /// Largest `num-examples` a reply may claim (the FedAvg weight a node could otherwise
+    /// inflate at will); `None` for no bound.
+    max_examples: Option<u64>,
 }
 
 /// The server half of a fedfuse run: the method, the global model, client sampling and each
@@ -293,8 +296,13 @@ impl Server {
     /// The server of the run config at `config` (a `fedfuse run` TOML file) with `overrides`
     /// (`key=value`, as `--set`).
     #[new]
-    #[pyo3(signature = (config, overrides = Vec::new()))]
-    fn new(py: Python<'_>, config: &str, overrides: Vec<String>) -> PyResult<Self> {
+    #[pyo3(signature = (config, overrides = Vec::new(), max_examples = None))]
+    fn new(
+        py: Python<'_>,
+        config: &str,
+        overrides: Vec<String>,
+        max_examples: Option<u64>,
+    ) -> PyResult<Self> {
         let cfg = load_config(config, overrides)?;
         let fed = py
             .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
@@ -307,6 +315,7 @@ impl Server {
             sampler,
             open: None,
             rounds: Vec::new(),
+            max_examples,
         })))
     }
 
@@ -393,13 +402,26 @@ impl Server {
             let global = &mut s.global;
             // The server holds no client data: the local mean is not measured.
             let view = s.fed.data.server_view();
+            let max_examples = s.max_examples;
             let metrics = py.detach(|| -> Result<(RoundMetrics, f64, f64), String> {
                 let aggregating = Instant::now();
                 for &client in &open.sampled {
                     let reply = match by_client.remove(&client) {
                         Some(Ok(content)) => Record::from_flower(&content)
-                            .map(|r| (r, wire_bytes(&content)))
-                            .map_err(Into::into),
+                            .map_err(Into::into)
+                            .and_then(|r| match max_examples {
+                                Some(max) if r.num_examples > max => {
+                                    Err(fedfuse_fed::FedError::BadReply {
+                                        client,
+                                        reason: format!(
+                                            "it claims {} examples, more than the strategy's \
+                                             max_examples = {max}",
+                                            r.num_examples
+                                        ),
+                                    })
+                                }
+                                _ => Ok((r, wire_bytes(&content))),
+                            }),
                         Some(Err(reason)) => {
                             Err(fedfuse_fed::FedError::BadReply { client, reason })
                         }

@@ -1,0 +1,57 @@
+"""fedfuse.flwr.Strategy without a deployment: replies made here, as a Grid would deliver them."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+from fedfuse import FedfuseError  # noqa: E402
+from fedfuse.flwr import Strategy, to_recorddict  # noqa: E402
+
+CONFIG = ROOT / "examples" / "flower" / "fedfuse_quickstart" / "run.toml"
+
+
+def one_round(strategy, examples, shift):
+    """Round 1 with three replies: slot i sends the global model + shift[i] and examples[i]."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    strategy.slots = {node: node - 1 for node in range(1, 4)}
+    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    for m in messages:
+        m.metadata.__dict__["_message_id"] = m.object_id
+    model = {k: a.numpy() for k, a in to_recorddict(strategy._server.global_model())["arrays"].items()}
+    replies = [
+        Message(
+            RecordDict({
+                "arrays": ArrayRecord({k: Array(v + np.float32(d)) for k, v in model.items()}),
+                "metrics": MetricRecord({"num-examples": n}),
+            }),
+            reply_to=m,
+        )
+        for m, n, d in zip(messages, examples, shift)
+    ]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    return model, {k: a.numpy() for k, a in arrays.items()}, strategy.rounds[-1]
+
+
+def test_a_reply_claiming_more_than_max_examples_is_rejected_not_weighted():
+    sets = ["clients=3", "rounds=1"]
+    # Slot 2 claims a weight that would swamp the others.
+    model, fused, metrics = one_round(Strategy(CONFIG, sets, max_examples=1000), [10, 30, 10**12], [1.0, 2.0, -50.0])
+    assert [r["client"] for r in metrics["rejected"]] == [2]
+    reason = metrics["rejected"][0]["reason"]
+    assert "1000000000000 examples" in reason and "max_examples = 1000" in reason, reason
+    for k in model:  # (10 * 1 + 30 * 2) / 40 = 1.75
+        np.testing.assert_allclose(fused[k], model[k] + 1.75, atol=1e-5, err_msg=k)
+    # Without the bound the claim takes the mean over.
+    model, fused, metrics = one_round(Strategy(CONFIG, sets), [10, 30, 10**12], [1.0, 2.0, -50.0])
+    assert metrics["rejected"] == []
+    for k in model:
+        np.testing.assert_allclose(fused[k], model[k] - 50.0, atol=1e-3, err_msg=k)
+
+
+def test_max_examples_must_be_positive():
+    with pytest.raises(FedfuseError, match="max_examples"):
+        Strategy(CONFIG, ["clients=3"], max_examples=0)

@@ -82,12 +82,15 @@ type LayerNames = Vec<(String, String)>;
 fn as_layers(p: &Params, name: &str) -> Result<(Params, LayerNames)> {
     let mut layers: Vec<(String, Option<String>, Option<String>)> = Vec::new();
     for (tensor, t) in p.iter() {
-        let (prefix, is_weight) = match (
-            tensor.strip_suffix(".weight"),
-            tensor.strip_suffix(".bias"),
-        ) {
-            (Some(prefix), _) => (prefix, true),
-            (_, Some(prefix)) => (prefix, false),
+        // A bare nn.Linear's state_dict is `weight` and `bias`: its prefix is empty.
+        let (prefix, is_weight) = match (tensor.strip_suffix("weight"), tensor.strip_suffix("bias"))
+        {
+            (Some(prefix), _) if prefix.is_empty() || prefix.ends_with('.') => {
+                (prefix.trim_end_matches('.'), true)
+            }
+            (_, Some(prefix)) if prefix.is_empty() || prefix.ends_with('.') => {
+                (prefix.trim_end_matches('.'), false)
+            }
             _ => bail!(
                 "{name}: tensor `{tensor}` is neither a `.weight` nor a `.bias`: fusion reads a \
                  chain of nn.Linear layers only"
@@ -127,9 +130,13 @@ fn as_layers(p: &Params, name: &str) -> Result<(Params, LayerNames)> {
             (None, _) => bail!("{name}: `{prefix}.bias` has no `{prefix}.weight`"),
         }
     }
+    // (inputs, outputs) of a layer; its weight is known to be 2-D.
     let dims = |(w, _): &(String, String)| -> (usize, usize) {
-        let shape = &p.get(w).map(|t| t.shape.clone()).unwrap_or_default();
-        (shape[1], shape[0])
+        let shape = p.get(w).map_or(&[][..], |t| &t.shape[..]);
+        (
+            shape.get(1).copied().unwrap_or(0),
+            shape.first().copied().unwrap_or(0),
+        )
     };
     let chains = |order: &[usize]| {
         order

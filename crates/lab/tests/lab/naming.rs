@@ -101,6 +101,16 @@ fn every_pytorch_naming_fuses_as_the_canonical_one_and_keeps_its_names() {
     }
 }
 
+#[test]
+fn a_bare_linear_layer_keeps_its_names() {
+    let models = (0..2)
+        .map(|s| mlp(&[6, 3], &[("weight", "bias")], &[0], s))
+        .collect();
+    let got = fused(models, FuseMethod::FedAvg);
+    assert_eq!(got.names(), ["weight", "bias"]);
+    assert_eq!(got.get("weight").unwrap().shape, [3, 6]);
+}
+
 fn refusal(p: Params) -> String {
     fuse(
         &[("a.safetensors".into(), p)],

@@ -33,6 +33,26 @@ pub(crate) fn maybe_gunzip(raw: Vec<u8>, path: &Path) -> Result<Vec<u8>> {
     }
 }
 
+/// The file's magic number is the one expected, or an error saying what the file is.
+fn check_magic(found: u32, magic: u32, path: &Path, what: &str) -> Result<()> {
+    if found != magic {
+        let hint = match found {
+            IMAGES_MAGIC => {
+                " (this is an IDX images file; did you swap the images and labels files?)"
+            }
+            LABELS_MAGIC => {
+                " (this is an IDX labels file; did you swap the images and labels files?)"
+            }
+            _ => " (not an IDX file of this kind; check that the file is the right one)",
+        };
+        return Err(DataError::format(
+            path,
+            format!("bad magic number 0x{found:08x}, expected 0x{magic:08x} for IDX {what}{hint}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Parses an IDX header: checks the magic number and returns the dimensions and the payload.
 fn parse_idx<'a>(
     bytes: &'a [u8],
@@ -52,22 +72,7 @@ fn parse_idx<'a>(
             ),
         ));
     }
-    let found = word(0);
-    if found != magic {
-        let hint = match found {
-            IMAGES_MAGIC => {
-                " (this is an IDX images file; did you swap the images and labels files?)"
-            }
-            LABELS_MAGIC => {
-                " (this is an IDX labels file; did you swap the images and labels files?)"
-            }
-            _ => " (not an IDX file of this kind; check that the file is the right one)",
-        };
-        return Err(DataError::format(
-            path,
-            format!("bad magic number 0x{found:08x}, expected 0x{magic:08x} for IDX {what}{hint}"),
-        ));
-    }
+    check_magic(word(0), magic, path, what)?;
     if bytes.len() < header_len {
         return Err(DataError::format(
             path,
@@ -105,18 +110,84 @@ fn parse_idx<'a>(
     }
 }
 
+/// Most bytes a deflate stream yields per compressed byte (its longest back-reference, 258
+/// bytes, in under 2 bits): a header declaring more than this times the file's size lies.
+const DEFLATE_MAX_RATIO: u64 = 1032;
+
+/// An IDX file's bytes, gunzipped if compressed, with decompression bounded by what its
+/// header declares: the header is inflated first and checked (magic, size), then at most the
+/// declared payload and one byte more, so a gzip bomb costs no more memory than the data it
+/// claims to be (and never more than deflate can honestly expand the file to).
+fn read_idx_bytes(path: &Path, magic: u32, what: &str) -> Result<Vec<u8>> {
+    let raw = std::fs::read(path).map_err(|e| DataError::io("could not read", path, e))?;
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(raw);
+    }
+    let corrupt = |e: std::io::Error| {
+        DataError::format(
+            path,
+            format!("corrupt or truncated gzip data ({e}); delete the file and download it again"),
+        )
+    };
+    let mut gz = flate2::read::MultiGzDecoder::new(raw.as_slice());
+    let mut head = vec![0u8; 4];
+    gz.read_exact(&mut head).map_err(corrupt)?;
+    check_magic(
+        u32::from_be_bytes([head[0], head[1], head[2], head[3]]),
+        magic,
+        path,
+        what,
+    )?;
+    let ndims = usize::from(head[3]);
+    head.resize(4 + 4 * ndims, 0);
+    gz.read_exact(&mut head[4..]).map_err(corrupt)?;
+    let dims: Vec<u64> = head[4..]
+        .chunks_exact(4)
+        .map(|w| u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]])))
+        .collect();
+    let declared = dims
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= DEFLATE_MAX_RATIO.saturating_mul(raw.len() as u64))
+        .ok_or_else(|| {
+            DataError::format(
+                path,
+                format!(
+                    "its IDX {what} header declares dimensions {dims:?}, more data than {} \
+                     compressed bytes can hold; the file is damaged or hostile",
+                    raw.len()
+                ),
+            )
+        })?;
+    let mut out = head;
+    (&mut gz)
+        .take(declared + 1)
+        .read_to_end(&mut out)
+        .map_err(corrupt)?;
+    if out.len() as u64 > 4 + 4 * ndims as u64 + declared {
+        return Err(DataError::format(
+            path,
+            format!(
+                "the gzip data holds more than the {declared} bytes its IDX {what} header \
+                 declares (reading stopped there); the file is damaged or hostile"
+            ),
+        ));
+    }
+    Ok(out)
+}
+
 /// Reads an IDX image file (magic `0x00000803`), raw or gzip-compressed.
 ///
 /// Returns `(n, rows, cols, pixels)` with `pixels.len() == n * rows * cols`, row-major.
 pub fn read_idx_images(path: &Path) -> Result<(usize, usize, usize, Vec<u8>)> {
-    let bytes = read_maybe_gz(path)?;
+    let bytes = read_idx_bytes(path, IMAGES_MAGIC, "images")?;
     let (dims, payload) = parse_idx(&bytes, path, IMAGES_MAGIC, "images")?;
     Ok((dims[0], dims[1], dims[2], payload.to_vec()))
 }
 
 /// Reads an IDX label file (magic `0x00000801`), raw or gzip-compressed.
 pub fn read_idx_labels(path: &Path) -> Result<Vec<u8>> {
-    let bytes = read_maybe_gz(path)?;
+    let bytes = read_idx_bytes(path, LABELS_MAGIC, "labels")?;
     let (_, payload) = parse_idx(&bytes, path, LABELS_MAGIC, "labels")?;
     Ok(payload.to_vec())
 }
@@ -158,5 +229,40 @@ mod tests {
         assert!(e.contains("truncated"), "{e}");
         std::fs::write(&p, [0u8, 0]).unwrap();
         assert!(read_idx_labels(&p).is_err());
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(bytes).unwrap();
+        gz.finish().unwrap()
+    }
+
+    #[test]
+    fn gzip_is_inflated_no_further_than_the_header_declares() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("labels.gz");
+        // An honest compressed file reads as before.
+        std::fs::write(&p, gzip(&write_idx(&[4], &[3, 1, 4, 1]))).unwrap();
+        assert_eq!(read_idx_labels(&p).unwrap(), [3, 1, 4, 1]);
+        // A bomb: 100 labels declared, 64 MiB of zeros behind them (about 64 KB compressed).
+        let mut bomb = write_idx(&[100], &[0; 100]);
+        bomb.resize(bomb.len() + (64 << 20), 0);
+        let packed = gzip(&bomb);
+        assert!(packed.len() < 200_000, "{}", packed.len());
+        std::fs::write(&p, &packed).unwrap();
+        let e = read_idx_labels(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("more than the 100 bytes") && e.contains("labels.gz"),
+            "{e}"
+        );
+        // A header declaring far more than the file can expand to is refused before inflating.
+        let liar = gzip(&write_idx(&[60_000, 28, 28], &[]));
+        std::fs::write(&p, &liar).unwrap();
+        let e = read_idx_images(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("[60000, 28, 28]") && e.contains("compressed bytes"),
+            "{e}"
+        );
     }
 }

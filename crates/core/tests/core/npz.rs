@@ -368,3 +368,34 @@ proptest! {
         }
     }
 }
+
+/// `archive` with every declared uncompressed size (local and central headers) set to `size`.
+fn declaring(mut archive: Vec<u8>, size: u32) -> Vec<u8> {
+    for (signature, offset) in [(0x0403_4b50u32, 22), (0x0201_4b50u32, 24)] {
+        let sig = signature.to_le_bytes();
+        let starts: Vec<usize> = archive
+            .windows(4)
+            .enumerate()
+            .filter(|(_, w)| *w == sig)
+            .map(|(i, _)| i)
+            .collect();
+        for i in starts {
+            archive[i + offset..i + offset + 4].copy_from_slice(&size.to_le_bytes());
+        }
+    }
+    archive
+}
+
+#[test]
+fn a_zip_bomb_is_inflated_no_further_than_it_declares() {
+    // 64 MiB of zeros behind a valid array header, declared as 200 bytes: the zip reader
+    // stops at the declared size (this guards that it keeps doing so).
+    let mut payload = npy("<f4", false, &[2], &le_f32(&[1.0, 2.0]));
+    payload.resize(payload.len() + (64 << 20), 0);
+    let bomb = declaring(zip_of(&[("w.npy", payload)], true), 200);
+    let e = params_from_npz(&bomb).unwrap_err().to_string();
+    assert!(
+        e.contains("w.npy") && e.contains("declared uncompressed size"),
+        "{e}"
+    );
+}

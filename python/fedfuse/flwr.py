@@ -146,6 +146,8 @@ class Strategy(FlowerStrategy):
         self.config = str(config)
         self.overrides = [str(o) for o in overrides]
         self.out = None if out is None else str(out)
+        if self.out is not None:
+            _core.check_output_folder(self.out)  # refuse now, not after the last round
         if max_examples is not None and (isinstance(max_examples, bool) or int(max_examples) < 1):
             raise FedfuseError(f"max_examples = {max_examples!r}: give a positive number of examples, or None")
         self._server = _core.Server(self.config, self.overrides, None if max_examples is None else int(max_examples))

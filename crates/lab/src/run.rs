@@ -22,10 +22,11 @@ use crate::pipeline::{ClientTables, GgmTables, cdc_tables, client_data, ggm_tabl
 /// Runs the experiment of `cfg`, writing the resolved config, results.json, metrics.csv, the
 /// final model and the plots under `out`.
 pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResult> {
-    crate::table::start_output(out, "config.toml", cfg)?;
-
+    // The folder is replaced whole when the run ends (an earlier run's files go, a failed or
+    // killed run changes nothing): refuse now, not after the run, a folder that holds more.
+    crate::table::check_replaceable(out, &crate::table::RUN_FILES)?;
     let result = federate(cfg, observer)?;
-    write_outputs(out, cfg, &result)?;
+    write_run_folder(out, cfg, &result)?;
     if let Some(first) = nothing_accepted(&result) {
         bail!(
             "every client's reply was rejected in every round, so the model never left its \
@@ -61,8 +62,16 @@ pub fn nothing_accepted(result: &RunResult) -> Option<&fedfuse_fed::Rejection> {
     }
 }
 
-/// Writes a finished run's results.json, metrics.csv, model and plots under `out` (the
-/// simulator's runs and those over Flower alike).
+/// Replaces `out` with a finished run's folder: config.toml, results.json, metrics.csv, the
+/// model and the plots, all or nothing (the simulator's runs and those over Flower alike).
+pub fn write_run_folder(out: &Path, cfg: &Config, result: &RunResult) -> Result<()> {
+    crate::table::replace_folder(out, |dir| {
+        crate::table::start_output(dir, "config.toml", cfg)?;
+        write_outputs(dir, cfg, result)
+    })
+}
+
+/// Writes a finished run's results.json, metrics.csv, model and plots under `out`.
 pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()> {
     crate::output::write_results(out, cfg, result)?;
     // A tabular method's model is no classifier: no accuracy to plot.

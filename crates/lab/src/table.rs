@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::error::{Context, Result};
+use crate::error::{Context, LabError, Result, bail};
 
 /// Mean and sample standard deviation of a non-empty slice (0 for one value).
 pub fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -121,6 +121,103 @@ pub fn start_output<T: serde::Serialize>(out: &Path, file: &str, settings: &T) -
         .with_context(|| format!("cannot create output folder {}", out.display()))?;
     let text = toml::to_string_pretty(settings).context("cannot serialise the settings")?;
     write_atomic(&out.join(file), text.as_bytes())
+}
+
+/// What a run's folder holds (`fedfuse run` and a Flower strategy's `out`): a folder holding
+/// anything else is not replaced.
+pub const RUN_FILES: [&str; 8] = [
+    "config.toml",
+    "results.json",
+    "metrics.csv",
+    "model.safetensors",
+    "accuracy_vs_round.png",
+    "accuracy_vs_round.svg",
+    "accuracy_vs_bytes.png",
+    "accuracy_vs_bytes.svg",
+];
+
+/// Checks, before a run starts, that its output folder can be replaced when it ends: `out`
+/// is new, or holds only files named in `allowed` (an earlier run's). Errors name the files
+/// that would be lost.
+pub fn check_replaceable(out: &Path, allowed: &[&str]) -> Result<()> {
+    let entries = match std::fs::read_dir(out) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            bail!("{} is a file; give a folder for the outputs", out.display())
+        }
+        Err(e) => bail!("cannot read output folder {}: {e}", out.display()),
+    };
+    let mut foreign = Vec::new();
+    for entry in entries {
+        let entry =
+            entry.with_context(|| format!("cannot read output folder {}", out.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !allowed.contains(&name.as_str()) {
+            foreign.push(name);
+        }
+    }
+    if !foreign.is_empty() {
+        foreign.sort();
+        bail!(
+            "output folder {} holds files a run does not write ({}); a run replaces its whole \
+             folder, so give a new or empty folder",
+            out.display(),
+            foreign.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Writes a folder's files into a fresh sibling folder and then swaps it in whole, so that
+/// `out` holds either the earlier set of files or the new one, never a mix, even if the
+/// process dies part-way. `write` fills the folder it is given.
+pub fn replace_folder(out: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let name = out
+        .file_name()
+        .with_context(|| format!("{} is not a folder path", out.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent)
+        .with_context(|| format!("cannot create folder {}", parent.display()))?;
+    let pid = std::process::id();
+    let staging = parent.join(format!(".{name}.new-{pid}"));
+    let old = parent.join(format!(".{name}.old-{pid}"));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging)
+        .with_context(|| format!("cannot create folder {}", staging.display()))?;
+    if let Err(e) = write(&staging) {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e);
+    }
+    let had_old = out.exists();
+    if had_old {
+        std::fs::rename(out, &old).with_context(|| {
+            format!(
+                "cannot move the earlier {} aside; the new files are in {}",
+                out.display(),
+                staging.display()
+            )
+        })?;
+    }
+    if let Err(e) = std::fs::rename(&staging, out) {
+        if had_old {
+            let _ = std::fs::rename(&old, out);
+        }
+        return Err(LabError::Invalid(format!(
+            "cannot move the new files into {} ({e}); they are in {}",
+            out.display(),
+            staging.display()
+        )));
+    }
+    if had_old {
+        let _ = std::fs::remove_dir_all(&old);
+    }
+    Ok(())
 }
 
 /// The three tables of an experiment, written together into its output folder.

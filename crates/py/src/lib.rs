@@ -485,17 +485,15 @@ impl Server {
         Ok(content_to_py(py, content))
     }
 
-    /// Writes the run's config.toml, results.json, metrics.csv, model and plots under `out`,
-    /// as `fedfuse run` does.
+    /// Replaces `out` with the run's config.toml, results.json, metrics.csv, model and plots,
+    /// all or nothing, as `fedfuse run` does.
     fn write_outputs(&self, out: &str) -> PyResult<()> {
         self.with(|s| {
             let result = RunResult {
                 rounds: s.rounds.clone(),
                 params: s.global.clone(),
             };
-            let out = Path::new(out);
-            fedfuse_lab::table::start_output(out, "config.toml", &s.cfg).map_err(err)?;
-            fedfuse_lab::run::write_outputs(out, &s.cfg, &result).map_err(err)
+            fedfuse_lab::run::write_run_folder(Path::new(out), &s.cfg, &result).map_err(err)
         })
     }
 }
@@ -569,11 +567,20 @@ impl Client {
     }
 }
 
+/// Checks that a run's output folder is new or holds only an earlier run's files, so that
+/// writing the run's outputs (which replaces the folder whole) loses nothing else.
+#[pyfunction]
+fn check_output_folder(out: &str) -> PyResult<()> {
+    fedfuse_lab::table::check_replaceable(Path::new(out), &fedfuse_lab::table::RUN_FILES)
+        .map_err(err)
+}
+
 /// The module.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FedfuseError", m.py().get_type::<FedfuseError>())?;
     m.add_function(wrap_pyfunction!(fuse, m)?)?;
+    m.add_function(wrap_pyfunction!(check_output_folder, m)?)?;
     m.add_function(wrap_pyfunction!(record_to_flower, m)?)?;
     m.add_function(wrap_pyfunction!(record_from_flower, m)?)?;
     m.add_class::<Server>()?;

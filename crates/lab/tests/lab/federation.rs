@@ -100,3 +100,62 @@ fn a_run_whose_every_reply_is_rejected_fails_and_says_why() {
     assert!(out.join("results.json").is_file());
     std::fs::remove_dir_all(&out).ok();
 }
+
+#[test]
+fn a_runs_folder_is_replaced_whole_or_not_at_all() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    std::fs::create_dir_all(&out).unwrap();
+    for f in ["config.toml", "results.json", "accuracy_vs_bytes.svg"] {
+        std::fs::write(out.join(f), "from an earlier run").unwrap();
+    }
+    // A run that fails (MNIST is not where the config says) changes nothing.
+    let failing = Config::parse(
+        DIGITS,
+        &[
+            "dataset.name=mnist".into(),
+            format!(
+                "data_dir={:?}",
+                tmp.path().join("nowhere").display().to_string()
+            ),
+        ],
+    )
+    .unwrap();
+    assert!(fedfuse_lab::run::run(&failing, &out, &fedfuse_lab::Silent).is_err());
+    for f in ["config.toml", "results.json", "accuracy_vs_bytes.svg"] {
+        assert_eq!(
+            std::fs::read_to_string(out.join(f)).unwrap(),
+            "from an earlier run"
+        );
+    }
+    // A run that succeeds replaces every file, the earlier run's leftovers included.
+    let cfg = Config::parse(DIGITS, &[]).unwrap();
+    fedfuse_lab::run::run(&cfg, &out, &fedfuse_lab::Silent).unwrap();
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(config.contains("digits"), "{config}");
+    assert!(
+        std::fs::read_to_string(out.join("results.json"))
+            .unwrap()
+            .contains("rounds")
+    );
+    assert!(out.join("model.safetensors").is_file());
+    // No staging or old folders are left beside it.
+    let beside: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(beside, ["run"]);
+    // A folder holding anything a run does not write is refused before the run starts.
+    std::fs::write(out.join("notes.txt"), "mine").unwrap();
+    let e = fedfuse_lab::run::run(&cfg, &out, &fedfuse_lab::Silent)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("notes.txt") && e.contains("new or empty folder"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes.txt")).unwrap(),
+        "mine"
+    );
+}

@@ -17,6 +17,7 @@ mod error;
 mod fedsparse;
 pub mod gems;
 mod graph;
+mod krum;
 mod matching;
 mod mixture;
 mod serveropt;
@@ -36,6 +37,7 @@ pub use graph::{
     edge_precision_recall, expand_to_units, graph_from_scores, graphical_lasso,
     partial_correlations, recover_graph,
 };
+pub use krum::{krum_scores, krum_select};
 pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,
     MatchTimings, Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder,

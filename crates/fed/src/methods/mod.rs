@@ -14,6 +14,7 @@ mod fedprox;
 mod fedsparse;
 mod fedtrimmedavg;
 mod gems;
+mod krum;
 mod pfnm;
 mod separate_inits;
 
@@ -34,6 +35,7 @@ pub use gems::{
     CriterionKind, Gems, GemsSettings, NeuronCriterionKind, SearchKind, Shape as GemsShape,
     finetune_output_layer, hidden_features,
 };
+pub use krum::{Krum, KrumSettings};
 pub use pfnm::{Pfnm, PfnmSettings, default_eps_grid, put_class_counts};
 pub use separate_inits::SeparateInits;
 
@@ -83,6 +85,10 @@ pub enum MethodConfig {
     /// FedTrimmedAvg: coordinate-wise mean without the `beta` tails.
     #[serde(rename = "fedtrimmedavg")]
     FedTrimmedAvg(FedTrimmedAvgSettings),
+    /// Krum / Multi-Krum: the `keep` replies nearest to the most others, averaged; tolerates
+    /// `byzantine` clients.
+    #[serde(rename = "krum")]
+    Krum(KrumSettings),
     /// PFNM: neuron matching of clients trained from their own initialisations (Yurochkin et
     /// al. 2019); MLPs only. Takes no `eps` nor `eps_grid`.
     #[serde(deserialize_with = "PfnmSettings::deserialize_pfnm")]
@@ -177,6 +183,7 @@ impl MethodConfig {
             Self::FedDrop(s) => Box::new(s.build(&ctx)?),
             Self::FedSparse(s) => Box::new(s.build(&ctx)?),
             Self::FedTrimmedAvg(s) => Box::new(s.build(&ctx)?),
+            Self::Krum(s) => Box::new(s.build(&ctx)?),
             Self::Pfnm(s) => Box::new(s.build_pfnm(&ctx)?),
             Self::GpiFnm(s) => Box::new(s.build_gpi_fnm(&ctx)?),
             Self::Gems(s) => Box::new(s.build(&ctx)?),

@@ -66,6 +66,10 @@ fn settings_write_back_in_the_recorded_form() {
             r#"{"name":"fedtrimmedavg","beta":0.2}"#.into(),
         ),
         (
+            r#"{"name":"krum"}"#,
+            r#"{"name":"krum","byzantine":0,"keep":1}"#.into(),
+        ),
+        (
             r#"{"name":"pfnm"}"#,
             r#"{"name":"pfnm","sigma":1.0,"sigma0":1.0,"gamma":1.0,"iters":5}"#.into(),
         ),
@@ -153,6 +157,7 @@ fn build_errors_name_the_method_key() {
         (r#"{"name":"fedmix","components":0}"#, "components"),
         (r#"{"name":"feddrop","fraction":1}"#, "fraction"),
         (r#"{"name":"fedtrimmedavg","beta":0.7}"#, "beta"),
+        (r#"{"name":"krum","keep":0}"#, "keep"),
         (r#"{"name":"fedsparse","lambda0":-1}"#, "lambda0"),
         (r#"{"name":"fedsparse","temperature":0}"#, "temperature"),
         (r#"{"name":"fedsparse","prune_eps":2}"#, "prune_eps"),

@@ -42,6 +42,26 @@ pub fn median(items: &[&[f32]]) -> Vec<f32> {
     })
 }
 
+/// Bulyan's coordinate rule (Flower's `aggregate_n_closest_weights`): per coordinate, the
+/// mean of the `beta` values nearest the coordinate-wise median.
+pub fn mean_nearest_median(items: &[&[f32]], beta: usize) -> Result<Vec<f32>> {
+    if beta == 0 || beta > items.len() {
+        return Err(FuseError::InvalidSetting {
+            field: "beta",
+            reason: format!("{beta} is not between 1 and the {} models", items.len()),
+        });
+    }
+    let mid = median(items);
+    let mut j = 0;
+    Ok(per_coordinate(items, |column| {
+        let m = mid[j];
+        j += 1;
+        column.sort_by(|a, b| (a - m).abs().total_cmp(&(b - m).abs()));
+        let sum: f64 = column[..beta].iter().map(|&v| f64::from(v)).sum();
+        (sum / beta as f64) as f32
+    }))
+}
+
 /// Coordinate-wise mean after dropping the `floor(beta * n)` smallest and largest values
 /// (Flower's `FedTrimmedAvg`, scipy's `trim_mean`).
 pub fn trimmed_mean(items: &[&[f32]], beta: f64) -> Result<Vec<f32>> {
@@ -177,6 +197,11 @@ pub fn median_params(models: &[&Params]) -> Result<Params> {
     per_tensor(models, |cols| Ok(median(cols)))
 }
 
+/// [`mean_nearest_median`] over whole models (Bulyan's last step).
+pub fn mean_nearest_median_params(models: &[&Params], beta: usize) -> Result<Params> {
+    per_tensor(models, |cols| mean_nearest_median(cols, beta))
+}
+
 /// [`trimmed_mean`] over whole models (FedTrimmedAvg).
 pub fn trimmed_mean_params(models: &[&Params], beta: f64) -> Result<Params> {
     per_tensor(models, |cols| trimmed_mean(cols, beta))
@@ -194,6 +219,26 @@ mod tests {
         let (a, b, c, d) = ([1.0, 9.0], [5.0, 2.0], [3.0, 4.0], [10.0, 0.0]);
         assert_eq!(median(&[&a, &b, &c]), vec![3.0, 4.0]);
         assert_eq!(median(&[&a, &b, &c, &d]), vec![4.0, 3.0]);
+    }
+
+    #[test]
+    fn mean_nearest_median_by_hand() {
+        // Column [1, 2, 3, 4, 100]: median 3; the 3 nearest are 3, 2, 4 -> 3.
+        // Column [0, 0, 10, 10, 11]: median 10; the 3 nearest are 10, 10, 11 -> 31 / 3.
+        let vals = [
+            [1.0f32, 0.0],
+            [2.0, 0.0],
+            [3.0, 10.0],
+            [4.0, 10.0],
+            [100.0, 11.0],
+        ];
+        let items: Vec<&[f32]> = vals.iter().map(|v| v.as_slice()).collect();
+        let got = mean_nearest_median(&items, 3).unwrap();
+        assert_eq!(got[0], 3.0);
+        assert!((got[1] - 31.0 / 3.0).abs() < 1e-6, "{got:?}");
+        assert_eq!(mean_nearest_median(&items, 5).unwrap()[0], 22.0);
+        assert!(mean_nearest_median(&items, 0).is_err());
+        assert!(mean_nearest_median(&items, 6).is_err());
     }
 
     #[test]

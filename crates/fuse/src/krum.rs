@@ -75,6 +75,24 @@ pub fn krum_select(models: &[&Params], byzantine: usize, keep: usize) -> Result<
     Ok(order)
 }
 
+/// Bulyan (El Mhamdi et al. 2018), as Flower's `Bulyan`: the `n - 2f` best Krum-scored
+/// models (one Multi-Krum pass), then per coordinate the mean of the `n - 4f` values nearest
+/// the median. Needs `n >= 4f + 3` models; `None` when there are fewer (Flower then skips
+/// the round's aggregation).
+pub fn bulyan(models: &[&Params], byzantine: usize) -> Result<Option<Params>> {
+    let n = models.len();
+    if n < 4 * byzantine + 3 {
+        return Ok(None);
+    }
+    let theta = n - 2 * byzantine;
+    let beta = theta - 2 * byzantine;
+    let selected: Vec<&Params> = krum_select(models, byzantine, theta)?
+        .into_iter()
+        .map(|i| models[i])
+        .collect();
+    crate::mean_nearest_median_params(&selected, beta).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +101,24 @@ mod tests {
         let mut p = Params::new();
         p.push("w", vec![1], vec![v]).unwrap();
         p
+    }
+
+    #[test]
+    fn bulyan_by_hand() {
+        // n = 7, f = 1: the theta = 5 best by Krum are kept, then per coordinate the mean of
+        // the beta = 3 values nearest their median.
+        let models: Vec<Params> = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 50.0]
+            .into_iter()
+            .map(scalar)
+            .collect();
+        let refs: Vec<&Params> = models.iter().collect();
+        // Krum scores with f = 1 (4 nearest): 0 -> 1+4+9+16 = 30, 1 -> 1+1+4+9 = 15,
+        // 2 -> 1+1+4+4 = 10, 3 -> 10, 4 -> 15, 5 -> 1+4+9+16 = 30, 50 -> huge; the best five
+        // are 2, 3, 1, 4, then 0 (tied with 5, lower index first): median 2, the three
+        // nearest 2, 1, 3 -> 2.
+        let got = bulyan(&refs, 1).unwrap().unwrap();
+        assert_eq!(got.get("w").unwrap().data, [2.0]);
+        assert!(bulyan(&refs[..6], 1).unwrap().is_none(), "6 < 4f + 3");
     }
 
     #[test]

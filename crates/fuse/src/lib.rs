@@ -24,8 +24,8 @@ mod serveropt;
 mod submodel;
 
 pub use elementwise::{
-    WeightedSum, median, median_params, trimmed_mean, trimmed_mean_params, weighted_mean,
-    weighted_mean_params,
+    WeightedSum, mean_nearest_median, mean_nearest_median_params, median, median_params,
+    trimmed_mean, trimmed_mean_params, weighted_mean, weighted_mean_params,
 };
 pub use error::{FuseError, Result};
 pub use fedsparse::{
@@ -37,7 +37,7 @@ pub use graph::{
     edge_precision_recall, expand_to_units, graph_from_scores, graphical_lasso,
     partial_correlations, recover_graph,
 };
-pub use krum::{krum_scores, krum_select};
+pub use krum::{bulyan, krum_scores, krum_select};
 pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,
     MatchTimings, Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder,

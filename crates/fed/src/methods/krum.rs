@@ -1,12 +1,12 @@
 //! Krum and Multi-Krum (Blanchard et al. 2017), as Flower's `Krum` and `MultiKrum`: the
 //! replies nearest to the most others are kept (see `fedfuse_fuse::krum_scores`), and the
 //! `keep` best are averaged weighted by their examples; `keep = 1` is Krum, which takes the
-//! one best reply as it is.
+//! one best reply as it is. Bulyan (El Mhamdi et al. 2018), as Flower's `Bulyan`, on top.
 
 use std::collections::BTreeMap;
 
 use fedfuse_core::Params;
-use fedfuse_fuse::{krum_select, weighted_mean_params};
+use fedfuse_fuse::{bulyan, krum_select, weighted_mean_params};
 use serde::{Deserialize, Serialize};
 
 use super::BuildContext;
@@ -91,5 +91,56 @@ impl Method for Krum {
         self.chosen
             .map(|c| BTreeMap::from([("best_client".to_string(), c as f64)]))
             .unwrap_or_default()
+    }
+}
+
+/// Bulyan's settings (`[method] name = "bulyan"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulyanSettings {
+    /// Byzantine clients tolerated (`f`); a round needs at least `4f + 3` replies.
+    #[serde(default)]
+    pub byzantine: usize,
+}
+
+impl BulyanSettings {
+    /// Builds Bulyan.
+    pub fn build(&self, _ctx: &BuildContext) -> Result<Bulyan> {
+        Ok(Bulyan {
+            byzantine: self.byzantine,
+            skipped: false,
+        })
+    }
+}
+
+/// Bulyan: Multi-Krum keeps `n - 2f` replies, then per coordinate the mean of the `n - 4f`
+/// values nearest their median.
+#[derive(Clone, Debug)]
+pub struct Bulyan {
+    byzantine: usize,
+    /// Whether the last round had too few replies (fewer than `4f + 3`) and kept the model.
+    skipped: bool,
+}
+
+impl Method for Bulyan {
+    fn name(&self) -> &'static str {
+        "bulyan"
+    }
+
+    fn aggregate(
+        &mut self,
+        _round: usize,
+        _global: &Params,
+        replies: &[Reply],
+    ) -> Result<Aggregate> {
+        let models: Vec<&Params> = replies.iter().map(|r| &r.record.params).collect();
+        let fused = bulyan(&models, self.byzantine)?;
+        self.skipped = fused.is_none();
+        // Too few replies: the model stays, as Flower's Bulyan skips the round.
+        Ok(fused.map_or(Aggregate::Keep, Aggregate::Replace))
+    }
+
+    fn round_metrics(&self) -> BTreeMap<String, f64> {
+        BTreeMap::from([("skipped".to_string(), f64::from(u8::from(self.skipped)))])
     }
 }

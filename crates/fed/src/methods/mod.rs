@@ -35,7 +35,7 @@ pub use gems::{
     CriterionKind, Gems, GemsSettings, NeuronCriterionKind, SearchKind, Shape as GemsShape,
     finetune_output_layer, hidden_features,
 };
-pub use krum::{Krum, KrumSettings};
+pub use krum::{Bulyan, BulyanSettings, Krum, KrumSettings};
 pub use pfnm::{Pfnm, PfnmSettings, default_eps_grid, put_class_counts};
 pub use separate_inits::SeparateInits;
 
@@ -89,6 +89,10 @@ pub enum MethodConfig {
     /// `byzantine` clients.
     #[serde(rename = "krum")]
     Krum(KrumSettings),
+    /// Bulyan: Multi-Krum keeps `n - 2f` replies, then per coordinate the mean of the
+    /// `n - 4f` nearest the median; needs `4f + 3` replies a round.
+    #[serde(rename = "bulyan")]
+    Bulyan(BulyanSettings),
     /// PFNM: neuron matching of clients trained from their own initialisations (Yurochkin et
     /// al. 2019); MLPs only. Takes no `eps` nor `eps_grid`.
     #[serde(deserialize_with = "PfnmSettings::deserialize_pfnm")]
@@ -184,6 +188,7 @@ impl MethodConfig {
             Self::FedSparse(s) => Box::new(s.build(&ctx)?),
             Self::FedTrimmedAvg(s) => Box::new(s.build(&ctx)?),
             Self::Krum(s) => Box::new(s.build(&ctx)?),
+            Self::Bulyan(s) => Box::new(s.build(&ctx)?),
             Self::Pfnm(s) => Box::new(s.build_pfnm(&ctx)?),
             Self::GpiFnm(s) => Box::new(s.build_gpi_fnm(&ctx)?),
             Self::Gems(s) => Box::new(s.build(&ctx)?),

@@ -440,7 +440,7 @@ fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
 }
 
 #[test]
-fn krum_keeps_the_honest_replies_where_fedavg_collapses() {
+fn krum_and_bulyan_keep_the_honest_replies_where_fedavg_collapses() {
     // 10 clients, 1 to 3 of them Byzantine (every value 1e4); Krum told to tolerate 3. One
     // federation seed: the bounds below hold for it with margin.
     let (data, clients, trainer, init) = setup(10);
@@ -491,6 +491,20 @@ fn krum_keeps_the_honest_replies_where_fedavg_collapses() {
     }
     let clean = run(&mut FedAvg);
     assert!(clean > 0.8, "clean FedAvg {clean}");
+    // Bulyan with f = 1 needs 7 replies of the 10: one Byzantine client.
+    let bulyan = serde_json::from_str::<MethodConfig>(r#"{"name":"bulyan","byzantine":1}"#)
+        .unwrap()
+        .build_with(BuildContext::default())
+        .unwrap();
+    let acc = run(&mut Faulty {
+        inner: Boxed(bulyan),
+        bad: &[4],
+        corrupt: blow_up,
+    });
+    assert!(
+        acc > clean - 0.05,
+        "Bulyan with one Byzantine client: {acc} (clean {clean})"
+    );
     for bad in [&[4][..], &[1, 6], &[0, 5, 9]] {
         let attacked_avg = run(&mut Faulty {
             inner: FedAvg,

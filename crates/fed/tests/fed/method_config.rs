@@ -70,6 +70,10 @@ fn settings_write_back_in_the_recorded_form() {
             r#"{"name":"krum","byzantine":0,"keep":1}"#.into(),
         ),
         (
+            r#"{"name":"bulyan","byzantine":2}"#,
+            r#"{"name":"bulyan","byzantine":2}"#.into(),
+        ),
+        (
             r#"{"name":"pfnm"}"#,
             r#"{"name":"pfnm","sigma":1.0,"sigma0":1.0,"gamma":1.0,"iters":5}"#.into(),
         ),

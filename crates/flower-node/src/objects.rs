@@ -679,6 +679,41 @@ mod tests {
     }
 
     #[test]
+    fn object_ids_are_those_the_pinned_flwr_computes() {
+        // The same message built with flwr 1.41.0 (`Message(metadata=Metadata(run_id=5,
+        // src_node_id=9, dst_node_id=1, group_id="2", created_at=1.5, ttl=100.0,
+        // message_type="train", ...), content=RecordDict({...}))`, the arrays as
+        // `Array(dtype, shape, stype, data)`), its `object_id`s printed.
+        let d = deflate(metadata(), Some(&content()), None);
+        let content = &d.tree.children[0];
+        let ids: Vec<&str> = content
+            .children
+            .iter()
+            .map(|c| c.object_id.as_str())
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "6afd892803ca61a5173586eaeaa0e6e76259989533854a23d5faf48868a09a34",
+                "bad4ba719ae85d5f02b0e96f70f6496a09f98adcbb24c684ef39d5a1f54d5cfe",
+                "c8b3029a84af8608039faa06108728b2e49b68cb3c5103d68163e61cb666b95e",
+            ]
+        );
+        assert_eq!(
+            content.object_id,
+            "27fd70cfb3fa2f8f1bda88a703381df9949357412bfb40c0ecb0f7adbf62d25e"
+        );
+        assert_eq!(
+            d.tree.object_id,
+            "b6c0109bdbd6fb0f2aa44041892e4b04f223d67a6c6fd34c07a4c44da53cee97"
+        );
+        assert_eq!(
+            d.message.metadata.as_ref().map(|m| m.message_id.as_str()),
+            Some(d.tree.object_id.as_str())
+        );
+    }
+
+    #[test]
     fn heads_and_json_are_written_as_flower_writes_them() {
         let d = deflate(metadata(), Some(&content()), None);
         let chunk = d

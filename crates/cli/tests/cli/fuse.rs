@@ -155,8 +155,10 @@ fn bad_client_files_are_named() {
     for (n, t) in good.iter().filter(|(n, _)| *n != "layers.0.bias") {
         no_bias.push(n, t.shape.clone(), t.data.clone()).unwrap();
     }
-    no_bias.push("extra", vec![1], vec![0.0]).unwrap();
+    let mut extra = good.clone();
+    extra.push("extra", vec![1], vec![0.0]).unwrap();
     let no_bias = write("nobias.safetensors", &no_bias);
+    let extra = write("extra.safetensors", &extra);
     let mut conv = Params::new();
     conv.push("layers.0.weight", vec![3, 1, 2, 2], vec![0.0; 12])
         .unwrap();
@@ -173,7 +175,11 @@ fn bad_client_files_are_named() {
             &nan,
             vec!["nan.safetensors", "layers.1.weight", "non-finite"],
         ),
-        (&no_bias, vec!["nobias.safetensors", "layers.0.bias"]),
+        (
+            &no_bias,
+            vec!["nobias.safetensors", "layers.0.weight", "bias=True"],
+        ),
+        (&extra, vec!["extra.safetensors", "`extra`", "nn.Linear"]),
         (&conv, vec!["conv.safetensors", "nn.Linear"]),
         (&wide, vec!["wide.safetensors", "[5, 3, 2]"]),
     ] {

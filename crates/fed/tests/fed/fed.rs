@@ -5,8 +5,8 @@
 use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, PartitionSpec, TrainTest, client_splits, load_dataset, partition};
 use fedfuse_fed::{
-    Aggregate, BuildContext, ClientContext, FedAvg, FedMedian, FedProx, Method, MethodConfig,
-    Reply, Result, SimConfig, simulate,
+    Aggregate, BuildContext, BulyanSettings, ClientContext, FedAvg, FedMedian, FedProx,
+    KrumSettings, Method, MethodConfig, Reply, Result, SimConfig, simulate,
 };
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -20,6 +20,28 @@ fn setup(clients: usize) -> (TrainTest, Vec<ClientData>, Trainer, Params) {
     let spec = ModelSpec::mlp(64, &[32], 10);
     let init = init_params(&spec, Init::Default, 11);
     (data, splits, Trainer::new(spec).unwrap(), init)
+}
+
+/// The global model's test accuracy after a run of `method` on `setup`.
+fn final_accuracy(
+    method: &mut dyn Method,
+    (data, clients, trainer, init): &(TrainTest, Vec<ClientData>, Trainer, Params),
+    cfg: &SimConfig,
+) -> f64 {
+    simulate(
+        method,
+        trainer,
+        clients,
+        &data.test,
+        init.clone(),
+        cfg,
+        &|_| {},
+    )
+    .unwrap()
+    .rounds
+    .last()
+    .unwrap()
+    .global_accuracy
 }
 
 fn sim(rounds: usize) -> SimConfig {
@@ -79,24 +101,9 @@ fn nan(p: &mut Params) {
 
 #[test]
 fn fedmedian_ignores_one_wild_client_where_fedavg_does_not() {
-    let (data, clients, trainer, init) = setup(7);
+    let setup = setup(7);
     let cfg = sim(3);
-    let run = |method: &mut dyn Method| {
-        simulate(
-            method,
-            &trainer,
-            &clients,
-            &data.test,
-            init.clone(),
-            &cfg,
-            &|_| {},
-        )
-        .unwrap()
-        .rounds
-        .last()
-        .unwrap()
-        .global_accuracy
-    };
+    let run = |method: &mut dyn Method| final_accuracy(method, &setup, &cfg);
     let clean_median = run(&mut FedMedian);
     let attacked_median = run(&mut Faulty {
         inner: FedMedian,
@@ -443,61 +450,22 @@ fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
 fn krum_and_bulyan_keep_the_honest_replies_where_fedavg_collapses() {
     // 10 clients, 1 to 3 of them Byzantine (every value 1e4); Krum told to tolerate 3. One
     // federation seed: the bounds below hold for it with margin.
-    let (data, clients, trainer, init) = setup(10);
+    let setup = setup(10);
     let cfg = sim(3);
-    let run = |method: &mut dyn Method| {
-        simulate(
-            method,
-            &trainer,
-            &clients,
-            &data.test,
-            init.clone(),
-            &cfg,
-            &|_| {},
-        )
-        .unwrap()
-        .rounds
-        .last()
-        .unwrap()
-        .global_accuracy
-    };
+    let run = |method: &mut dyn Method| final_accuracy(method, &setup, &cfg);
     let krum = |keep: usize| {
-        serde_json::from_str::<MethodConfig>(&format!(
-            r#"{{"name":"krum","byzantine":3,"keep":{keep}}}"#
-        ))
-        .unwrap()
-        .build_with(BuildContext::default())
-        .unwrap()
+        KrumSettings { byzantine: 3, keep }
+            .build(&BuildContext::default())
+            .unwrap()
     };
-    struct Boxed(Box<dyn Method>);
-    impl Method for Boxed {
-        fn name(&self) -> &'static str {
-            self.0.name()
-        }
-        fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
-            self.0.instruct(round, client, global)
-        }
-        fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-            self.0.fit(instruction, ctx)
-        }
-        fn aggregate(
-            &mut self,
-            round: usize,
-            global: &Params,
-            replies: &[Reply],
-        ) -> Result<Aggregate> {
-            self.0.aggregate(round, global, replies)
-        }
-    }
     let clean = run(&mut FedAvg);
     assert!(clean > 0.8, "clean FedAvg {clean}");
     // Bulyan with f = 1 needs 7 replies of the 10: one Byzantine client.
-    let bulyan = serde_json::from_str::<MethodConfig>(r#"{"name":"bulyan","byzantine":1}"#)
-        .unwrap()
-        .build_with(BuildContext::default())
+    let bulyan = BulyanSettings { byzantine: 1 }
+        .build(&BuildContext::default())
         .unwrap();
     let acc = run(&mut Faulty {
-        inner: Boxed(bulyan),
+        inner: bulyan,
         bad: &[4],
         corrupt: blow_up,
     });
@@ -517,7 +485,7 @@ fn krum_and_bulyan_keep_the_honest_replies_where_fedavg_collapses() {
         );
         for keep in [1, 5] {
             let acc = run(&mut Faulty {
-                inner: Boxed(krum(keep)),
+                inner: krum(keep),
                 bad,
                 corrupt: blow_up,
             });

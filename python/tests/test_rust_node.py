@@ -129,10 +129,12 @@ def test_fedfuse_nodes_under_flowers_fedavg_reach_fedfuse_runs_accuracy(tmp_path
     got = json.loads((out / "done.json").read_text())["central"]["3"]["accuracy"]
     assert abs(got - want) <= 0.01, (got, want)
     assert want > 0.7, want  # 3 rounds of the quickstart: about 0.77; untrained: about 0.1
-    # Flower folds replies in arrival order, fedfuse in slot order: equal up to rounding.
+    # Flower folds replies in arrival order, fedfuse in slot order: equal up to float32
+    # rounding, which two further rounds of training amplify (CI once saw 8.6e-5). A node
+    # training on another seed, batch order or partition differs by more than 1e-2.
     model, sim_model = dict(np.load(out / "model.npz")), load_file(str(sim / "model.safetensors"))
     for k in sim_model:
-        np.testing.assert_allclose(model[k], sim_model[k], atol=1e-5, rtol=0, err_msg=k)
+        np.testing.assert_allclose(model[k], sim_model[k], atol=1e-3, rtol=0, err_msg=k)
 
 
 def test_node_authentication_and_tls(tmp_path, fedfuse_bin):

@@ -17,6 +17,8 @@ pins=(
     maturin==1.16.0
     pytest==9.2.0
     safetensors==0.8.0
+    # flwr[dp]'s accountant backend: the published RDP accountant fedfuse's is checked against.
+    dp-accounting==0.6.0
 )
 
 py_version=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')

@@ -12,6 +12,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod dp;
 mod elementwise;
 mod error;
 mod fedsparse;

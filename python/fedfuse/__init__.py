@@ -18,8 +18,15 @@ import numpy as np
 
 from fedfuse._core import FedfuseError
 from fedfuse._core import fuse as _fuse
+from fedfuse._core import rdp_epsilon as _rdp_epsilon
 
-__all__ = ["FedfuseError", "fuse", "tensors_from_arrays", "arrays_from_tensors"]
+__all__ = [
+    "FedfuseError",
+    "fuse",
+    "rdp_epsilon",
+    "tensors_from_arrays",
+    "arrays_from_tensors",
+]
 __version__ = "0.1.0"
 
 
@@ -90,3 +97,14 @@ def fuse(
         int(seed),
     )
     return arrays_from_tensors(fused), json.loads(report)
+
+
+def rdp_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> tuple[float, float]:
+    """Privacy spent by ``steps`` releases of the Gaussian mechanism with ``noise_multiplier``
+    on a Poisson sample of rate ``q`` (``q = 1``: every client, no amplification), by RDP
+    accounting on ``dp-accounting``'s default orders.
+
+    Returns ``(epsilon, order)``: the tightest epsilon at ``delta`` and the Renyi order that
+    gave it. The same accountant reports ``dp_epsilon`` in a run with ``[privacy]``.
+    """
+    return _rdp_epsilon(float(q), float(noise_multiplier), int(steps), float(delta))

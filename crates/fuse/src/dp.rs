@@ -42,6 +42,71 @@ pub fn clip_update(global: &Params, model: &mut Params, clipping_norm: f64) -> R
     Ok(true)
 }
 
+/// A running sum of clipped updates `model - global`, for central DP: each added update is
+/// scaled to norm at most `clipping_norm`, and the result divides by a fixed denominator (the
+/// clients sampled) so that one client moves it by at most `clipping_norm / sampled`.
+#[derive(Clone, Debug)]
+pub struct ClippedSum {
+    sums: Vec<Vec<f64>>,
+    clipping_norm: f64,
+    clipped: usize,
+    count: usize,
+}
+
+impl ClippedSum {
+    /// An empty sum of updates of `global`'s layout, clipped to `clipping_norm`.
+    pub fn new(global: &Params, clipping_norm: f64) -> Self {
+        Self {
+            sums: global
+                .iter()
+                .map(|(_, t)| vec![0f64; t.data.len()])
+                .collect(),
+            clipping_norm,
+            clipped: 0,
+            count: 0,
+        }
+    }
+
+    /// Adds the clipped update of `model` from `global`; returns whether it was scaled down.
+    pub fn add(&mut self, global: &Params, model: &Params) -> Result<bool> {
+        let norm = update_norm(global, model)?;
+        let clipped = norm > self.clipping_norm;
+        let scale = if clipped {
+            self.clipping_norm / norm
+        } else {
+            1.0
+        };
+        for (sum, ((_, g), (_, m))) in self.sums.iter_mut().zip(global.iter().zip(model.iter())) {
+            for (s, (a, b)) in sum.iter_mut().zip(g.data.iter().zip(&m.data)) {
+                *s += scale * f64::from(*b - *a);
+            }
+        }
+        self.clipped += usize::from(clipped);
+        self.count += 1;
+        Ok(clipped)
+    }
+
+    /// Updates added so far, and how many of them were scaled down.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.count, self.clipped)
+    }
+
+    /// `global + sum / denominator`.
+    pub fn step(&self, global: &Params, denominator: usize) -> Result<Params> {
+        if self.count == 0 {
+            return Err(FuseError::Empty);
+        }
+        let mut out = global.clone();
+        let d = denominator.max(1) as f64;
+        for (sum, (_, t)) in self.sums.iter().zip(out.iter_mut()) {
+            for (x, s) in t.data.iter_mut().zip(sum) {
+                *x = (f64::from(*x) + s / d) as f32;
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Adds independent `N(0, std^2)` noise to every value (Flower's `add_gaussian_noise_inplace`).
 pub fn add_gaussian_noise(params: &mut Params, std: f64, rng: &mut impl Rng) -> Result<()> {
     if std == 0.0 {
@@ -57,6 +122,19 @@ pub fn add_gaussian_noise(params: &mut Params, std: f64, rng: &mut impl Rng) -> 
         }
     }
     Ok(())
+}
+
+/// `count + N(0, std^2)`: adaptive clipping's privatised count of clipped updates (noising
+/// the clipped or the unclipped count is the same mechanism).
+pub fn noisy_count(count: usize, std: f64, rng: &mut impl Rng) -> Result<f64> {
+    if std == 0.0 {
+        return Ok(count as f64);
+    }
+    let normal = Normal::new(count as f64, std).map_err(|e| FuseError::InvalidSetting {
+        field: "clipped_count_stddev",
+        reason: format!("{std}: {e}"),
+    })?;
+    Ok(normal.sample(rng))
 }
 
 /// Standard deviation of central noise on a mean of `sampled` updates clipped to
@@ -98,15 +176,20 @@ pub fn adaptive_noise_split(
     Ok((sigma_b, z))
 }
 
-/// The geometric update of the clipping norm towards the `target` quantile of update norms:
-/// `C * exp(-lr * (clipped_fraction - target))`.
+/// The geometric update of the clipping norm towards the `target` quantile of update norms
+/// (Andrew et al. 2021): `C * exp(-lr * (unclipped_fraction - target))`. More updates inside
+/// the ball than the target shrink it, fewer grow it.
+///
+/// Flower 1.41's wrappers feed the *clipped* fraction into the same formula, which moves `C`
+/// away from the quantile (all updates clipped shrinks `C` further); fedfuse follows the
+/// paper.
 pub fn geometric_clip_update(
     clipping_norm: f64,
     lr: f64,
-    clipped_fraction: f64,
+    unclipped_fraction: f64,
     target: f64,
 ) -> f64 {
-    clipping_norm * (-lr * (clipped_fraction - target)).exp()
+    clipping_norm * (-lr * (unclipped_fraction - target)).exp()
 }
 
 /// The RDP orders `dp-accounting` uses by default: 1.1 to 10.9 by 0.1, 11 to 63, 128 to 1024.
@@ -316,6 +399,27 @@ mod tests {
     }
 
     #[test]
+    fn clipped_sum_divides_by_the_clients_sampled() {
+        let global = params(&[1.0, 1.0, 1.0]);
+        let mut sum = ClippedSum::new(&global, 1.0);
+        // (3, 0, 4) clipped to (0.6, 0, 0.8); (0, 0.5, 0) kept.
+        assert!(sum.add(&global, &params(&[4.0, 1.0, 5.0])).unwrap());
+        assert!(!sum.add(&global, &params(&[1.0, 1.5, 1.0])).unwrap());
+        assert_eq!(sum.counts(), (2, 1));
+        // Three sampled, two replied: global + (0.6, 0.5, 0.8) / 3.
+        let got: Vec<f32> = sum
+            .step(&global, 3)
+            .unwrap()
+            .iter()
+            .flat_map(|(_, t)| t.data.clone())
+            .collect();
+        for (g, w) in got.iter().zip([1.2f32, 1.0 + 0.5 / 3.0, 1.0 + 0.8 / 3.0]) {
+            assert!((g - w).abs() < 1e-6, "{got:?}");
+        }
+        assert!(ClippedSum::new(&global, 1.0).step(&global, 3).is_err());
+    }
+
+    #[test]
     fn noise_has_the_requested_spread_and_follows_the_seed() {
         let mut p = Params::new();
         p.push("w", vec![100_000], vec![0.0; 100_000]).unwrap();
@@ -349,9 +453,10 @@ mod tests {
         assert_eq!(sb, 2.0);
         assert!((z - (16.0f64 / 15.0).sqrt()).abs() < 1e-12);
         assert_eq!(adaptive_noise_split(0.0, 10, None).unwrap(), (0.0, 0.0));
-        // All clipped at target 0.5, lr 0.2: C * e^-0.1.
-        let c = geometric_clip_update(2.0, 0.2, 1.0, 0.5);
-        assert!((c - 2.0 * (-0.1f64).exp()).abs() < 1e-12);
+        // None inside the ball at target 0.5, lr 0.2: C grows to C e^0.1; all inside: shrinks.
+        let c = geometric_clip_update(2.0, 0.2, 0.0, 0.5);
+        assert!((c - 2.0 * 0.1f64.exp()).abs() < 1e-12);
+        assert!(geometric_clip_update(2.0, 0.2, 1.0, 0.5) < 2.0);
     }
 
     #[test]

@@ -6,7 +6,8 @@ use crate::error::{Context, Result, bail};
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{CdcSplit, PartitionSpec};
 use fedfuse_fed::{
-    BuildContext, ClientsPerRound, FedNgmConfig, FedNgrConfig, MethodConfig, ServerStepConfig,
+    BuildContext, ClientsPerRound, FedNgmConfig, FedNgrConfig, Method, MethodConfig,
+    PrivacySettings, ServerStepConfig, SimConfig,
 };
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -58,6 +59,10 @@ pub struct Config {
     /// fedsparse-em runs FedDrop and FedL1); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerStepConfig>,
+    /// Differential privacy (central with fixed or adaptive clipping, or local); none by
+    /// default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privacy: Option<PrivacySettings>,
     /// The network (classifier methods; FedNGM's networks are set in `[method.local]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelSection>,
@@ -522,18 +527,30 @@ impl Config {
             },
         };
         let validation = fedfuse_data::Dataset::new(vec![0.0], vec![0], vec![1], 2)?;
-        let method = self
-            .method
-            .build_with(BuildContext {
-                spec: Some(spec),
-                validation: Some(std::sync::Arc::new(validation)),
-                ..BuildContext::default()
-            })
-            .map_err(crate::LabError::from)?;
-        if let Some(server) = &self.server {
-            server.wrap(&self.method, method)?;
-        }
+        self.build_method(BuildContext {
+            spec: Some(spec),
+            validation: Some(std::sync::Arc::new(validation)),
+            ..BuildContext::default()
+        })?;
         Ok(())
+    }
+
+    /// The method of `[method]`, inside its `[privacy]` wrapper, then its `[server]` step.
+    pub fn build_method(&self, ctx: BuildContext) -> Result<Box<dyn Method>> {
+        let seed = ctx.seed;
+        let mut method = self.method.build_with(ctx)?;
+        if let Some(privacy) = &self.privacy {
+            let sim = SimConfig {
+                clients_per_round: self.clients_per_round,
+                ..SimConfig::default()
+            };
+            let sampled = sim.sample_size(self.clients)?;
+            method = privacy.wrap(&self.method, method, sampled, seed)?;
+        }
+        if let Some(server) = &self.server {
+            method = server.wrap(&self.method, method)?;
+        }
+        Ok(method)
     }
 
     /// The settings of a tabular method (FedNGM, FedNGR), `None` for classifier methods.
@@ -553,11 +570,15 @@ impl Config {
                  or \"cdc\") instead of [dataset]"
             );
         };
-        if self.dataset.is_some() || self.model.is_some() || self.server.is_some() {
+        if self.dataset.is_some()
+            || self.model.is_some()
+            || self.server.is_some()
+            || self.privacy.is_some()
+        {
             bail!(
                 "method `{name}` takes its data from [table] and its networks from \
-                 [method.local], and has its own server step: remove [dataset], [model] and \
-                 [server]"
+                 [method.local], and has its own server step: remove [dataset], [model], \
+                 [server] and [privacy]"
             );
         }
         table.check(self.clients)?;

@@ -154,15 +154,12 @@ impl Federation {
         let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;
         let trainer = Trainer::new(spec.clone())?;
         let init = init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX));
-        let mut method = cfg.method.build_with(BuildContext {
+        let method = cfg.build_method(BuildContext {
             init: model.init,
             seed: cfg.seed,
             spec: Some(spec.clone()),
             validation: split.validation,
         })?;
-        if let Some(server) = &cfg.server {
-            method = server.wrap(&cfg.method, method)?;
-        }
         let sim = SimConfig {
             rounds: cfg.rounds,
             clients_per_round: cfg.clients_per_round,

@@ -575,12 +575,29 @@ fn check_output_folder(out: &str) -> PyResult<()> {
         .map_err(err)
 }
 
+/// ε at `delta` after `steps` releases of the Gaussian mechanism with `noise_multiplier` on a
+/// Poisson sample of rate `q` (RDP accounting), and the order that gave it.
+#[pyfunction]
+fn rdp_epsilon(q: f64, noise_multiplier: f64, steps: usize, delta: f64) -> PyResult<(f64, f64)> {
+    if !(0.0..=1.0).contains(&q) || !(noise_multiplier >= 0.0) || !(delta > 0.0 && delta < 1.0) {
+        return Err(err(format!(
+            "rdp_epsilon needs q in [0, 1], noise_multiplier >= 0 and delta in (0, 1); got \
+             q = {q}, noise_multiplier = {noise_multiplier}, delta = {delta}"
+        )));
+    }
+    let mut acc = fedfuse_fuse::dp::RdpAccountant::default();
+    acc.compose(q, noise_multiplier, steps);
+    let spent = acc.epsilon(delta);
+    Ok((spent.epsilon, spent.order))
+}
+
 /// The module.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FedfuseError", m.py().get_type::<FedfuseError>())?;
     m.add_function(wrap_pyfunction!(fuse, m)?)?;
     m.add_function(wrap_pyfunction!(check_output_folder, m)?)?;
+    m.add_function(wrap_pyfunction!(rdp_epsilon, m)?)?;
     m.add_function(wrap_pyfunction!(record_to_flower, m)?)?;
     m.add_function(wrap_pyfunction!(record_from_flower, m)?)?;
     m.add_class::<Server>()?;

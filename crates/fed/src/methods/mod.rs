@@ -16,6 +16,7 @@ mod fedtrimmedavg;
 mod gems;
 mod krum;
 mod pfnm;
+mod privacy;
 mod separate_inits;
 
 pub use fedavg::{FedAvg, FedAvgSettings};
@@ -37,6 +38,7 @@ pub use gems::{
 };
 pub use krum::{Bulyan, BulyanSettings, Krum, KrumSettings};
 pub use pfnm::{Pfnm, PfnmSettings, default_eps_grid, put_class_counts};
+pub use privacy::{CentralDp, LocalDp, PrivacySettings};
 pub use separate_inits::SeparateInits;
 
 use std::sync::Arc;

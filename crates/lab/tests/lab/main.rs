@@ -7,3 +7,4 @@ mod federation;
 mod golden;
 mod matching;
 mod naming;
+mod privacy;

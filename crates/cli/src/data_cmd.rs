@@ -1,6 +1,6 @@
-//! `fedfuse data get|verify|info`.
+//! `fedfuse data get|verify|info|partition`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
@@ -8,6 +8,8 @@ use clap::Subcommand;
 use fedfuse_data::{
     DownloadEvent, VerifyStatus, dataset_info, default_dataset_dir, known_datasets,
 };
+use fedfuse_lab::Config;
+use fedfuse_lab::run::{Federation, FederationData};
 
 /// `fedfuse data ...`
 #[derive(Subcommand, Debug)]
@@ -32,6 +34,21 @@ pub enum DataCommand {
     Info {
         /// One dataset (default: all).
         name: Option<String>,
+    },
+    /// Show how a run config splits its dataset among clients, exactly as `fedfuse run` does:
+    /// one row per client with its size and samples per class.
+    Partition {
+        /// The run config.
+        config: PathBuf,
+        /// Override a config key, e.g. `--set partition.alpha=0.1` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Folder holding the dataset files (instead of the cache).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Also write a stacked-bar plot of the table (SVG).
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
 }
 
@@ -89,7 +106,93 @@ pub fn run(cmd: DataCommand) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        DataCommand::Partition {
+            config,
+            overrides,
+            data_dir,
+            plot,
+        } => partition(&config, &overrides, data_dir, plot.as_deref()),
     }
+}
+
+/// `fedfuse data partition`: the clients' data of the run, built by the run's own code.
+fn partition(
+    config: &Path,
+    overrides: &[String],
+    data_dir: Option<PathBuf>,
+    plot: Option<&Path>,
+) -> Result<ExitCode> {
+    if let Some(p) = plot
+        && p.extension().and_then(|e| e.to_str()) != Some("svg")
+    {
+        bail!(
+            "--plot {}: the plot is SVG; name the file *.svg",
+            p.display()
+        );
+    }
+    let mut cfg = Config::load(config, overrides)?;
+    if data_dir.is_some() {
+        cfg.data_dir = data_dir;
+    }
+    let fed = Federation::prepare(&cfg)?;
+    let FederationData::Labelled { clients, .. } = &fed.data else {
+        bail!(
+            "{}: this config federates tables ([table]); each client is its own group of rows, \
+             there is no labelled partition to show",
+            config.display()
+        );
+    };
+    // A client's partition is its local training and test samples together.
+    let counts: Vec<Vec<usize>> = clients
+        .iter()
+        .map(|c| {
+            let mut n = c.train.class_counts();
+            n.iter_mut()
+                .zip(c.test.class_counts())
+                .for_each(|(a, b)| *a += b);
+            n
+        })
+        .collect();
+    eprintln!("{}", fed.summary);
+    print!("{}", histogram_table(&counts));
+    if let Some(path) = plot {
+        let title = format!("{}: samples per class and client", cfg.partition.kind());
+        fedfuse_lab::plot::write_class_histogram(path, &title, &counts)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One row per client: its id, size and count per class; then the totals.
+fn histogram_table(counts: &[Vec<usize>]) -> String {
+    let classes = counts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut totals = vec![0usize; classes];
+    counts.iter().for_each(|row| {
+        totals.iter_mut().zip(row).for_each(|(t, &n)| *t += n);
+    });
+    let grand: usize = totals.iter().sum();
+    let width = grand
+        .to_string()
+        .len()
+        .max(classes.to_string().len())
+        .max(4)
+        + 1;
+    let line = |first: String, cells: &[usize]| {
+        let mut s = format!("{first:>7} {:>width$}", cells.iter().sum::<usize>());
+        for n in cells {
+            s += &format!(" {n:>width$}");
+        }
+        s + "\n"
+    };
+    let mut out = format!("{:>7} {:>width$}", "client", "size");
+    for k in 0..classes {
+        out += &format!(" {k:>width$}");
+    }
+    out += "\n";
+    for (c, row) in counts.iter().enumerate() {
+        out += &line(c.to_string(), row);
+    }
+    out + &line("total".into(), &totals)
 }
 
 fn print_event(e: &DownloadEvent) {

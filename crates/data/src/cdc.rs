@@ -222,6 +222,18 @@ impl CdcData {
         Table::concat(&core)
     }
 
+    /// The client of each row of [`CdcData::pooled`] (the split's natural id, e.g. residence
+    /// status), as a categorical column: what a `natural_id` partition of the pooled rows
+    /// splits by ([`crate::partition_with`]) to give back these clients.
+    pub fn client_column(&self) -> Column {
+        let names: Vec<&str> = self
+            .clients
+            .iter()
+            .flat_map(|c| std::iter::repeat_n(c.name.as_str(), c.table.n_rows()))
+            .collect();
+        Column::categorical(&names)
+    }
+
     /// A human-readable account: cleaning counts, client sizes and the features with their
     /// types and levels.
     pub fn describe(&self) -> String {

@@ -6,6 +6,7 @@ use std::path::Path;
 use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
 use crate::idx::{maybe_gunzip, read_maybe_gz};
+use crate::tabular::Column;
 
 /// Which column holds the class label.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -81,6 +82,43 @@ pub struct CsvTable {
     pub feature_names: Vec<String>,
     /// Class names: the label values, in class-id order.
     pub class_names: Vec<String>,
+}
+
+impl CsvTable {
+    /// The values of the feature column `name`, one per sample, kept aside for a partitioner
+    /// that splits by a column ([`crate::PartitionSpec::column`], [`crate::partition_with`]):
+    /// a numeric column as [`Column::Real`], a categorical (one-hot) one as
+    /// [`Column::Categorical`] with its sorted values as levels. `None` when no feature column
+    /// has that name (the label column is not a feature).
+    pub fn column(&self, name: &str) -> Option<Column> {
+        let dim = self.feature_names.len();
+        let rows = self.dataset.len();
+        if let Some(j) = self.feature_names.iter().position(|f| f == name) {
+            return Some(Column::Real(
+                (0..rows).map(|i| self.dataset.x[i * dim + j]).collect(),
+            ));
+        }
+        let prefix = format!("{name}=");
+        let one_hot: Vec<(usize, &str)> = self
+            .feature_names
+            .iter()
+            .enumerate()
+            .filter_map(|(j, f)| f.strip_prefix(&prefix).map(|level| (j, level)))
+            .collect();
+        if one_hot.is_empty() {
+            return None;
+        }
+        let codes = (0..rows)
+            .map(|i| {
+                let x = self.dataset.sample(i);
+                one_hot.iter().position(|&(j, _)| x[j] == 1.0).unwrap_or(0) as u32
+            })
+            .collect();
+        Some(Column::Categorical {
+            levels: one_hot.iter().map(|&(_, l)| l.to_string()).collect(),
+            codes,
+        })
+    }
 }
 
 /// Reads a CSV file (or a gzip-compressed one) into a [`Dataset`]; see [`read_csv_table`].

@@ -53,7 +53,9 @@ pub use download::{
 pub use error::{DataError, Result};
 pub use ggm::{Ggm, GgmConfig, GraphShape, cholesky, conditional_mean, sample_ggm};
 pub use idx::{read_idx_images, read_idx_labels, write_idx};
-pub use partition::{PartitionSpec, client_splits, holdout, partition};
+pub use partition::{
+    ClassAssignment, GroupMode, PartitionSpec, client_splits, holdout, partition, partition_with,
+};
 pub use registry::{
     DatasetInfo, RemoteFile, cache_dir, dataset_info, default_dataset_dir, digits, known_datasets,
     load_dataset,

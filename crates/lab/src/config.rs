@@ -457,7 +457,20 @@ impl Config {
             ),
             _ => {}
         }
-        if let Err(e) = self.partition.check() {
+        if let Some(column) = self.partition.column() {
+            bail!(
+                "`partition.kind` = \"{}\" splits by the column `{column}`, and the datasets \
+                 of `fedfuse run` (digits, mnist, fashion-mnist, cifar10) have no per-sample \
+                 columns; use it through the library (`partition_with` on a CSV table's column) \
+                 or pick a label- or size-based kind",
+                self.partition.kind()
+            );
+        }
+        if let Err(e) = self
+            .partition
+            .check()
+            .and_then(|()| self.partition.check_clients(self.clients))
+        {
             match e {
                 fedfuse_data::DataError::InvalidArgument { field, msg } => {
                     bail!("`partition.{field}`: {msg}")

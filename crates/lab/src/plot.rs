@@ -190,3 +190,109 @@ pub fn write_plots(out: &Path, rounds: &[RoundMetrics]) -> Result<()> {
         ),
     )
 }
+
+/// Writes a stacked-bar chart of how many samples of each class every client holds (one bar
+/// per client, one colour per class; `counts[client][class]`) to `path` as SVG, atomically.
+pub fn write_class_histogram(path: &Path, title: &str, counts: &[Vec<usize>]) -> Result<()> {
+    register_font();
+    let mut svg = String::new();
+    draw_class_histogram(
+        SVGBackend::with_string(&mut svg, (900, 560)).into_drawing_area(),
+        title,
+        counts,
+    )?;
+    crate::table::write_atomic(path, svg.as_bytes())
+}
+
+/// Colour of class `k`: the palette and the rest of matplotlib's tab10, then spread hues.
+fn class_style(k: usize) -> ShapeStyle {
+    const TAB10_REST: [RGBColor; 2] = [RGBColor(227, 119, 194), RGBColor(188, 189, 34)];
+    match PALETTE.iter().chain(&TAB10_REST).nth(k) {
+        Some(c) => c.filled(),
+        None => HSLColor((k as f64 * 0.618_034).fract(), 0.55, 0.5).filled(),
+    }
+}
+
+fn draw_class_histogram<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    counts: &[Vec<usize>],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| LabError::Plot {
+        title: title.to_string(),
+        reason: format!("{e:?}"),
+    };
+    /// Classes named in the legend; more would not fit.
+    const LEGEND: usize = 24;
+    root.fill(&WHITE).map_err(err)?;
+    let (plot, legend) = root.split_horizontally(790);
+    let clients = counts.len().max(1) as i32;
+    let classes = counts.iter().map(Vec::len).max().unwrap_or(0);
+    let tallest = counts
+        .iter()
+        .map(|c| c.iter().sum::<usize>())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut chart = ChartBuilder::on(&plot)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d((0..clients).into_segmented(), 0..tallest + tallest / 20 + 1)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_desc("client")
+        .y_desc("samples")
+        .draw()
+        .map_err(err)?;
+    for k in 0..classes {
+        let bars = counts.iter().enumerate().filter_map(|(c, row)| {
+            let below: usize = row[..k.min(row.len())].iter().sum();
+            let n = row.get(k).copied().unwrap_or(0);
+            let c = c as i32;
+            (n > 0).then(|| {
+                let mut bar = Rectangle::new(
+                    [
+                        (SegmentValue::Exact(c), below),
+                        (SegmentValue::Exact(c + 1), below + n),
+                    ],
+                    class_style(k),
+                );
+                bar.set_margin(0, 0, 2, 2);
+                bar
+            })
+        });
+        chart.draw_series(bars).map_err(err)?;
+    }
+    for k in 0..classes.min(LEGEND) {
+        let y = 40 + 20 * k as i32;
+        legend
+            .draw(&Rectangle::new([(8, y), (22, y + 14)], class_style(k)))
+            .map_err(err)?;
+        legend
+            .draw(&Text::new(
+                format!("class {k}"),
+                (28, y),
+                ("sans-serif", 14).into_font(),
+            ))
+            .map_err(err)?;
+    }
+    if classes > LEGEND {
+        let y = 40 + 20 * LEGEND as i32;
+        legend
+            .draw(&Text::new(
+                format!("... {} classes", classes),
+                (8, y),
+                ("sans-serif", 14).into_font(),
+            ))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}

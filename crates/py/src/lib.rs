@@ -579,7 +579,11 @@ fn check_output_folder(out: &str) -> PyResult<()> {
 /// Poisson sample of rate `q` (RDP accounting), and the order that gave it.
 #[pyfunction]
 fn rdp_epsilon(q: f64, noise_multiplier: f64, steps: usize, delta: f64) -> PyResult<(f64, f64)> {
-    if !(0.0..=1.0).contains(&q) || !(noise_multiplier >= 0.0) || !(delta > 0.0 && delta < 1.0) {
+    let valid = (0.0..=1.0).contains(&q)
+        && (0.0..f64::INFINITY).contains(&noise_multiplier)
+        && delta > 0.0
+        && delta < 1.0;
+    if !valid {
         return Err(err(format!(
             "rdp_epsilon needs q in [0, 1], noise_multiplier >= 0 and delta in (0, 1); got \
              q = {q}, noise_multiplier = {noise_multiplier}, delta = {delta}"

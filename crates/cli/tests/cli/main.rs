@@ -4,4 +4,5 @@
 
 mod cli;
 mod fuse;
+mod partition;
 mod sweep;

@@ -157,13 +157,13 @@ impl PrivacySettings {
                         format!("{target_quantile} must lie in [0, 1]"),
                     );
                 }
-                if let Some(s) = clipped_count_stddev {
-                    if !(s.is_finite() && s >= 0.0) {
-                        return bad(
-                            "privacy.clipped_count_stddev",
-                            format!("{s} must be a non-negative number"),
-                        );
-                    }
+                if let Some(s) = clipped_count_stddev
+                    && !(s.is_finite() && s >= 0.0)
+                {
+                    return bad(
+                        "privacy.clipped_count_stddev",
+                        format!("{s} must be a non-negative number"),
+                    );
                 }
                 probability("privacy.delta", delta)
             }

@@ -37,6 +37,10 @@ enum Command {
         /// Plain progress lines even on a terminal.
         #[arg(long)]
         quiet: bool,
+        /// Continue an interrupted run from the checkpoint beside OUT (`OUT.checkpoint`,
+        /// written after every round); the same config and --set values are required.
+        #[arg(long)]
+        resume: bool,
     },
     /// Compare methods on one federation set-up over seeds (e.g. FedSparse against FedAvg,
     /// FedDrop and FedL1): per-round rows, a summary table of accuracy, traffic and sparsity,
@@ -163,12 +167,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             data_dir,
             overrides,
             quiet,
+            resume,
         } => {
             let mut cfg = Config::load(&config, &overrides)?;
             if data_dir.is_some() {
                 cfg.data_dir = data_dir;
             }
-            fedfuse_lab::run::run(&cfg, &out, &Reporter::new(quiet))?;
+            fedfuse_lab::run::run_with(&cfg, &out, &Reporter::new(quiet), resume)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Compare { config, grid } => {

@@ -40,6 +40,12 @@ pub enum FedError {
         /// Why, and what would be valid.
         reason: String,
     },
+    /// A checkpoint could not be written after a round.
+    #[error("checkpoint: {reason}")]
+    Checkpoint {
+        /// What failed.
+        reason: String,
+    },
     /// A client's reply cannot be used.
     #[error("client {client}: {reason}")]
     BadReply {

@@ -138,11 +138,88 @@ pub trait Method: Send + Sync {
         Ok(BTreeMap::new())
     }
 
+    /// Whether the server keeps nothing from one round to the next but the global model (what
+    /// it remembers for [`Method::round_metrics`] of the round just aggregated excepted), so
+    /// that a checkpoint needs no state of its own. `false` by default.
+    fn stateless(&self) -> bool {
+        false
+    }
+
+    /// The server state a resumed run needs besides the global model, after a round: an empty
+    /// record for a [stateless](Method::stateless) method, `None` for a method whose state
+    /// cannot be saved (a run of it cannot resume).
+    fn save_state(&self) -> Option<Result<Record>> {
+        self.stateless().then(|| Ok(Record::default()))
+    }
+
+    /// Restores what [`Method::save_state`] saved.
+    fn load_state(&mut self, _state: Record) -> Result<()> {
+        if self.stateless() {
+            Ok(())
+        } else {
+            Err(FedError::InvalidSetting {
+                field: "method",
+                reason: format!("`{}` cannot resume from a checkpoint", self.name()),
+            })
+        }
+    }
+
     /// Whether the method has built its final model, so that the run can stop before
     /// `rounds` (one-shot methods with a few stages, such as GEMS). `false` by default.
     fn finished(&self) -> bool {
         false
     }
+}
+
+/// Prefix of a wrapped method's state inside its wrapper's ([`nest_state`]).
+const INNER_STATE: &str = "inner:";
+
+/// A wrapper's checkpoint state: its own `own`, and its inner method's under a prefix (or
+/// `None` when the inner method cannot be saved).
+pub(crate) fn nest_state(own: Record, inner: &dyn Method) -> Option<Result<Record>> {
+    let inner = inner.save_state()?;
+    Some(inner.and_then(|inner| nest(own, inner)))
+}
+
+fn nest(mut out: Record, inner: Record) -> Result<Record> {
+    for (name, t) in inner.params.iter() {
+        out.params.push(
+            format!("{INNER_STATE}{name}"),
+            t.shape.clone(),
+            t.data.clone(),
+        )?;
+    }
+    for (k, v) in inner.config {
+        out.config.insert(format!("{INNER_STATE}{k}"), v);
+    }
+    for (k, v) in inner.metrics {
+        out.metrics.insert(format!("{INNER_STATE}{k}"), v);
+    }
+    Ok(out)
+}
+
+/// Splits a state written by [`nest_state`] into the wrapper's own and the inner method's.
+pub(crate) fn unnest_state(state: Record) -> Result<(Record, Record)> {
+    let (mut own, mut inner) = (Record::default(), Record::default());
+    for (name, t) in state.params.iter() {
+        match name.strip_prefix(INNER_STATE) {
+            Some(n) => inner.params.push(n, t.shape.clone(), t.data.clone())?,
+            None => own.params.push(name, t.shape.clone(), t.data.clone())?,
+        }
+    }
+    for (k, v) in state.config {
+        match k.strip_prefix(INNER_STATE) {
+            Some(n) => inner.config.insert(n.to_string(), v),
+            None => own.config.insert(k, v),
+        };
+    }
+    for (k, v) in state.metrics {
+        match k.strip_prefix(INNER_STATE) {
+            Some(n) => inner.metrics.insert(n.to_string(), v),
+            None => own.metrics.insert(k, v),
+        };
+    }
+    Ok((own, inner))
 }
 
 /// Trains from the received parameters on the client's training split, adding the proximal

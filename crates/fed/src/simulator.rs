@@ -368,7 +368,28 @@ pub fn simulate(
         clients,
         test,
     };
-    run_rounds(method, population, init, cfg, progress)
+    run_rounds(method, population, init, cfg, progress, Session::default())
+}
+
+/// [`simulate`] from where `session` says, calling its checkpoint callback after each round.
+pub fn simulate_session(
+    method: &mut dyn Method,
+    (trainer, clients, test): (&Trainer, &[ClientData], &Dataset),
+    init: Params,
+    cfg: &SimConfig,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+    session: Session<'_>,
+) -> Result<RunResult> {
+    cfg.train.check()?;
+    if method.tabular() {
+        return simulate(method, trainer, clients, test, init, cfg, progress);
+    }
+    let population = Population::Labelled {
+        trainer,
+        clients,
+        test,
+    };
+    run_rounds(method, population, init, cfg, progress, session)
 }
 
 /// Runs up to `cfg.rounds` rounds of the tabular `method` ([`Method::tabular`], e.g. FedNGM)
@@ -393,13 +414,55 @@ pub fn simulate_tables(
             ),
         });
     }
+    simulate_tables_session(
+        method,
+        clients,
+        test,
+        init,
+        cfg,
+        progress,
+        Session::default(),
+    )
+}
+
+/// [`simulate_tables`] from where `session` says, calling its checkpoint callback after each
+/// round.
+pub fn simulate_tables_session(
+    method: &mut dyn Method,
+    clients: &[Table],
+    test: Option<&Table>,
+    init: Params,
+    cfg: &SimConfig,
+    progress: &(dyn Fn(Progress<'_>) + Sync),
+    session: Session<'_>,
+) -> Result<RunResult> {
+    if !method.tabular() {
+        return simulate_tables(method, clients, test, init, cfg, progress);
+    }
     run_rounds(
         method,
         Population::Tables { clients, test },
         init,
         cfg,
         progress,
+        session,
     )
+}
+
+/// What a checkpoint callback gets after a round: the global model, every round so far, and
+/// the method (for [`Method::save_state`]).
+pub type AfterRound<'a> =
+    &'a (dyn Fn(&Params, &[RoundMetrics], &dyn Method) -> std::result::Result<(), String> + Sync);
+
+/// Where a run starts and what happens after each round: a fresh run by default.
+#[derive(Default)]
+pub struct Session<'a> {
+    /// The rounds an interrupted run of the same config finished, whose global model is the
+    /// one passed in and whose state the method has restored ([`Method::load_state`]); they
+    /// lead the result, and the run goes on with the next round.
+    pub done: Vec<RoundMetrics>,
+    /// Called after each round, e.g. to write a checkpoint; an error ends the run.
+    pub after_round: Option<AfterRound<'a>>,
 }
 
 /// Which clients take part in each round: `cfg.clients_per_round` of `n` drawn with the run's
@@ -435,6 +498,7 @@ fn run_rounds(
     init: Params,
     cfg: &SimConfig,
     progress: &(dyn Fn(Progress<'_>) + Sync),
+    session: Session<'_>,
 ) -> Result<RunResult> {
     let n_clients = population.len();
     if n_clients == 0 {
@@ -445,8 +509,13 @@ fn run_rounds(
     }
     let mut sampler = Sampler::new(cfg, n_clients)?;
     let mut global = init;
-    let mut rounds = Vec::with_capacity(cfg.rounds);
-    for round in 1..=cfg.rounds {
+    let mut rounds = session.done;
+    // The rounds done drew their clients: draw them again so the next round's are the same.
+    for _ in &rounds {
+        sampler.next_round();
+    }
+    let first = rounds.len() + 1;
+    for round in first..=cfg.rounds {
         let started = Instant::now();
         let sampled = sampler.next_round();
         progress(Progress::RoundStart {
@@ -494,6 +563,9 @@ fn run_rounds(
         let metrics = tally.metrics(&global, figures, method_metrics, started);
         progress(Progress::RoundEnd(&metrics));
         rounds.push(metrics);
+        if let Some(after) = session.after_round {
+            after(&global, &rounds, method).map_err(|reason| FedError::Checkpoint { reason })?;
+        }
         if method.finished() {
             break;
         }

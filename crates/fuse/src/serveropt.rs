@@ -29,7 +29,7 @@
 //!
 //! State is stored in f32 (one or two values per parameter); each update is computed in f64.
 
-use fedfuse_core::{ParamShape, Params};
+use fedfuse_core::{ParamShape, Params, Record};
 
 use crate::{FuseError, Result};
 
@@ -337,6 +337,56 @@ impl ServerOptState {
         self.layout.as_deref()
     }
 
+    /// The state, for a checkpoint: the moments as tensors `m/{name}` and `v/{name}` and the
+    /// step count as the metric `steps` ([`Self::restore`] reads it back exactly).
+    pub fn save(&self) -> Result<Record> {
+        let mut params = Params::new();
+        if let Some(layout) = &self.layout {
+            for (shape, (m, v)) in layout.iter().zip(self.m.iter().zip(&self.v)) {
+                params.push(format!("m/{}", shape.name), shape.shape.clone(), m.clone())?;
+                params.push(format!("v/{}", shape.name), shape.shape.clone(), v.clone())?;
+            }
+        }
+        let mut record = Record::from_params(params);
+        record.metrics.insert("steps".into(), self.steps as f64);
+        Ok(record)
+    }
+
+    /// Restores a state written by [`Self::save`] (same optimizer; the caller checks that the
+    /// checkpoint belongs to the same run).
+    pub fn restore(&mut self, state: &Record) -> Result<()> {
+        let bad = |why: String| FuseError::InvalidInput(format!("server optimizer state: {why}"));
+        let steps = state.metrics.get("steps").copied().unwrap_or(0.0);
+        if !(steps >= 0.0 && steps.fract() == 0.0 && steps < 2f64.powi(53)) {
+            return Err(bad(format!("step count {steps} is not a whole number")));
+        }
+        self.reset();
+        self.steps = steps as u64;
+        let tensors: Vec<(&str, &fedfuse_core::Tensor)> = state.params.iter().collect();
+        if tensors.is_empty() {
+            return Ok(());
+        }
+        if !tensors.len().is_multiple_of(2) {
+            return Err(bad("moments come in pairs m/NAME, v/NAME".into()));
+        }
+        let mut layout = Vec::new();
+        for pair in tensors.chunks(2) {
+            let ((mn, m), (vn, v)) = (pair[0], pair[1]);
+            let name = mn
+                .strip_prefix("m/")
+                .filter(|n| vn.strip_prefix("v/") == Some(*n) && m.shape == v.shape)
+                .ok_or_else(|| bad(format!("`{mn}` and `{vn}` are no pair of moments")))?;
+            layout.push(ParamShape {
+                name: name.to_string(),
+                shape: m.shape.clone(),
+            });
+            self.m.push(m.data.clone());
+            self.v.push(v.data.clone());
+        }
+        self.layout = Some(layout);
+        Ok(())
+    }
+
     /// Forgets the moments, step count and layout.
     pub fn reset(&mut self) {
         self.layout = None;
@@ -475,4 +525,36 @@ fn convex(x: &Params, y: &Params, lr: f64) -> Result<Params> {
         out.push(name, a.shape.clone(), data)?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(values: &[f32]) -> Params {
+        let mut p = Params::new();
+        p.push("w", vec![values.len()], values.to_vec()).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_restored_state_steps_as_the_original() {
+        let opt = ServerOptimizer::fedadam();
+        let mut a = ServerOptState::new(opt).unwrap();
+        let g = a.step(&model(&[0.0, 1.0]), &model(&[1.0, -1.0])).unwrap();
+        let mut b = ServerOptState::new(opt).unwrap();
+        b.restore(&a.save().unwrap()).unwrap();
+        assert_eq!(b.steps(), 1);
+        let next = model(&[0.5, 0.25]);
+        assert_eq!(a.step(&g, &next).unwrap(), b.step(&g, &next).unwrap());
+        // A fresh state saves nothing but its zero step count.
+        let mut fresh = ServerOptState::new(opt).unwrap();
+        fresh
+            .restore(&ServerOptState::new(opt).unwrap().save().unwrap())
+            .unwrap();
+        assert_eq!((fresh.steps(), fresh.layout()), (0, None));
+        let mut odd = a.save().unwrap();
+        odd.params.remove("v/w");
+        assert!(fresh.restore(&odd).is_err());
+    }
 }

@@ -8,25 +8,45 @@ use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset, client_splits};
 use fedfuse_fed::{
-    BuildContext, Method, Population, RunResult, SERVER_ROUND, SimConfig, derive_seed, simulate,
-    simulate_tables,
+    BuildContext, Method, Population, RoundMetrics, RunResult, SERVER_ROUND, Session, SimConfig,
+    derive_seed, simulate_session, simulate_tables_session,
 };
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::Observer;
+use crate::checkpoint;
 use crate::config::{Config, TableSection, cdc_split};
 use crate::pipeline::{ClientTables, GgmTables, cdc_tables, client_data, ggm_tables, server_split};
 
 /// Runs the experiment of `cfg`, writing the resolved config, results.json, metrics.csv, the
-/// final model and the plots under `out`.
+/// final model and the plots under `out`, and a checkpoint beside it after every round
+/// ([`checkpoint::path_for`]) until the run ends.
 pub fn run(cfg: &Config, out: &Path, observer: &dyn Observer) -> Result<RunResult> {
+    run_with(cfg, out, observer, false)
+}
+
+/// [`run`], continuing with `resume` from the checkpoint an interrupted run of the same config
+/// left (or from round 1 when there is none).
+pub fn run_with(
+    cfg: &Config,
+    out: &Path,
+    observer: &dyn Observer,
+    resume: bool,
+) -> Result<RunResult> {
     // The folder is replaced whole when the run ends (an earlier run's files go, a failed or
     // killed run changes nothing): refuse now, not after the run, a folder that holds more.
     crate::table::check_replaceable(out, &crate::table::RUN_FILES)?;
-    let result = federate(cfg, observer)?;
+    let saved = checkpoint::path_for(out);
+    let result = federate_with(cfg, observer, Some((&saved, resume)))?;
     write_run_folder(out, cfg, &result)?;
+    // The run is whole in `out`: nothing left to resume.
+    if let Err(e) = std::fs::remove_file(&saved)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        observer.note(&format!("could not remove {}: {e}", saved.display()));
+    }
     if let Some(first) = nothing_accepted(&result) {
         bail!(
             "every client's reply was rejected in every round, so the model never left its \
@@ -84,30 +104,82 @@ pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()>
 
 /// Loads the data of `cfg`, splits it among clients and runs the federation.
 pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
+    federate_with(cfg, observer, None)
+}
+
+/// [`federate`], writing a checkpoint to `saved.0` after every round and, with `saved.1`,
+/// starting from the one there.
+fn federate_with(
+    cfg: &Config,
+    observer: &dyn Observer,
+    saved: Option<(&Path, bool)>,
+) -> Result<RunResult> {
     let mut fed = Federation::prepare(cfg)?;
     observer.note(&fed.summary);
+    let mut session = Session::default();
+    let mut init = std::mem::take(&mut fed.init);
+    let target = saved.map(|(path, _)| path);
+    let writer = |global: &Params, rounds: &[RoundMetrics], method: &dyn Method| match target {
+        Some(path) => {
+            checkpoint::write(path, cfg, global, rounds, method).map_err(|e| format!("{e:#}"))
+        }
+        None => Ok(()),
+    };
+    if let Some((path, resume)) = saved {
+        let savable = fed.method.save_state().is_some();
+        if resume {
+            if !savable {
+                bail!(
+                    "`{}` keeps server state that fedfuse cannot save yet, so its runs cannot \
+                     resume; run without --resume",
+                    fed.method.name()
+                );
+            }
+            match checkpoint::read(path, cfg)? {
+                Some(c) => {
+                    observer.note(&format!(
+                        "resuming from {} after round {}",
+                        path.display(),
+                        c.rounds.len()
+                    ));
+                    fed.method
+                        .load_state(c.state)
+                        .with_context(|| format!("checkpoint {}", path.display()))?;
+                    init = c.global;
+                    session.done = c.rounds;
+                }
+                None => observer.note(&format!(
+                    "no checkpoint at {}: starting at round 1",
+                    path.display()
+                )),
+            }
+        }
+        if savable {
+            session.after_round = Some(&writer);
+        }
+    }
     observer.run_started(cfg.rounds);
     let result = match &fed.data {
         FederationData::Labelled {
             trainer,
             clients,
             test,
-        } => simulate(
+        } => simulate_session(
             fed.method.as_mut(),
-            trainer,
-            clients,
-            test,
-            fed.init,
+            (trainer, clients, test),
+            init,
             &fed.sim,
             &|p| observer.progress(p),
+            session,
         ),
-        FederationData::Tables { clients, test } => simulate_tables(
+        FederationData::Tables { clients, test } => simulate_tables_session(
             fed.method.as_mut(),
             clients,
             Some(test),
-            fed.init,
+            init,
             &fed.sim,
             &|p| observer.progress(p),
+            session,
         ),
     };
     observer.run_finished();

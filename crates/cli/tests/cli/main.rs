@@ -5,4 +5,5 @@
 mod cli;
 mod fuse;
 mod partition;
+mod resume;
 mod sweep;

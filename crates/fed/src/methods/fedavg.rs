@@ -60,6 +60,10 @@ impl Method for FedAvg {
         "fedavg"
     }
 
+    fn stateless(&self) -> bool {
+        true
+    }
+
     fn aggregate(
         &mut self,
         _round: usize,

@@ -74,6 +74,10 @@ impl Method for FedL1 {
         "fedl1"
     }
 
+    fn stateless(&self) -> bool {
+        true
+    }
+
     /// The global model with its small groups zeroed, sparse on the wire.
     fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
         let mut params = global.clone();

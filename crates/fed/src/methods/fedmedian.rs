@@ -16,6 +16,10 @@ impl Method for FedMedian {
         "fedmedian"
     }
 
+    fn stateless(&self) -> bool {
+        true
+    }
+
     fn aggregate(
         &mut self,
         _round: usize,

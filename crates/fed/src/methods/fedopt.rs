@@ -14,6 +14,7 @@ use fedfuse_train::Trainer;
 use serde::{Deserialize, Serialize};
 
 use super::{BuildContext, FedAvg, MethodConfig};
+use crate::method::{nest_state, unnest_state};
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
 
 /// Server optimizers of FedOpt and of a [`ServerStepConfig`].
@@ -290,17 +291,29 @@ impl Method for FedOpt {
         self.0.aggregate(round, global, replies)
     }
 
+    fn save_state(&self) -> Option<Result<Record>> {
+        self.0.save_state()
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        self.0.load_state(state)
+    }
+
     fn fold(&self) -> Option<Box<dyn Fold>> {
         self.0.fold()
     }
 }
 
 /// Steps the shared state from `global` towards `target`.
-fn step(state: &Mutex<ServerOptState>, global: &Params, target: &Params) -> Result<Aggregate> {
-    let mut state = state.lock().map_err(|_| FedError::InvalidSetting {
+fn poisoned() -> FedError {
+    FedError::InvalidSetting {
         field: "method",
         reason: "the server optimizer state was poisoned by an earlier panic".into(),
-    })?;
+    }
+}
+
+fn step(state: &Mutex<ServerOptState>, global: &Params, target: &Params) -> Result<Aggregate> {
+    let mut state = state.lock().map_err(|_| poisoned())?;
     Ok(Aggregate::Replace(state.step(global, target)?))
 }
 
@@ -385,5 +398,22 @@ impl Method for ServerStep {
 
     fn evaluate(&self, trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
         self.inner.evaluate(trainer, test)
+    }
+
+    fn save_state(&self) -> Option<Result<Record>> {
+        let own = match self.state.lock() {
+            Ok(state) => state.save().map_err(FedError::from),
+            Err(_) => Err(poisoned()),
+        };
+        match own {
+            Ok(own) => nest_state(own, self.inner.as_ref()),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        let (own, inner) = unnest_state(state)?;
+        self.state.lock().map_err(|_| poisoned())?.restore(&own)?;
+        self.inner.load_state(inner)
     }
 }

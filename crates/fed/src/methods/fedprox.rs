@@ -44,6 +44,10 @@ impl Method for FedProx {
         "fedprox"
     }
 
+    fn stateless(&self) -> bool {
+        true
+    }
+
     fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
         let base = FedAvg.instruct(round, client, global)?;
         Ok(base.with_config(PROXIMAL_MU, ConfigValue::Float(self.mu)))

@@ -55,6 +55,10 @@ impl Method for FedTrimmedAvg {
         "fedtrimmedavg"
     }
 
+    fn stateless(&self) -> bool {
+        true
+    }
+
     fn aggregate(
         &mut self,
         _round: usize,

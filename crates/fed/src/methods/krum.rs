@@ -66,6 +66,10 @@ impl Method for Krum {
         "krum"
     }
 
+    fn stateless(&self) -> bool {
+        true
+    }
+
     fn aggregate(
         &mut self,
         _round: usize,
@@ -125,6 +129,10 @@ pub struct Bulyan {
 impl Method for Bulyan {
     fn name(&self) -> &'static str {
         "bulyan"
+    }
+
+    fn stateless(&self) -> bool {
+        true
     }
 
     fn aggregate(

@@ -32,6 +32,7 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 use super::MethodConfig;
+use crate::method::{nest_state, unnest_state};
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result, derive_seed};
 
 /// Stream of the central noise in [`derive_seed`]'s client slot, apart from every client's.
@@ -282,6 +283,8 @@ pub struct CentralDp {
     seed: u64,
     delta: f64,
     accountant: RdpAccountant,
+    /// Rounds composed into the accountant (what a checkpoint restores it from).
+    releases: usize,
     last: BTreeMap<String, f64>,
 }
 
@@ -348,6 +351,7 @@ impl CentralDp {
             seed,
             delta,
             accountant: RdpAccountant::default(),
+            releases: 0,
             last: BTreeMap::new(),
         })
     }
@@ -401,6 +405,7 @@ impl Method for CentralDp {
         }
         if self.accounted_noise > 0.0 {
             self.accountant.compose(1.0, self.accounted_noise, 1);
+            self.releases += 1;
             let spent = self.accountant.epsilon(self.delta);
             self.last.insert("dp_epsilon".to_string(), spent.epsilon);
         }
@@ -419,6 +424,42 @@ impl Method for CentralDp {
 
     fn finished(&self) -> bool {
         self.inner.finished()
+    }
+
+    fn save_state(&self) -> Option<Result<Record>> {
+        let mut own = Record::default();
+        own.metrics
+            .insert("dp_clipping_norm".into(), self.clipping_norm);
+        own.metrics
+            .insert("dp_releases".into(), self.releases as f64);
+        nest_state(own, self.inner.as_ref())
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        let (own, inner) = unnest_state(state)?;
+        let bad = |why: &str| FedError::BadMessage {
+            from: "checkpoint".into(),
+            reason: format!("privacy state: {why}"),
+        };
+        let c = *own
+            .metrics
+            .get("dp_clipping_norm")
+            .ok_or_else(|| bad("no clipping norm"))?;
+        let releases = *own
+            .metrics
+            .get("dp_releases")
+            .ok_or_else(|| bad("no release count"))?;
+        if !(c.is_finite() && c > 0.0 && releases >= 0.0 && releases.fract() == 0.0) {
+            return Err(bad("clipping norm or release count out of range"));
+        }
+        self.clipping_norm = c;
+        self.releases = releases as usize;
+        self.accountant = RdpAccountant::default();
+        if self.releases > 0 {
+            self.accountant
+                .compose(1.0, self.accounted_noise, self.releases);
+        }
+        self.inner.load_state(inner)
     }
 }
 
@@ -475,6 +516,14 @@ impl Method for LocalDp {
 
     fn finished(&self) -> bool {
         self.inner.finished()
+    }
+
+    fn save_state(&self) -> Option<Result<Record>> {
+        self.inner.save_state()
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        self.inner.load_state(state)
     }
 }
 

@@ -54,4 +54,12 @@ impl Method for SeparateInits {
     fn round_metrics(&self) -> BTreeMap<String, f64> {
         self.inner.round_metrics()
     }
+
+    fn save_state(&self) -> Option<Result<Record>> {
+        self.inner.save_state()
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        self.inner.load_state(state)
+    }
 }

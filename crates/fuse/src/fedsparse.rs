@@ -49,7 +49,7 @@
 use std::ops::Range;
 
 use fedfuse_core::groups::sigmoid;
-use fedfuse_core::{GroupLayout, Params};
+use fedfuse_core::{GroupLayout, Params, Record};
 
 use crate::serveropt::{ServerOptState, ServerOptimizer};
 use crate::{FuseError, Result};
@@ -512,6 +512,97 @@ impl FedSparseServer {
     /// Replies in the open round.
     pub fn replies(&self) -> usize {
         self.round.as_ref().map_or(0, SparseGradSum::clients)
+    }
+
+    /// `theta` of the open round (empty when none is open).
+    pub fn theta_of_open_round(&self) -> &[f64] {
+        self.round.as_ref().map_or(&[], |sum| &sum.theta)
+    }
+
+    /// The server between rounds, for a checkpoint: weights `w/{name}`, thresholds `v`, both
+    /// optimizers' states (`w_opt:`, `v_opt:`), and the open round's `theta` as exact metrics
+    /// `theta.{i}`. The open round must hold no reply yet.
+    pub fn save(&self) -> Result<Record> {
+        let theta = match &self.round {
+            Some(sum) if sum.clients() == 0 => sum.theta.clone(),
+            _ => {
+                return Err(FuseError::InvalidInput(
+                    "a FedSparse server is saved between rounds, with its next round open and \
+                     empty"
+                        .into(),
+                ));
+            }
+        };
+        let mut r = Record::default();
+        for (name, t) in self.w.iter() {
+            r.params
+                .push(format!("w/{name}"), t.shape.clone(), t.data.clone())?;
+        }
+        r.params.push("v", vec![self.v.len()], self.v.clone())?;
+        for (prefix, opt) in [("w_opt:", &self.w_opt), ("v_opt:", &self.v_opt)] {
+            let saved = opt.save()?;
+            for (name, t) in saved.params.iter() {
+                r.params
+                    .push(format!("{prefix}{name}"), t.shape.clone(), t.data.clone())?;
+            }
+            for (k, v) in saved.metrics {
+                r.metrics.insert(format!("{prefix}{k}"), v);
+            }
+        }
+        for (i, t) in theta.iter().enumerate() {
+            r.metrics.insert(format!("theta.{i}"), *t);
+        }
+        Ok(r)
+    }
+
+    /// A server restored from [`Self::save`], with its next round open as it was.
+    pub fn restore(config: FedSparseConfig, layout: GroupLayout, saved: &Record) -> Result<Self> {
+        let mut w = Params::new();
+        let mut opts = [Record::default(), Record::default()];
+        let mut v = None;
+        for (name, t) in saved.params.iter() {
+            if let Some(n) = name.strip_prefix("w/") {
+                w.push(n, t.shape.clone(), t.data.clone())?;
+            } else if name == "v" {
+                v = Some(t.data.clone());
+            } else if let Some((i, n)) = name
+                .strip_prefix("w_opt:")
+                .map(|n| (0, n))
+                .or_else(|| name.strip_prefix("v_opt:").map(|n| (1, n)))
+            {
+                opts[i].params.push(n, t.shape.clone(), t.data.clone())?;
+            }
+        }
+        for (k, val) in &saved.metrics {
+            if let Some(n) = k.strip_prefix("w_opt:") {
+                opts[0].metrics.insert(n.to_string(), *val);
+            } else if let Some(n) = k.strip_prefix("v_opt:") {
+                opts[1].metrics.insert(n.to_string(), *val);
+            }
+        }
+        let v =
+            v.ok_or_else(|| FuseError::InvalidInput("saved FedSparse server has no v".into()))?;
+        let theta = (0..layout.num_groups())
+            .map(|i| {
+                saved
+                    .metrics
+                    .get(&format!("theta.{i}"))
+                    .copied()
+                    .ok_or_else(|| {
+                        FuseError::InvalidInput(format!("saved FedSparse server lacks theta.{i}"))
+                    })
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        let mut server = Self::new(config, layout, w, v)?;
+        server.w_opt.restore(&opts[0])?;
+        server.v_opt.restore(&opts[1])?;
+        server.round = Some(SparseGradSum::new(
+            &server.layout,
+            theta,
+            &server.v,
+            server.config.temperature,
+        )?);
+        Ok(server)
     }
 
     /// Ends the round: `w += weights_opt(grad_w)`, `v += thresholds_opt(grad_v)`. Returns the

@@ -42,25 +42,10 @@ fn results(out: &Path) -> Value {
     v
 }
 
-// FedAvg with central DP (its clipping norm adapts, its accountant composes) and a FedAdam
-// server step (its moments): every piece of server state a checkpoint must carry.
-const SETS: [&str; 12] = [
-    "--set",
-    "rounds=12",
-    "--set",
-    "train.epochs=4",
-    "--set",
-    "server.optimizer=\"adam\"",
-    "--set",
-    "privacy.kind=\"central-adaptive\"",
-    "--set",
-    "privacy.noise_multiplier=0.2",
-    "--set",
-    "privacy.initial_clipping_norm=0.5",
-];
-
-#[test]
-fn a_run_killed_after_some_rounds_resumes_to_the_uninterrupted_result() {
+/// Runs the quickstart with `sets` twice: once whole, once killed with SIGKILL as soon as a
+/// checkpoint exists (after round 1 or a little later: the result may not depend on where)
+/// and resumed; both must end with the same results and model bytes.
+fn killed_and_resumed_equals_whole(sets: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let (whole, cut) = (dir.path().join("whole"), dir.path().join("cut"));
     let args = |out: &Path| {
@@ -68,7 +53,9 @@ fn a_run_killed_after_some_rounds_resumes_to_the_uninterrupted_result() {
             .map(String::from)
             .to_vec();
         a.push(out.to_str().unwrap().to_string());
-        a.extend(SETS.map(String::from));
+        for s in sets {
+            a.extend(["--set".to_string(), s.to_string()]);
+        }
         a
     };
     let o = fedfuse(&args(&whole));
@@ -78,8 +65,6 @@ fn a_run_killed_after_some_rounds_resumes_to_the_uninterrupted_result() {
         "a finished run leaves none"
     );
 
-    // Kill the second run with SIGKILL as soon as a checkpoint exists (after round 1 or a
-    // little later: the resumed result may not depend on where).
     let saved = dir.path().join("cut.checkpoint");
     let mut child = command(&args(&cut))
         .stdout(Stdio::null())
@@ -124,6 +109,37 @@ fn a_run_killed_after_some_rounds_resumes_to_the_uninterrupted_result() {
         std::fs::read(whole.join("model.safetensors")).unwrap()
     );
     assert!(!saved.exists());
+}
+
+#[test]
+fn fedavg_with_adaptive_dp_and_fedadam_resumes_to_the_uninterrupted_result() {
+    // Central DP's clipping norm adapts and its accountant composes; FedAdam keeps moments.
+    killed_and_resumed_equals_whole(&[
+        "rounds=12",
+        "train.epochs=4",
+        "server.optimizer=\"adam\"",
+        "privacy.kind=\"central-adaptive\"",
+        "privacy.noise_multiplier=0.2",
+        "privacy.initial_clipping_norm=0.5",
+    ]);
+}
+
+#[test]
+fn fedsparse_resumes_to_the_uninterrupted_result() {
+    // Weights, thresholds, both server optimizers and the open round's gate probabilities.
+    killed_and_resumed_equals_whole(&["rounds=12", "train.epochs=3", "method.name=\"fedsparse\""]);
+}
+
+#[test]
+fn pfnm_over_rounds_resumes_to_the_uninterrupted_result() {
+    // Later rounds send each client its matched sub-model: the matching is server state.
+    killed_and_resumed_equals_whole(&[
+        "rounds=6",
+        "clients=5",
+        "train.epochs=3",
+        "method.name=\"pfnm\"",
+        "method.sigma=0.1",
+    ]);
 }
 
 #[test]

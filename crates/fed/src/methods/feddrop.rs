@@ -241,6 +241,11 @@ impl Method for FedDrop {
         "feddrop"
     }
 
+    /// Each round's dropped units follow from the seed and the round.
+    fn stateless(&self) -> bool {
+        true
+    }
+
     /// This round's sub-model.
     fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
         let kept = self.kept(round);

@@ -285,6 +285,26 @@ impl Method for FedSparse {
         "fedsparse"
     }
 
+    fn save_state(&self) -> Option<Result<Record>> {
+        Some(lock(&self.state).and_then(|state| match &state.server {
+            Some(server) => Ok(server.save()?),
+            None => Ok(Record::default()),
+        }))
+    }
+
+    fn load_state(&mut self, saved: Record) -> Result<()> {
+        let mut state = lock(&self.state)?;
+        if saved.params.is_empty() {
+            *state = State::default();
+            return Ok(());
+        }
+        let server = FedSparseServer::restore(self.server_config, self.layout.clone(), &saved)?;
+        state.theta = server.theta_of_open_round().to_vec();
+        state.server = Some(server);
+        state.figures.clear();
+        Ok(())
+    }
+
     /// The pruned server weights and the thresholds `v`, sparse on the wire.
     fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
         let mut state = lock(&self.state)?;

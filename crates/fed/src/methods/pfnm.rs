@@ -329,6 +329,33 @@ impl Method for Pfnm {
         }
     }
 
+    /// Which global unit each client's units joined in the last fusion (later rounds send each
+    /// client its matched sub-model), as JSON.
+    fn save_state(&self) -> Option<Result<Record>> {
+        Some(
+            serde_json::to_string(&self.matched)
+                .map(|json| Record::default().with_config("matched", ConfigValue::Str(json)))
+                .map_err(|e| FedError::InvalidSetting {
+                    field: "method",
+                    reason: format!("cannot save the matching: {e}"),
+                }),
+        )
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        let bad = |why: String| FedError::BadMessage {
+            from: "checkpoint".into(),
+            reason: format!("matching state: {why}"),
+        };
+        self.matched = match state.config.get("matched") {
+            Some(ConfigValue::Str(json)) => {
+                serde_json::from_str(json).map_err(|e| bad(e.to_string()))?
+            }
+            _ => return Err(bad("no `matched`".into())),
+        };
+        Ok(())
+    }
+
     /// Round 1: only the round number (clients start from their own initialisation). Later:
     /// the client's matched sub-model of the global network.
     fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {

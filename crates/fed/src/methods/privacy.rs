@@ -35,8 +35,9 @@ use super::MethodConfig;
 use crate::method::{nest_state, unnest_state};
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result, derive_seed};
 
-/// Stream of the central noise in [`derive_seed`]'s client slot, apart from every client's.
-const CENTRAL_NOISE_STREAM: usize = usize::MAX - 1;
+/// Stream of the central noise in [`derive_seed`]'s client slot, apart from every client's
+/// and from the methods' own server streams (`usize::MAX`, `usize::MAX - 1`).
+const CENTRAL_NOISE_STREAM: usize = usize::MAX - 16;
 /// Stream of a client's local noise, derived from its round seed.
 const LOCAL_NOISE_STREAM: usize = usize::MAX - 2;
 

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Result, bail};
 use fedfuse_fed::RoundMetrics;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Observer;
 use crate::config::Config;
@@ -107,29 +107,83 @@ struct Run {
     rounds: Vec<RoundMetrics>,
 }
 
-/// Runs every arm for every seed, writing `results.csv`, `summary.csv`, `summary.md` and the
-/// plots into `out` (the results so far after every run).
+/// A finished run as `runs.toml` keeps it, so that `--resume` need not run it again.
+#[derive(Serialize, Deserialize)]
+struct SavedRun {
+    arm: String,
+    seed: u64,
+    /// The run's resolved config: a run is reused only under the very same one.
+    config: String,
+    rounds: Vec<RoundMetrics>,
+}
+
+/// `runs.toml` (TOML keeps the NaN of unmeasured figures, which JSON cannot).
+#[derive(Default, Serialize, Deserialize)]
+struct SavedRuns {
+    runs: Vec<SavedRun>,
+}
+
+/// Runs every arm for every seed, writing `results.csv`, `summary.csv`, `summary.md`, the
+/// plots and `runs.toml` into `out`, which is replaced whole after every run (the results so
+/// far survive an interrupted comparison, and never mix with an earlier one's). With
+/// `resume`, the runs `out/runs.toml` holds under the same config are taken from it.
 pub fn run(
     cfg: &CompareConfig,
     out: &Path,
     data_dir: Option<&Path>,
     observer: &dyn Observer,
+    resume: bool,
 ) -> Result<()> {
-    std::fs::create_dir_all(out)
-        .with_context(|| format!("cannot create output folder {}", out.display()))?;
+    crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
+    let saved_path = out.join("runs.toml");
+    let mut earlier = SavedRuns::default();
+    if resume && saved_path.exists() {
+        let text = std::fs::read_to_string(&saved_path)
+            .with_context(|| format!("cannot read {}", saved_path.display()))?;
+        earlier = toml::from_str(&text).with_context(|| format!("{}", saved_path.display()))?;
+    }
     let mut runs = Vec::new();
+    let mut saved = SavedRuns::default();
     for &seed in &cfg.seeds {
         for (a, arm) in cfg.arms.iter().enumerate() {
             let run_cfg = cfg.arm_config(arm, seed, data_dir)?;
-            observer.note(&format!("== {} (seed {seed})", arm.label));
-            let result = crate::run::federate(&run_cfg, observer)
-                .with_context(|| format!("arm `{}`, seed {seed}", arm.label))?;
+            let config = toml::to_string(&run_cfg).context("cannot write a run's config")?;
+            let done = earlier
+                .runs
+                .iter()
+                .position(|r| r.arm == arm.label && r.seed == seed && r.config == config);
+            let rounds = match done {
+                Some(i) => {
+                    observer.note(&format!(
+                        "== {} (seed {seed}): finished before, from {}",
+                        arm.label,
+                        saved_path.display()
+                    ));
+                    std::mem::take(&mut earlier.runs[i].rounds)
+                }
+                None => {
+                    observer.note(&format!("== {} (seed {seed})", arm.label));
+                    crate::run::federate(&run_cfg, observer)
+                        .with_context(|| format!("arm `{}`, seed {seed}", arm.label))?
+                        .rounds
+                }
+            };
+            saved.runs.push(SavedRun {
+                arm: arm.label.clone(),
+                seed,
+                config,
+                rounds: rounds.clone(),
+            });
             runs.push(Run {
                 arm: a,
                 seed,
-                rounds: result.rounds,
+                rounds,
             });
-            write_all(cfg, out, &runs)?;
+            let text = toml::to_string(&saved).context("cannot write runs.toml")?;
+            crate::table::replace_folder(out, |dir| {
+                write_all(cfg, dir, &runs)?;
+                crate::table::write_atomic(&dir.join("runs.toml"), text.as_bytes())
+            })?;
         }
     }
     observer.note(summary_markdown(cfg, &runs).trim_end());

@@ -443,7 +443,7 @@ pub fn run(
     data_dir: Option<&Path>,
     observer: &dyn Observer,
 ) -> Result<()> {
-    crate::table::start_output(out, "experiment.toml", cfg)?;
+    crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut rows = Vec::new();
@@ -459,11 +459,24 @@ pub fn run(
                 .join(", ")
         ));
         rows.extend(new);
-        write_tables(cfg, &rows, out)?;
+        publish(cfg, &rows, out, false)?;
     }
-    write_plots(cfg, &rows, out)?;
+    publish(cfg, &rows, out, true)?;
     observer.note(&format!("wrote {}", out.join("summary.md").display()));
     Ok(())
+}
+
+/// Replaces `out` whole with the settings and the tables of `rows` (the results so far survive
+/// an interrupted experiment), and at the end the plots.
+fn publish(cfg: &GemsExperiment, rows: &[Row], out: &Path, end: bool) -> Result<()> {
+    crate::table::replace_folder(out, |dir| {
+        crate::table::start_output(dir, "experiment.toml", cfg)?;
+        write_tables(cfg, rows, dir)?;
+        if end {
+            write_plots(cfg, rows, dir)?;
+        }
+        Ok(())
+    })
 }
 
 /// (epsilon as text, model) -> rows, in first-seen order of models.

@@ -520,7 +520,7 @@ pub fn run(
     data_dir: Option<&Path>,
     observer: &dyn Observer,
 ) -> Result<()> {
-    crate::table::start_output(out, "experiment.toml", cfg)?;
+    crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
     let dir = data_dir
         .map(Path::to_path_buf)
         .or_else(|| cfg.data_dir.clone())
@@ -534,14 +534,21 @@ pub fn run(
             "seed {seed}: {:.0} s",
             started.elapsed().as_secs_f64()
         ));
-        write_tables(cfg, &rows, out)?;
+        publish(cfg, &rows, out)?;
     }
-    write_atomic(
-        &out.join("results.json"),
-        serde_json::to_string_pretty(&rows)?.as_bytes(),
-    )?;
     observer.note(&format!("wrote {}", out.join("summary.md").display()));
     Ok(())
+}
+
+/// Replaces `out` whole with the settings, the tables and results.json of `rows` (the seeds
+/// done survive an interrupted experiment).
+fn publish(cfg: &NgmExperiment, rows: &[Row], out: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(rows)?;
+    crate::table::replace_folder(out, |dir| {
+        crate::table::start_output(dir, "experiment.toml", cfg)?;
+        write_tables(cfg, rows, dir)?;
+        write_atomic(&dir.join("results.json"), json.as_bytes())
+    })
 }
 
 fn write_tables(cfg: &NgmExperiment, rows: &[Row], out: &Path) -> Result<()> {

@@ -527,7 +527,7 @@ pub fn run(
     data_dir: Option<&Path>,
     observer: &dyn Observer,
 ) -> Result<()> {
-    crate::table::start_output(out, "sweep.toml", cfg)?;
+    crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut settings = Vec::new();
@@ -599,13 +599,26 @@ pub fn run(
         observer.note(&line);
         rows.extend(new_rows);
         // Partial results survive an interrupted sweep.
-        write_rows(out, &rows)?;
+        publish(out, cfg, &rows, false)?;
     }
-    let summary = summarise(&rows);
-    write_summary(out, cfg, &summary)?;
-    crate::plot::write_sweep_plots(out, &cfg.title, &sweep_lines(cfg, &summary))?;
+    publish(out, cfg, &rows, true)?;
     observer.note(&format!("results in {}", out.display()));
     Ok(())
+}
+
+/// Replaces `out` whole with the settings and the rows so far, and at the end the summary and
+/// the plots.
+fn publish(out: &Path, cfg: &SweepConfig, rows: &[Row], end: bool) -> Result<()> {
+    crate::table::replace_folder(out, |dir| {
+        crate::table::start_output(dir, "sweep.toml", cfg)?;
+        write_rows(dir, rows)?;
+        if end {
+            let summary = summarise(rows);
+            write_summary(dir, cfg, &summary)?;
+            crate::plot::write_sweep_plots(dir, &cfg.title, &sweep_lines(cfg, &summary))?;
+        }
+        Ok(())
+    })
 }
 
 fn write_rows(out: &Path, rows: &[Row]) -> Result<()> {

@@ -136,10 +136,31 @@ pub const RUN_FILES: [&str; 8] = [
     "accuracy_vs_bytes.svg",
 ];
 
+/// Whether an experiment's folder (`fedfuse compare`, `sweep`, `gems`, `ngm`) may hold `name`:
+/// its settings, tables, finished runs and plots.
+pub fn is_experiment_file(name: &str) -> bool {
+    const FILES: [&str; 8] = [
+        "experiment.toml",
+        "sweep.toml",
+        "compare.toml",
+        "runs.toml",
+        "results.csv",
+        "results.json",
+        "summary.csv",
+        "summary.md",
+    ];
+    FILES.contains(&name) || name.ends_with(".png") || name.ends_with(".svg")
+}
+
 /// Checks, before a run starts, that its output folder can be replaced when it ends: `out`
 /// is new, or holds only files named in `allowed` (an earlier run's). Errors name the files
 /// that would be lost.
 pub fn check_replaceable(out: &Path, allowed: &[&str]) -> Result<()> {
+    check_replaceable_by(out, |name| allowed.contains(&name))
+}
+
+/// [`check_replaceable`] with a rule for the names allowed.
+pub fn check_replaceable_by(out: &Path, allowed: impl Fn(&str) -> bool) -> Result<()> {
     let entries = match std::fs::read_dir(out) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -153,7 +174,7 @@ pub fn check_replaceable(out: &Path, allowed: &[&str]) -> Result<()> {
         let entry =
             entry.with_context(|| format!("cannot read output folder {}", out.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !allowed.contains(&name.as_str()) {
+        if !allowed(&name) {
             foreign.push(name);
         }
     }

@@ -161,3 +161,88 @@ fn a_method_whose_state_cannot_be_saved_refuses_to_resume() {
         "{err}"
     );
 }
+
+const COMPARISON: &str = r#"
+title = "resume test"
+seeds = [0, 1]
+
+[base]
+rounds = 8
+clients = 5
+[base.dataset]
+name = "digits"
+[base.model]
+kind = "mlp"
+hidden = [32]
+[base.train]
+epochs = 3
+
+[[arms]]
+label = "FedAvg"
+method = { name = "fedavg" }
+
+[[arms]]
+label = "FedProx"
+method = { name = "fedprox", mu = 0.1 }
+"#;
+
+#[test]
+fn a_comparison_killed_between_runs_resumes_and_ends_as_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("compare.toml");
+    std::fs::write(&file, COMPARISON).unwrap();
+    let (whole, cut) = (dir.path().join("whole"), dir.path().join("cut"));
+    let args = |out: &Path| {
+        vec![
+            "compare".to_string(),
+            file.to_str().unwrap().to_string(),
+            "--out".to_string(),
+            out.to_str().unwrap().to_string(),
+        ]
+    };
+    let o = fedfuse(&args(&whole));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let mut child = command(&args(&cut))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !cut.join("runs.toml").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no run finished"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the comparison ended before the kill"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // What a killed comparison leaves is one consistent set: its finished runs' tables.
+    let partial = std::fs::read_to_string(cut.join("results.csv")).unwrap();
+    assert!(partial.lines().count() < 1 + 4 * 8, "{partial}");
+
+    let mut resumed = args(&cut);
+    resumed.push("--resume".into());
+    let o = fedfuse(&resumed);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("finished before"), "{err}");
+    for name in ["results.csv", "summary.csv", "summary.md"] {
+        assert_eq!(
+            std::fs::read_to_string(cut.join(name)).unwrap(),
+            std::fs::read_to_string(whole.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+
+    // A folder holding someone else's file is refused before anything runs.
+    std::fs::write(cut.join("notes.txt"), "mine").unwrap();
+    let o = fedfuse(&args(&cut));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("notes.txt"), "{err}");
+}

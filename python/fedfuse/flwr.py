@@ -131,7 +131,9 @@ class Strategy(FlowerStrategy):
     as in ``fedfuse run``. With ``out``, the run's results.json, metrics.csv, model and plots
     are written there after the last round. ``max_examples`` bounds the ``num-examples`` a
     reply may claim (its FedAvg weight, which a node could otherwise inflate at will): a reply
-    above it is listed in ``rejected`` with the reason.
+    above it is listed in ``rejected`` with the reason. It takes the place of the config's
+    ``replies.max_examples``; the config's ``replies.max_update_norm`` applies as in
+    ``fedfuse run``.
     """
 
     def __init__(

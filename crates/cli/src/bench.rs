@@ -174,6 +174,7 @@ pub fn sim(
         seed: 0,
         train: TrainConfig::default(),
         local_eval: false,
+        ..SimConfig::default()
     };
     let mut method = match step {
         "add" => BenchStep {

@@ -40,7 +40,7 @@ pub use methods::{
 };
 pub use seed::derive_seed;
 pub use simulator::{
-    AfterRound, ClientsPerRound, Population, Progress, Rejection, RoundMetrics, RoundState,
-    RoundTally, RunResult, Sampler, Session, SimConfig, client_step, evaluate_classifier, simulate,
-    simulate_session, simulate_tables, simulate_tables_session,
+    AfterRound, ClientsPerRound, Population, Progress, Rejection, ReplyBounds, RoundMetrics,
+    RoundState, RoundTally, RunResult, Sampler, Session, SimConfig, client_step,
+    evaluate_classifier, simulate, simulate_session, simulate_tables, simulate_tables_session,
 };

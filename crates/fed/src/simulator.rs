@@ -27,6 +27,68 @@ pub enum ClientsPerRound {
     Fraction(f64),
 }
 
+/// Bounds a reply must keep to be aggregated (`[replies]` in a run config); none by default.
+/// A reply outside them is listed with the reason in the round's rejections, as a malformed
+/// one is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplyBounds {
+    /// Most examples a reply may claim: its FedAvg weight, which a client could otherwise
+    /// inflate at will.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_examples: Option<u64>,
+    /// Longest update a reply may carry: the L2 norm of reply minus global model over all
+    /// tensors (methods whose replies are models of the global model's layout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_update_norm: Option<f64>,
+}
+
+impl ReplyBounds {
+    /// Whether no bound is set.
+    pub fn is_none(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks the bounds' own ranges.
+    pub fn check(&self) -> Result<()> {
+        if self.max_examples == Some(0) {
+            return Err(FedError::InvalidSetting {
+                field: "replies.max_examples",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if let Some(n) = self.max_update_norm
+            && !(n.is_finite() && n > 0.0)
+        {
+            return Err(FedError::InvalidSetting {
+                field: "replies.max_update_norm",
+                reason: format!("{n} must be a positive number"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Why `reply` breaks a bound, if it does.
+    fn violation(&self, global: &Params, reply: &Record) -> Option<String> {
+        if let Some(max) = self.max_examples
+            && reply.num_examples > max
+        {
+            return Some(format!(
+                "it claims {} examples, more than max_examples = {max}",
+                reply.num_examples
+            ));
+        }
+        let max = self.max_update_norm?;
+        match fedfuse_fuse::dp::update_norm(global, &reply.params) {
+            Ok(norm) if norm <= max => None,
+            Ok(norm) => Some(format!(
+                "its update has L2 norm {norm:.4e}, more than max_update_norm = {max}"
+            )),
+            Err(e) => Some(format!("its update cannot be measured: {e}")),
+        }
+    }
+}
+
 /// Simulation settings.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -40,6 +102,8 @@ pub struct SimConfig {
     pub train: TrainConfig,
     /// Evaluate the global model on every client's local test split each round.
     pub local_eval: bool,
+    /// Bounds on replies.
+    pub bounds: ReplyBounds,
 }
 
 impl Default for SimConfig {
@@ -50,6 +114,7 @@ impl Default for SimConfig {
             seed: 0,
             train: TrainConfig::default(),
             local_eval: true,
+            bounds: ReplyBounds::default(),
         }
     }
 }
@@ -525,7 +590,7 @@ fn run_rounds(
 
         // Methods with a streaming server step fold replies chunk by chunk, in sampled order
         // (so results do not depend on thread count); the others get all replies at once.
-        let mut state = RoundState::new(method, round, sampled.len());
+        let mut state = RoundState::new(method, round, sampled.len()).bounded(cfg.bounds);
         let chunk = if state.folds() {
             FOLD_CHUNK_PER_THREAD * rayon::current_num_threads()
         } else {
@@ -581,6 +646,7 @@ fn run_rounds(
 /// clients' figures tallied. The simulator and `fedfuse.flwr.Strategy` both run exactly this.
 pub struct RoundState {
     round: usize,
+    bounds: ReplyBounds,
     clients: usize,
     fold: Option<Box<dyn crate::Fold>>,
     replies: Vec<Reply>,
@@ -599,6 +665,7 @@ impl RoundState {
     pub fn new(method: &dyn Method, round: usize, clients: usize) -> Self {
         Self {
             round,
+            bounds: ReplyBounds::default(),
             clients,
             fold: method.fold(),
             replies: Vec::new(),
@@ -611,6 +678,12 @@ impl RoundState {
             own_count: 0,
             rejected: Vec::new(),
         }
+    }
+
+    /// The round with `bounds` on its replies.
+    pub fn bounded(mut self, bounds: ReplyBounds) -> Self {
+        self.bounds = bounds;
+        self
     }
 
     /// Whether the method folds replies as they come (so callers may offer them in chunks).
@@ -636,7 +709,10 @@ impl RoundState {
         let checked = reply.and_then(|(record, bytes)| {
             self.bytes_up += bytes as u64;
             method.check_reply(global, &record)?;
-            Ok(record)
+            match self.bounds.violation(global, &record) {
+                Some(reason) => Err(FedError::BadReply { client, reason }),
+                None => Ok(record),
+            }
         });
         let record = match checked {
             Ok(record) => record,

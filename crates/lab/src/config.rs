@@ -7,7 +7,7 @@ use fedfuse_core::ModelSpec;
 use fedfuse_data::{CdcSplit, PartitionSpec};
 use fedfuse_fed::{
     BuildContext, ClientsPerRound, FedNgmConfig, FedNgrConfig, Method, MethodConfig,
-    PrivacySettings, ServerStepConfig, SimConfig,
+    PrivacySettings, ReplyBounds, ServerStepConfig, SimConfig,
 };
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -59,6 +59,10 @@ pub struct Config {
     /// fedsparse-em runs FedDrop and FedL1); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerStepConfig>,
+    /// Bounds on replies (`max_examples`, `max_update_norm`); a reply outside them is
+    /// rejected with the reason. None by default.
+    #[serde(default, skip_serializing_if = "ReplyBounds::is_none")]
+    pub replies: ReplyBounds,
     /// Differential privacy (central with fixed or adaptive clipping, or local); none by
     /// default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -457,6 +461,25 @@ impl Config {
             ),
             _ => {}
         }
+        self.replies.check()?;
+        if self.replies.max_update_norm.is_some()
+            && (self.method.matching()
+                || matches!(
+                    self.method,
+                    MethodConfig::FedSparse(_)
+                        | MethodConfig::FedDrop(_)
+                        | MethodConfig::FedMix(_)
+                        | MethodConfig::FedNgm(_)
+                        | MethodConfig::FedNgr(_)
+                ))
+        {
+            bail!(
+                "`replies.max_update_norm` measures a reply against the global model, and \
+                 `{}`'s replies are not models of its layout (own-init, sparse or sub-models, \
+                 statistics); remove it",
+                method_name(&self.method)
+            );
+        }
         if let Some(column) = self.partition.column() {
             bail!(
                 "`partition.kind` = \"{}\" splits by the column `{column}`, and the datasets \
@@ -815,6 +838,23 @@ hidden = [16]
         assert!(err(&["rounds=1000000000000000"]).contains("rounds"));
         assert!(err(&["model.hidden=[400000000]"]).contains("model.hidden[0]"));
         assert!(err(&["train.beta1=0.5"]).contains("train.beta1"));
+        assert!(err(&["replies.max_examples=0"]).contains("replies.max_examples"));
+        assert!(err(&["replies.max_update_norm=-1.0"]).contains("replies.max_update_norm"));
+        assert!(
+            err(&["method.name=\"pfnm\"", "replies.max_update_norm=10.0"])
+                .contains("not models of its layout")
+        );
+        assert!(
+            err(&["partition.kind=\"natural_id\"", "partition.column=\"site\""])
+                .contains("no per-sample columns")
+        );
+        assert!(
+            err(&[
+                "partition.kind=\"size\"",
+                "partition.partition_sizes=[10, 10]"
+            ])
+            .contains("set clients = 2")
+        );
         // The resolved config a run writes lists defaults for every key, and reloads.
         let resolved = toml::to_string_pretty(&Config::parse(BASE, &[]).unwrap()).unwrap();
         assert!(Config::parse(&resolved, &[]).is_ok());

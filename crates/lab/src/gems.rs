@@ -392,6 +392,7 @@ fn run_seed(
             seed,
             train: train.clone(),
             local_eval: false,
+            ..SimConfig::default()
         };
         let result = simulate(
             &mut gems,

@@ -238,6 +238,7 @@ impl Federation {
             seed: cfg.seed,
             train: cfg.train.to_train_config(),
             local_eval: cfg.local_eval,
+            bounds: cfg.replies,
         };
         let summary = format!(
             "{} on {} ({} train / {} test samples), {} clients, {} rounds, model {} params",
@@ -472,6 +473,7 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
         clients_per_round: cfg.clients_per_round,
         seed: cfg.seed,
         local_eval: false,
+        bounds: cfg.replies,
         ..SimConfig::default()
     };
     let rows: usize = tables.train.iter().map(Table::n_rows).sum();

@@ -381,6 +381,7 @@ impl Sweep<'_> {
                     seed: s.seed,
                     train: train.clone(),
                     local_eval: false,
+                    ..SimConfig::default()
                 };
                 let started = Instant::now();
                 let run = simulate(

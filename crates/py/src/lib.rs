@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
 use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_fed::{RoundMetrics, RoundState, RunResult, Sampler};
+use fedfuse_fed::{ReplyBounds, RoundMetrics, RoundState, RunResult, Sampler};
 use fedfuse_fuse::PfnmConfig;
 use fedfuse_lab::Config;
 use fedfuse_lab::fusion::{FuseMethod, fuse as fuse_models};
@@ -271,9 +271,9 @@ struct ServerState {
     sampler: Sampler,
     open: Option<OpenRound>,
     rounds: Vec<RoundMetrics>,
-    /// Largest `num-examples` a reply may claim (the FedAvg weight a node could otherwise
-    /// inflate at will); `None` for no bound.
-    max_examples: Option<u64>,
+    /// Bounds on replies: the config's `[replies]`, with the strategy's `max_examples` over
+    /// it when given.
+    bounds: ReplyBounds,
 }
 
 /// The server half of a fedfuse run: the method, the global model, client sampling and each
@@ -308,6 +308,10 @@ impl Server {
             .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
             .map_err(err)?;
         let sampler = Sampler::new(&fed.sim, fed.data.num_clients()).map_err(err)?;
+        let bounds = ReplyBounds {
+            max_examples: max_examples.or(cfg.replies.max_examples),
+            ..cfg.replies
+        };
         Ok(Self(Mutex::new(ServerState {
             global: fed.init.clone(),
             cfg,
@@ -315,7 +319,7 @@ impl Server {
             sampler,
             open: None,
             rounds: Vec::new(),
-            max_examples,
+            bounds,
         })))
     }
 
@@ -349,7 +353,8 @@ impl Server {
             let sampled = s.sampler.next_round();
             s.open = Some(OpenRound {
                 round,
-                state: RoundState::new(s.fed.method.as_ref(), round, sampled.len()),
+                state: RoundState::new(s.fed.method.as_ref(), round, sampled.len())
+                    .bounded(s.bounds),
                 sampled: sampled.clone(),
                 started: Instant::now(),
             });
@@ -402,26 +407,13 @@ impl Server {
             let global = &mut s.global;
             // The server holds no client data: the local mean is not measured.
             let view = s.fed.data.server_view();
-            let max_examples = s.max_examples;
             let metrics = py.detach(|| -> Result<(RoundMetrics, f64, f64), String> {
                 let aggregating = Instant::now();
                 for &client in &open.sampled {
                     let reply = match by_client.remove(&client) {
                         Some(Ok(content)) => Record::from_flower(&content)
                             .map_err(Into::into)
-                            .and_then(|r| match max_examples {
-                                Some(max) if r.num_examples > max => {
-                                    Err(fedfuse_fed::FedError::BadReply {
-                                        client,
-                                        reason: format!(
-                                            "it claims {} examples, more than the strategy's \
-                                             max_examples = {max}",
-                                            r.num_examples
-                                        ),
-                                    })
-                                }
-                                _ => Ok((r, wire_bytes(&content))),
-                            }),
+                            .map(|r| (r, wire_bytes(&content))),
                         Some(Err(reason)) => {
                             Err(fedfuse_fed::FedError::BadReply { client, reason })
                         }

@@ -6,7 +6,7 @@ use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, PartitionSpec, TrainTest, client_splits, load_dataset, partition};
 use fedfuse_fed::{
     Aggregate, BuildContext, BulyanSettings, ClientContext, FedAvg, FedMedian, FedProx,
-    KrumSettings, Method, MethodConfig, Reply, Result, SimConfig, simulate,
+    KrumSettings, Method, MethodConfig, Reply, ReplyBounds, Result, SimConfig, simulate,
 };
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -497,5 +497,50 @@ fn krum_and_bulyan_keep_the_honest_replies_where_fedavg_collapses() {
                 "Krum keep={keep} with {bad:?} Byzantine: {acc} (clean FedAvg {clean})"
             );
         }
+    }
+}
+
+#[test]
+fn an_update_norm_bound_rejects_absurd_updates_where_fedavg_collapses() {
+    // Two of 10 clients send every value 1e4 (an update of norm ~5e5; honest ones are a few
+    // units long). FedAvg takes them in and collapses; with max_update_norm = 1000 they are
+    // listed as rejected with the reason, and the model trains as without them.
+    let setup = setup(10);
+    let bounded = SimConfig {
+        bounds: ReplyBounds {
+            max_update_norm: Some(1000.0),
+            ..ReplyBounds::default()
+        },
+        ..sim(3)
+    };
+    let attacked = || Faulty {
+        inner: FedAvg,
+        bad: &[2, 7],
+        corrupt: blow_up,
+    };
+    let clean = final_accuracy(&mut FedAvg, &setup, &bounded);
+    let open = final_accuracy(&mut attacked(), &setup, &sim(3));
+    assert!(open < 0.3, "FedAvg taking the absurd updates: {open}");
+    let (data, clients, trainer, init) = &setup;
+    let run = simulate(
+        &mut attacked(),
+        trainer,
+        clients,
+        &data.test,
+        init.clone(),
+        &bounded,
+        &|_| {},
+    )
+    .unwrap();
+    let acc = run.rounds.last().unwrap().global_accuracy;
+    assert!(acc > clean - 0.05, "bounded {acc} vs clean {clean}");
+    for r in &run.rounds {
+        let who: Vec<usize> = r.rejected.iter().map(|x| x.client).collect();
+        assert_eq!(who, vec![2, 7], "round {}", r.round);
+        assert!(
+            r.rejected[0].reason.contains("max_update_norm = 1000"),
+            "{:?}",
+            r.rejected
+        );
     }
 }

@@ -69,6 +69,7 @@ fn mnist_run(method: &MethodConfig, rounds: usize) -> RunResult {
         seed: 3,
         local_eval: false,
         train: common::sgd(0.0, 1),
+        ..SimConfig::default()
     };
     simulate(
         build(method, &spec).as_mut(),

@@ -154,6 +154,7 @@ fn sim(rounds: usize, epochs: usize) -> SimConfig {
         seed: 3,
         train: train(epochs),
         local_eval: false,
+        ..SimConfig::default()
     }
 }
 

@@ -540,10 +540,33 @@ fn read_text(path: &Path) -> Result<(String, PathBuf)> {
         let mut member = archive
             .by_index(i)
             .map_err(|e| DataError::format(path, format!("zip member {}: {e}", names[i])))?;
+        // The member's header declares its inflated size: read no more than that.
+        let declared = member.size();
+        if declared > crate::idx::MAX_INFLATED {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "zip member {} declares {declared} bytes, more than the {} fedfuse reads",
+                    names[i],
+                    crate::idx::MAX_INFLATED
+                ),
+            ));
+        }
         let mut out = Vec::new();
-        member
+        (&mut member)
+            .take(declared + 1)
             .read_to_end(&mut out)
             .map_err(|e| DataError::format(path, format!("zip member {}: {e}", names[i])))?;
+        if out.len() as u64 > declared {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "zip member {} inflates to more than the {declared} bytes its header \
+                     declares: a corrupt or hostile archive",
+                    names[i]
+                ),
+            ));
+        }
         (
             maybe_gunzip(out, path)?,
             PathBuf::from(format!("{}!{}", path.display(), names[i])),

@@ -15,11 +15,34 @@ pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
     maybe_gunzip(raw, path)
 }
 
+/// Most bytes a gzip file or zip member read whole (a CSV table, the CDC file) may inflate to:
+/// far above the real ones, far below this machine's memory.
+pub(crate) const MAX_INFLATED: u64 = 2 << 30;
+
 /// Decompresses `raw` if it is gzip data; `path` is only used in error messages.
+///
+/// Inflation is bounded by what the file declares: gzip's trailer holds the inflated size
+/// (modulo 2^32), so at most that many bytes (and never more than [`MAX_INFLATED`], nor more
+/// than deflate can yield from the file's size) are inflated before a longer stream is
+/// refused. A bomb costs its declared size, not what it expands to.
 pub(crate) fn maybe_gunzip(raw: Vec<u8>, path: &Path) -> Result<Vec<u8>> {
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::with_capacity(raw.len() * 4);
-        flate2::read::MultiGzDecoder::new(raw.as_slice()).read_to_end(&mut out).map_err(|e| {
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(raw);
+    }
+    let declared = raw
+        .len()
+        .checked_sub(4)
+        .and_then(|i| raw.get(i..))
+        .and_then(|t| <[u8; 4]>::try_from(t).ok())
+        .map_or(0, |t| u64::from(u32::from_le_bytes(t)));
+    let limit = declared
+        .min(MAX_INFLATED)
+        .min(DEFLATE_MAX_RATIO.saturating_mul(raw.len() as u64));
+    let mut out = Vec::with_capacity(raw.len().saturating_mul(4).min(limit as usize));
+    flate2::read::MultiGzDecoder::new(raw.as_slice())
+        .take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| {
             DataError::format(
                 path,
                 format!(
@@ -27,10 +50,17 @@ pub(crate) fn maybe_gunzip(raw: Vec<u8>, path: &Path) -> Result<Vec<u8>> {
                 ),
             )
         })?;
-        Ok(out)
-    } else {
-        Ok(raw)
+    if out.len() as u64 > limit {
+        return Err(DataError::format(
+            path,
+            format!(
+                "inflates to more than {limit} bytes (its gzip trailer declares {declared}; \
+                 at most {MAX_INFLATED} are read): a corrupt or hostile file, or several gzip \
+                 members, which fedfuse reads only after `gunzip`"
+            ),
+        ));
     }
+    Ok(out)
 }
 
 /// The file's magic number is the one expected, or an error saying what the file is.
@@ -208,6 +238,23 @@ pub fn write_idx(dims: &[u32], data: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gzip_inflates_no_further_than_its_trailer_declares() {
+        let path = Path::new("bomb.csv.gz");
+        let text = b"a,b\n1,2\n".repeat(1000);
+        assert_eq!(maybe_gunzip(gzip(&text), path).unwrap(), text);
+        // 64 MB of zeros compress to about 64 KB; a trailer claiming 1000 bytes stops the
+        // inflation at 1001.
+        let mut bomb = gzip(&vec![0u8; 64 << 20]);
+        assert!(bomb.len() < 200_000, "{}", bomb.len());
+        let n = bomb.len();
+        bomb[n - 4..].copy_from_slice(&1000u32.to_le_bytes());
+        let e = maybe_gunzip(bomb, path).unwrap_err().to_string();
+        assert!(e.contains("more than 1000 bytes") && e.contains("bomb.csv.gz"), "{e}");
+        // Not gzip: as it is.
+        assert_eq!(maybe_gunzip(b"x,y".to_vec(), path).unwrap(), b"x,y");
+    }
 
     #[test]
     fn roundtrip_and_errors() {

@@ -3,7 +3,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -12,6 +12,23 @@ use crate::registry::{DatasetInfo, RemoteFile, dataset_info};
 
 /// Attempts per mirror (the first try plus retries) before moving on to the next mirror.
 const ATTEMPTS_PER_MIRROR: u32 = 3;
+
+/// Limits of one download beyond each file's own size bound ([`RemoteFile::max_bytes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DownloadLimits {
+    /// Time allowed for one file, every mirror and attempt included: a mirror that trickles
+    /// bytes slowly enough to dodge the per-read timeout still ends.
+    pub deadline: Duration,
+}
+
+impl Default for DownloadLimits {
+    /// 30 minutes a file: CIFAR-10's 162 MiB at 100 kB/s.
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(30 * 60),
+        }
+    }
+}
 
 /// What [`download`] is doing, for progress bars and logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,6 +168,17 @@ pub fn download_from(
     dest_dir: &Path,
     progress: &mut dyn FnMut(DownloadEvent),
 ) -> Result<()> {
+    download_with(info, mirrors, dest_dir, DownloadLimits::default(), progress)
+}
+
+/// [`download_from`] under the given `limits`.
+pub fn download_with(
+    info: &DatasetInfo,
+    mirrors: &[&str],
+    dest_dir: &Path,
+    limits: DownloadLimits,
+    progress: &mut dyn FnMut(DownloadEvent),
+) -> Result<()> {
     if info.files.is_empty() {
         return Ok(());
     }
@@ -163,7 +191,7 @@ pub fn download_from(
     std::fs::create_dir_all(dest_dir)
         .map_err(|e| DataError::io("could not create", dest_dir, e))?;
     for file in info.files {
-        download_file(file, mirrors, dest_dir, progress)?;
+        download_file(file, mirrors, dest_dir, limits, progress)?;
     }
     Ok(())
 }
@@ -186,7 +214,7 @@ fn is_loopback(authority: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-fn agent_for(url: &str) -> ureq::Agent {
+fn agent_for(url: &str, remaining: Duration) -> ureq::Agent {
     let authority = url
         .split("://")
         .nth(1)
@@ -199,7 +227,8 @@ fn agent_for(url: &str) -> ureq::Agent {
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(30)))
         .timeout_recv_response(Some(Duration::from_secs(60)))
-        .timeout_per_read(Some(Duration::from_secs(60)));
+        .timeout_per_read(Some(Duration::from_secs(60)))
+        .timeout_global(Some(remaining));
     // Never send loopback traffic to a proxy from the environment.
     let cfg = if loopback { cfg.proxy(None) } else { cfg };
     ureq::Agent::new_with_config(cfg.build())
@@ -209,8 +238,10 @@ fn download_file(
     file: &RemoteFile,
     mirrors: &[&str],
     dest: &Path,
+    limits: DownloadLimits,
     progress: &mut dyn FnMut(DownloadEvent),
 ) -> Result<()> {
+    let deadline = Instant::now() + limits.deadline;
     let name = file.name.to_string();
     let fin = dest.join(file.name);
     let part = dest.join(format!("{}.part", file.name));
@@ -233,13 +264,21 @@ fn download_file(
     }
     let mut attempts: Vec<String> = Vec::new();
     let mut last_actual: Option<String> = None;
-    for mirror in mirrors {
+    'mirrors: for mirror in mirrors {
         let sep = if mirror.ends_with('/') { "" } else { "/" };
         let url = format!("{mirror}{sep}{}", file.name);
-        let agent = agent_for(&url);
         let mut attempt = 0;
         while attempt < ATTEMPTS_PER_MIRROR {
             attempt += 1;
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                attempts.push(format!(
+                    "the deadline of {} s for this file passed",
+                    limits.deadline.as_secs()
+                ));
+                break 'mirrors;
+            }
+            let agent = agent_for(&url, remaining);
             let mut fail = |progress: &mut dyn FnMut(DownloadEvent), error: String| {
                 progress(DownloadEvent::Failed {
                     file: name.clone(),
@@ -248,7 +287,7 @@ fn download_file(
                 });
                 attempts.push(format!("{url}: {error}"));
             };
-            match fetch(&agent, &url, &part, &name, progress) {
+            match fetch(&agent, &url, &part, (&name, file.max_bytes), progress) {
                 Ok(resumed) => {
                     let actual = sha256_file(&part)?;
                     if actual.eq_ignore_ascii_case(file.sha256) {
@@ -317,7 +356,7 @@ fn fetch(
     agent: &ureq::Agent,
     url: &str,
     part: &Path,
-    name: &str,
+    (name, max_bytes): (&str, u64),
     progress: &mut dyn FnMut(DownloadEvent),
 ) -> std::result::Result<bool, FetchError> {
     let offset = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
@@ -371,10 +410,23 @@ fn fetch(
         s => return Err(FetchError::retry(format!("HTTP {s}"))),
     };
     let (start, total) = if resume {
-        (offset, length.map(|l| l + offset))
+        (offset, length.map(|l| l.saturating_add(offset)))
     } else {
         (0, length)
     };
+    let too_big = |bytes: u64| FetchError {
+        msg: format!(
+            "the mirror sends {bytes} bytes or more, above the {max_bytes} this file can have; \
+             a wrong or hostile mirror"
+        ),
+        retry: false,
+    };
+    if let Some(t) = total
+        && t > max_bytes
+    {
+        let _ = std::fs::remove_file(part);
+        return Err(too_big(t));
+    }
     let mut out = if resume {
         OpenOptions::new().append(true).open(part)
     } else {
@@ -405,6 +457,11 @@ fn fetch(
                 )));
             }
         };
+        if bytes + n as u64 > max_bytes {
+            drop(out);
+            let _ = std::fs::remove_file(part);
+            return Err(too_big(bytes + n as u64));
+        }
         out.write_all(&buf[..n]).map_err(|e| FetchError {
             msg: format!("could not write {}: {e}", part.display()),
             retry: false,

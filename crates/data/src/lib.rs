@@ -48,7 +48,8 @@ pub use cifar::read_cifar10_batch;
 pub use csv::{ColumnRef, CsvOptions, CsvTable, LabelColumn, read_csv, read_csv_table};
 pub use dataset::{ClientData, Dataset, TrainTest};
 pub use download::{
-    DownloadEvent, VerifyStatus, download, download_from, sha256_file, verify, verify_files,
+    DownloadEvent, DownloadLimits, VerifyStatus, download, download_from, download_with,
+    sha256_file, verify, verify_files,
 };
 pub use error::{DataError, Result};
 pub use ggm::{Ggm, GgmConfig, GraphShape, cholesky, conditional_mean, sample_ggm};

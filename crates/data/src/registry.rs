@@ -19,6 +19,9 @@ pub struct RemoteFile {
     pub name: &'static str,
     /// Expected sha256 of the file, lower-case hex.
     pub sha256: &'static str,
+    /// A bound above the file's real size: a mirror announcing or sending more is cut off
+    /// before the disk fills (the sha256 check comes only at the end).
+    pub max_bytes: u64,
 }
 
 /// A named dataset that [`load_dataset`] knows.
@@ -40,18 +43,22 @@ const MNIST_FILES: &[RemoteFile] = &[
     RemoteFile {
         name: "train-images-idx3-ubyte.gz",
         sha256: "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+        max_bytes: 10_000_000,
     },
     RemoteFile {
         name: "train-labels-idx1-ubyte.gz",
         sha256: "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+        max_bytes: 64 << 10,
     },
     RemoteFile {
         name: "t10k-images-idx3-ubyte.gz",
         sha256: "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+        max_bytes: 2_000_000,
     },
     RemoteFile {
         name: "t10k-labels-idx1-ubyte.gz",
         sha256: "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+        max_bytes: 64 << 10,
     },
 ];
 
@@ -59,18 +66,22 @@ const FASHION_FILES: &[RemoteFile] = &[
     RemoteFile {
         name: "train-images-idx3-ubyte.gz",
         sha256: "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+        max_bytes: 32 << 20,
     },
     RemoteFile {
         name: "train-labels-idx1-ubyte.gz",
         sha256: "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+        max_bytes: 64 << 10,
     },
     RemoteFile {
         name: "t10k-images-idx3-ubyte.gz",
         sha256: "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+        max_bytes: 8 << 20,
     },
     RemoteFile {
         name: "t10k-labels-idx1-ubyte.gz",
         sha256: "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+        max_bytes: 64 << 10,
     },
 ];
 
@@ -78,6 +89,8 @@ const CIFAR10_ARCHIVE: &str = "cifar-10-binary.tar.gz";
 const CIFAR10_FILES: &[RemoteFile] = &[RemoteFile {
     name: CIFAR10_ARCHIVE,
     sha256: "c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd",
+    // About 162 MiB.
+    max_bytes: 200 << 20,
 }];
 const CIFAR10_BATCHES: &[&str] = &[
     "data_batch_1.bin",

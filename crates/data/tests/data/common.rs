@@ -35,6 +35,8 @@ pub struct Behaviour {
     pub ignore_range: bool,
     /// On the first request for this file, send only this many body bytes and hang up.
     pub cut_first: Option<(String, usize)>,
+    /// For this file, send 100 body bytes and then nothing for this long (a trickling mirror).
+    pub stall: Option<(String, Duration)>,
 }
 
 /// One request the server received: path and Range header.
@@ -151,6 +153,14 @@ fn handle(
             *done = true;
             cut = Some((*n).min(body.len()));
         }
+    }
+    if let Some((name, pause)) = &b.stall
+        && *name == path
+    {
+        stream.write_all(&body[..100.min(body.len())])?;
+        stream.flush()?;
+        std::thread::sleep(*pause);
+        return Ok(());
     }
     match cut {
         Some(n) => {

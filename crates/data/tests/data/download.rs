@@ -1,7 +1,8 @@
 use std::collections::HashMap;
 
 use fedfuse_data::{
-    DatasetInfo, DownloadEvent, VerifyStatus, dataset_info, download_from, sha256_file, verify,
+    DatasetInfo, DownloadEvent, DownloadLimits, RemoteFile, VerifyStatus, dataset_info,
+    download_from, download_with, sha256_file, verify,
 };
 
 use crate::common::{Behaviour, mnist_dir, mnist_files, serve, within};
@@ -269,4 +270,60 @@ fn verify_reports_missing_and_mismatch() {
     assert!(matches!(&v[1].1, VerifyStatus::Mismatch { actual } if actual.len() == 64));
     assert!(verify("digits", dir.path()).unwrap().is_empty());
     assert!(verify("nope", dir.path()).is_err());
+}
+
+/// MNIST's small test-label file under a size bound of `max_bytes`.
+fn labels_bounded(max_bytes: u64) -> DatasetInfo {
+    let m = dataset_info("mnist").unwrap();
+    let real = m.files[3];
+    let files: &'static [RemoteFile] = Box::leak(Box::new([RemoteFile { max_bytes, ..real }]));
+    DatasetInfo { files, ..*m }
+}
+
+#[test]
+fn a_mirror_sending_more_than_the_file_can_have_is_cut_off() {
+    // The real file is 4,542 bytes; a bound of 1,000 makes the honest server an oversized one.
+    let server = serve(mnist_files(), Behaviour::default());
+    let dir = tempfile::tempdir().unwrap();
+    let (r, _) = run(
+        labels_bounded(1000),
+        vec![server.base.clone()],
+        dir.path().to_path_buf(),
+    );
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("above the 1000 this file can have"), "{e}");
+    // Not retried, and nothing left on disk.
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_trickling_mirror_ends_at_the_deadline() {
+    let name = dataset_info("mnist").unwrap().files[3].name.to_string();
+    let server = serve(
+        mnist_files(),
+        Behaviour {
+            stall: Some((name, std::time::Duration::from_secs(20))),
+            ..Behaviour::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().to_path_buf();
+    let base = server.base.clone();
+    let started = std::time::Instant::now();
+    let r = within(15, move || {
+        let limits = DownloadLimits {
+            deadline: std::time::Duration::from_secs(2),
+        };
+        download_with(
+            &labels_bounded(1 << 20),
+            &[&base],
+            &dest,
+            limits,
+            &mut |_| {},
+        )
+    });
+    let e = r.unwrap_err().to_string();
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+    assert!(e.contains("deadline") || e.contains("imeout"), "{e}");
 }

@@ -83,6 +83,10 @@ pub struct MatchingSection {
     /// GPI-FNM's candidates for eps.
     #[serde(default = "default_eps_grid")]
     pub eps_grid: Vec<f64>,
+    /// Candidates for sigma (PFNM and GPI-FNM), chosen on the validation split each round;
+    /// `sigma` is then unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma_grid: Option<Vec<f64>>,
 }
 
 fn one() -> f64 {
@@ -106,6 +110,7 @@ impl Default for MatchingSection {
             gamma: 1.0,
             iters: 5,
             eps_grid: default_eps_grid(),
+            sigma_grid: None,
         }
     }
 }
@@ -220,6 +225,7 @@ impl SweepConfig {
                 sigma0: s.sigma0,
                 gamma: s.gamma,
                 iters: s.iters,
+                sigma_grid: s.sigma_grid.clone(),
                 ..PfnmSettings::default()
             })),
             SweepMethod::GpiFnm => Some(MethodConfig::GpiFnm(PfnmSettings {
@@ -229,6 +235,7 @@ impl SweepConfig {
                 iters: s.iters,
                 eps: None,
                 eps_grid: Some(s.eps_grid.clone()),
+                sigma_grid: s.sigma_grid.clone(),
             })),
             SweepMethod::FedavgSeparate => Some(MethodConfig::FedAvg(FedAvgSettings {
                 separate_inits: true,

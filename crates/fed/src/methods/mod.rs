@@ -171,7 +171,8 @@ impl MethodConfig {
     /// Whether the method needs a server validation split.
     pub fn needs_validation(&self) -> bool {
         match self {
-            Self::GpiFnm(s) => s.eps.is_none(),
+            Self::Pfnm(s) => s.sigma_grid.is_some(),
+            Self::GpiFnm(s) => s.eps.is_none() || s.sigma_grid.is_some(),
             Self::Gems(s) => s.finetune_samples > 0,
             _ => false,
         }

@@ -50,6 +50,12 @@ pub struct PfnmSettings {
     /// [`default_eps_grid`] (a GPI-FNM table read from a file always holds it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eps_grid: Option<Vec<f64>>,
+    /// Candidates for `sigma`, tried on the server's validation split each round (with every
+    /// `eps` candidate, for GPI-FNM); `sigma` is then unused. `sigma` is an absolute variance,
+    /// so the right value depends on how far local training moves the weights: chosen here on
+    /// held-out data, never on the test set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma_grid: Option<Vec<f64>>,
 }
 
 fn one() -> f64 {
@@ -74,12 +80,13 @@ impl Default for PfnmSettings {
             iters: five(),
             eps: None,
             eps_grid: None,
+            sigma_grid: None,
         }
     }
 }
 
 /// PFNM's keys, for the error on a GPI-FNM key in a PFNM table.
-const PFNM_KEYS: &[&str] = &["sigma", "sigma0", "gamma", "iters"];
+const PFNM_KEYS: &[&str] = &["sigma", "sigma0", "gamma", "iters", "sigma_grid"];
 
 impl PfnmSettings {
     /// Reads a PFNM table: GPI-FNM's keys are unknown there, as they always were.
@@ -116,6 +123,26 @@ impl PfnmSettings {
         }
     }
 
+    /// The sigma candidates (empty: `sigma` as set), each a positive variance.
+    fn checked_sigma_grid(&self) -> Result<Vec<f64>> {
+        let Some(grid) = &self.sigma_grid else {
+            return Ok(Vec::new());
+        };
+        if grid.is_empty() {
+            return Err(FedError::MethodSetting {
+                field: "sigma_grid",
+                reason: "give at least one candidate, or remove it and set `sigma`".into(),
+            });
+        }
+        if let Some(bad) = grid.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            return Err(FedError::MethodSetting {
+                field: "sigma_grid",
+                reason: format!("{bad} is not a positive variance"),
+            });
+        }
+        Ok(grid.clone())
+    }
+
     /// Checks the settings and builds PFNM for `ctx`'s architecture (an MLP).
     pub fn build_pfnm(&self, ctx: &BuildContext) -> Result<Pfnm> {
         for (key, given) in [
@@ -131,7 +158,7 @@ impl PfnmSettings {
         }
         Pfnm::new(
             self.config(0.0),
-            Vec::new(),
+            (Vec::new(), self.checked_sigma_grid()?),
             ctx.validation.clone(),
             ctx.spec("neuron matching needs the clients' architecture")?
                 .clone(),
@@ -156,7 +183,7 @@ impl PfnmSettings {
         };
         Pfnm::new(
             self.config(eps),
-            grid,
+            (grid, self.checked_sigma_grid()?),
             ctx.validation.clone(),
             ctx.spec("neuron matching needs the clients' architecture")?
                 .clone(),
@@ -177,6 +204,8 @@ pub struct Pfnm {
     /// Candidate `eps` values; when not empty, each round keeps the one whose fused model is
     /// most accurate on `validation` (ties: the smaller `eps`).
     pub eps_grid: Vec<f64>,
+    /// Candidate `sigma` values, searched with the `eps` candidates (ties: the earlier one).
+    pub sigma_grid: Vec<f64>,
     /// The server's validation split (needed with an `eps_grid`).
     pub validation: Option<Arc<Dataset>>,
     /// The clients' architecture (their widths stay fixed across rounds).
@@ -195,7 +224,7 @@ impl Pfnm {
     /// A matching method; checks the settings.
     pub fn new(
         config: PfnmConfig,
-        eps_grid: Vec<f64>,
+        (eps_grid, sigma_grid): (Vec<f64>, Vec<f64>),
         validation: Option<Arc<Dataset>>,
         spec: ModelSpec,
         init: Init,
@@ -214,7 +243,8 @@ impl Pfnm {
                 reason: format!("{bad} is not a non-negative number"),
             });
         }
-        if !eps_grid.is_empty() && validation.as_ref().is_none_or(|v| v.is_empty()) {
+        let no_validation = validation.as_ref().is_none_or(|v| v.is_empty());
+        if !eps_grid.is_empty() && no_validation {
             return Err(FedError::MethodSetting {
                 field: "eps_grid",
                 reason: "choosing eps needs a server validation split; set \
@@ -222,9 +252,18 @@ impl Pfnm {
                     .into(),
             });
         }
+        if !sigma_grid.is_empty() && no_validation {
+            return Err(FedError::MethodSetting {
+                field: "sigma_grid",
+                reason: "choosing sigma needs a server validation split; set \
+                         dataset.validation_fraction (e.g. 0.1) or give a single `sigma`"
+                    .into(),
+            });
+        }
         Ok(Self {
             config,
             eps_grid,
+            sigma_grid,
             validation,
             spec,
             init,
@@ -234,51 +273,71 @@ impl Pfnm {
         })
     }
 
-    /// Fuses with every candidate `eps` and keeps the most accurate on the validation split.
+    /// Fuses with every candidate `(sigma, eps)` and keeps the most accurate on the validation
+    /// split; returns the fusion and its `(sigma, eps)`.
     fn fuse_best(
         &self,
         models: &[&Params],
         counts: &[Vec<f64>],
         seed: u64,
-    ) -> Result<(Fused, f64)> {
-        let fuse = |eps: f64| -> Result<Fused> {
+    ) -> Result<(Fused, (f64, f64))> {
+        let fuse = |sigma: f64, eps: f64| -> Result<Fused> {
             let cfg = PfnmConfig {
+                sigma,
                 eps,
                 ..self.config.clone()
             };
             let mut rng = StdRng::seed_from_u64(seed);
             Ok(pfnm_fuse(models, Some(counts), &cfg, &mut rng)?)
         };
-        let (Some(validation), false) = (&self.validation, self.eps_grid.is_empty()) else {
-            return Ok((fuse(self.config.eps)?, self.config.eps));
+        let sigmas = if self.sigma_grid.is_empty() {
+            vec![self.config.sigma]
+        } else {
+            self.sigma_grid.clone()
         };
-        let scored = self
-            .eps_grid
+        let epses = if self.eps_grid.is_empty() {
+            vec![self.config.eps]
+        } else {
+            self.eps_grid.clone()
+        };
+        let Some(validation) = self
+            .validation
+            .as_ref()
+            .filter(|_| sigmas.len() * epses.len() > 1)
+        else {
+            let (sigma, eps) = (sigmas[0], epses[0]);
+            return Ok((fuse(sigma, eps)?, (sigma, eps)));
+        };
+        let candidates: Vec<(f64, f64)> = sigmas
+            .iter()
+            .flat_map(|&s| epses.iter().map(move |&e| (s, e)))
+            .collect();
+        let scored = candidates
             .par_iter()
-            .map(|&eps| {
-                let fused = fuse(eps)?;
+            .map(|&(sigma, eps)| {
+                let fused = fuse(sigma, eps)?;
                 let trainer = Trainer::new(ModelSpec::infer_mlp(&fused.params)?)?;
                 let eval = trainer.evaluate(&fused.params, validation)?;
-                Ok((eps, eval.accuracy, fused))
+                Ok((sigma, eps, eval.accuracy, fused))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut best: Option<(f64, f64, Fused)> = None;
-        for (eps, acc, fused) in scored {
-            // Grid order is kept; a later candidate must be strictly better, or as good with a
-            // smaller eps.
+        let mut best: Option<(f64, f64, f64, Fused)> = None;
+        for (sigma, eps, acc, fused) in scored {
+            // Candidates in grid order (sigma, then eps); a later one must be strictly better,
+            // or as good with a smaller eps.
             let better = match &best {
                 None => true,
-                Some((be, ba, _)) => acc > *ba || (acc == *ba && eps < *be),
+                Some((_, be, ba, _)) => acc > *ba || (acc == *ba && eps < *be),
             };
             if better {
-                best = Some((eps, acc, fused));
+                best = Some((sigma, eps, acc, fused));
             }
         }
-        let (eps, _, fused) = best.ok_or(FedError::MethodSetting {
+        let (sigma, eps, _, fused) = best.ok_or(FedError::MethodSetting {
             field: "eps_grid",
             reason: "empty".into(),
         })?;
-        Ok((fused, eps))
+        Ok((fused, (sigma, eps)))
     }
 }
 
@@ -410,7 +469,7 @@ impl Method for Pfnm {
             .collect::<Result<Vec<_>>>()?;
         let models: Vec<&Params> = replies.iter().map(|r| &r.record.params).collect();
         let seed = derive_seed(self.seed, round, usize::MAX);
-        let (fused, eps) = self.fuse_best(&models, &counts, seed)?;
+        let (fused, (sigma, eps)) = self.fuse_best(&models, &counts, seed)?;
         self.matched.clear();
         for (slot, reply) in replies.iter().enumerate() {
             let per_layer = fused
@@ -423,6 +482,9 @@ impl Method for Pfnm {
         self.report.clear();
         if self.name() == "gpi-fnm" {
             self.report.insert("eps".into(), eps);
+        }
+        if !self.sigma_grid.is_empty() {
+            self.report.insert("sigma".into(), sigma);
         }
         for (l, layer) in fused.assignments.iter().enumerate() {
             let width = layer.iter().flatten().max().map_or(0, |m| m + 1);

@@ -118,11 +118,12 @@ fn unknown_and_missing_keys_are_named() {
     for (input, message) in [
         (
             r#"{"eps":0.1,"name":"pfnm"}"#,
-            "unknown field `eps`, expected one of `sigma`, `sigma0`, `gamma`, `iters`",
+            "unknown field `eps`, expected one of `sigma`, `sigma0`, `gamma`, `iters`, `sigma_grid`",
         ),
         (
             r#"{"eps_grid":[0.1],"name":"pfnm"}"#,
-            "unknown field `eps_grid`, expected one of `sigma`, `sigma0`, `gamma`, `iters`",
+            "unknown field `eps_grid`, expected one of `sigma`, `sigma0`, `gamma`, `iters`, \
+             `sigma_grid`",
         ),
         (
             r#"{"name":"fedmedian","x":1}"#,
@@ -173,6 +174,9 @@ fn build_errors_name_the_method_key() {
         (r#"{"name":"pfnm","sigma0":-1}"#, "sigma0"),
         (r#"{"name":"gpi-fnm","eps":-0.1}"#, "eps"),
         (r#"{"name":"gpi-fnm","eps_grid":[]}"#, "eps_grid"),
+        (r#"{"name":"pfnm","sigma_grid":[]}"#, "sigma_grid"),
+        (r#"{"name":"pfnm","sigma_grid":[0.1,-1]}"#, "sigma_grid"),
+        (r#"{"name":"gpi-fnm","sigma_grid":[0]}"#, "sigma_grid"),
         (r#"{"name":"gems","r_max":-1}"#, "r_max"),
         (r#"{"name":"gems","neuron_tol":0}"#, "neuron_tol"),
         (r#"{"name":"gems","fisher_prop":2}"#, "fisher_prop"),

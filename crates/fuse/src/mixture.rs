@@ -230,6 +230,29 @@ impl GaussianMixture {
         &self.centres
     }
 
+    /// `ln pi_k`, exactly as held (a checkpoint keeps these, not the rounded weights).
+    pub fn log_weights(&self) -> &[f64] {
+        &self.log_weights
+    }
+
+    /// A mixture restored from its centres and `ln pi_k` ([`Self::log_weights`]).
+    pub fn from_parts(
+        centres: Vec<Params>,
+        log_weights: Vec<f64>,
+        config: MixtureConfig,
+    ) -> Result<Self> {
+        let mut m = Self::new(centres, config)?;
+        if log_weights.len() != m.k() || log_weights.iter().any(|l| l.is_nan() || *l > 0.0) {
+            return Err(FuseError::InvalidInput(format!(
+                "{} log mixing weights (each at most 0) for {} components",
+                log_weights.len(),
+                m.k()
+            )));
+        }
+        m.log_weights = log_weights;
+        Ok(m)
+    }
+
     /// The mixing weights `pi_k`.
     pub fn weights(&self) -> Vec<f64> {
         self.log_weights.iter().map(|l| l.exp()).collect()

@@ -131,6 +131,12 @@ fn fedsparse_resumes_to_the_uninterrupted_result() {
 }
 
 #[test]
+fn fedmix_resumes_to_the_uninterrupted_result() {
+    // The mixture's centres, exact log weights and each client's component.
+    killed_and_resumed_equals_whole(&["rounds=12", "train.epochs=4", "method.name=\"fedmix\""]);
+}
+
+#[test]
 fn pfnm_over_rounds_resumes_to_the_uninterrupted_result() {
     // Later rounds send each client its matched sub-model: the matching is server state.
     killed_and_resumed_equals_whole(&[
@@ -153,7 +159,7 @@ fn a_method_whose_state_cannot_be_saved_refuses_to_resume() {
         out.to_str().unwrap(),
         "--resume",
         "--set",
-        "method.name=\"fedmix\"",
+        "method.name=\"gems\"",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -111,6 +111,86 @@ impl Method for FedMix {
         "fedmix"
     }
 
+    /// The centres (`c{k}/NAME`), exact `ln pi_k` and last totals, and each client's
+    /// component (as JSON).
+    fn save_state(&self) -> Option<Result<Record>> {
+        let save = || -> Result<Record> {
+            let mut r = Record::default();
+            let Some(m) = &self.mixture else {
+                return Ok(r);
+            };
+            for (k, c) in m.centres().iter().enumerate() {
+                for (name, t) in c.iter() {
+                    r.params
+                        .push(format!("c{k}/{name}"), t.shape.clone(), t.data.clone())?;
+                }
+            }
+            for (k, l) in m.log_weights().iter().enumerate() {
+                r.metrics.insert(format!("log_weight.{k}"), *l);
+            }
+            for (k, t) in self.totals.iter().enumerate() {
+                r.metrics.insert(format!("total.{k}"), *t);
+            }
+            let assigned =
+                serde_json::to_string(&self.assigned).map_err(|e| FedError::InvalidSetting {
+                    field: "method",
+                    reason: format!("cannot save the assignments: {e}"),
+                })?;
+            r.config
+                .insert("assigned".into(), ConfigValue::Str(assigned));
+            Ok(r)
+        };
+        Some(save())
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        let bad = |why: String| FedError::BadMessage {
+            from: "checkpoint".into(),
+            reason: format!("mixture state: {why}"),
+        };
+        if state.params.is_empty() {
+            self.mixture = None;
+            self.assigned.clear();
+            self.totals.clear();
+            return Ok(());
+        }
+        let mut centres: Vec<Params> = vec![Params::new(); self.components];
+        for (name, t) in state.params.iter() {
+            let (k, n) = name
+                .strip_prefix('c')
+                .and_then(|rest| rest.split_once('/'))
+                .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n)))
+                .filter(|(k, _)| *k < self.components)
+                .ok_or_else(|| bad(format!("unexpected tensor `{name}`")))?;
+            centres[k].push(n, t.shape.clone(), t.data.clone())?;
+        }
+        let series = |prefix: &str| -> Result<Vec<f64>> {
+            (0..self.components)
+                .map(|k| {
+                    state
+                        .metrics
+                        .get(&format!("{prefix}.{k}"))
+                        .copied()
+                        .ok_or_else(|| bad(format!("no {prefix}.{k}")))
+                })
+                .collect()
+        };
+        let log_weights = series("log_weight")?;
+        self.totals = series("total")?;
+        self.mixture = Some(GaussianMixture::from_parts(
+            centres,
+            log_weights,
+            self.config,
+        )?);
+        self.assigned = match state.config.get("assigned") {
+            Some(ConfigValue::Str(json)) => {
+                serde_json::from_str(json).map_err(|e| bad(e.to_string()))?
+            }
+            _ => return Err(bad("no assignments".into())),
+        };
+        Ok(())
+    }
+
     /// The client's component (before the first aggregation: the global model).
     fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
         let start = match &self.mixture {

@@ -131,7 +131,7 @@ pub fn read_csv(path: &Path, opts: &CsvOptions) -> Result<Dataset> {
 /// * Every column other than the label and the categorical ones must hold finite numbers; an
 ///   empty, missing or non-numeric cell is an error naming the file, the line and the column.
 /// * Categorical columns are one-hot encoded, their distinct values sorted.
-/// * Labels that are all non-negative integers are used as class ids directly
+/// * Labels that are all integers in `0..=65535` are used as class ids directly
 ///   (`num_classes = max + 1`); otherwise the distinct values are sorted (numerically when they
 ///   are all numbers) and numbered from 0.
 /// * Empty lines are skipped; fields may be double-quoted (`""` is a literal quote) but may not
@@ -349,10 +349,15 @@ pub(crate) fn parse_csv(bytes: &[u8], path: &Path, opts: &CsvOptions) -> Result<
     })
 }
 
+/// Largest integer label taken as a class id as it stands (every id up to the largest label
+/// gets a class name); past it, integer labels are numbered like any others, so one label of
+/// `4294967295` cannot demand four billion classes.
+const MAX_CLASS_ID: u32 = 65_535;
+
 /// Maps label strings to class ids; see [`read_csv_table`].
 fn encode_labels<'a>(labels: impl Iterator<Item = &'a str> + Clone) -> (Vec<u32>, Vec<String>) {
     let ints: Option<Vec<u32>> = labels.clone().map(|s| s.parse::<u32>().ok()).collect();
-    if let Some(ids) = ints {
+    if let Some(ids) = ints.filter(|ids| ids.iter().all(|&id| id <= MAX_CLASS_ID)) {
         let max = ids.iter().copied().max().unwrap_or(0);
         return (ids, (0..=max).map(|i| i.to_string()).collect());
     }
@@ -449,6 +454,9 @@ mod tests {
         );
         let (y, _) = encode_labels(["10", "-1", "2"].into_iter());
         assert_eq!(y, vec![2, 0, 1]);
+        // Past MAX_CLASS_ID integers are numbered like other labels: no 2^32 class names.
+        let (y, n) = encode_labels(["4294967295", "0"].into_iter());
+        assert_eq!((y, n), (vec![1, 0], vec!["0".into(), "4294967295".into()]));
     }
 
     #[test]

@@ -251,7 +251,10 @@ mod tests {
         let n = bomb.len();
         bomb[n - 4..].copy_from_slice(&1000u32.to_le_bytes());
         let e = maybe_gunzip(bomb, path).unwrap_err().to_string();
-        assert!(e.contains("more than 1000 bytes") && e.contains("bomb.csv.gz"), "{e}");
+        assert!(
+            e.contains("more than 1000 bytes") && e.contains("bomb.csv.gz"),
+            "{e}"
+        );
         // Not gzip: as it is.
         assert_eq!(maybe_gunzip(b"x,y".to_vec(), path).unwrap(), b"x,y");
     }

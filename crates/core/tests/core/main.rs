@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod fuzz;
 mod groups;
 mod npz;
 mod sparse;

@@ -4,6 +4,7 @@
 
 mod architecture;
 mod federation;
+mod fuzz;
 mod golden;
 mod matching;
 mod naming;

@@ -90,6 +90,7 @@ fn gpi(eps: Option<f64>, eps_grid: Vec<f64>) -> MethodConfig {
         iters: 5,
         eps,
         eps_grid: Some(eps_grid),
+        sigma_grid: None,
     })
 }
 

@@ -92,8 +92,12 @@ fn pfnm_fuse_files_round_trip_and_beat_averaging() {
     let mut rng = StdRng::seed_from_u64(3);
     let in_memory = pfnm_fuse(&refs, Some(&counts), &PfnmConfig::default(), &mut rng).unwrap();
     assert_eq!(loaded, in_memory.params);
+    // Any matching of three 32-unit clients is 32 to 96 wide: 32 when every unit is merged, 96
+    // when none is. The default prior (sigma = sigma0 = gamma = 1) merges every unit here (so
+    // does a matcher that always merges; one that never merges gives 96). The run at sigma 0.3
+    // below tells PFNM from a matcher that always merges.
     let width = loaded.get("layers.0.bias").unwrap().data.len();
-    assert!((32..=96).contains(&width), "global width {width}");
+    assert_eq!(width, 32, "global width");
 
     let report: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("fused.assignments.json")).unwrap(),
@@ -136,6 +140,26 @@ fn pfnm_fuse_files_round_trip_and_beat_averaging() {
         pfnm_acc > avg_acc + 0.1,
         "PFNM {pfnm_acc} vs averaging {avg_acc}"
     );
+
+    // A tighter prior on the clients' units opens some global units and merges the rest.
+    // Measured width per sigma: 0.5 -> 37, 0.3 -> 44, 0.2 -> 52, 0.1 -> 71, 0.02 -> 96; at 0.3
+    // accuracy 0.936, where a matcher that always merges gives 32 units and 0.855, one that
+    // never merges 96.
+    let tight = dir.path().join("tight.safetensors");
+    let mut tight_args = vec!["fuse", "--method", "pfnm", "--seed", "3", "--sigma", "0.3"];
+    tight_args.extend(&file_args);
+    tight_args.extend(["--class-counts", counts_file.to_str().unwrap()]);
+    tight_args.extend(["--out", tight.to_str().unwrap()]);
+    assert!(fedfuse(&tight_args).status.success());
+    let tight = load_safetensors(&tight).unwrap();
+    let tight_width = tight.get("layers.0.bias").unwrap().data.len();
+    let tight_acc = accuracy(&tight);
+    eprintln!("sigma 0.3: width {tight_width}, accuracy {tight_acc:.3}");
+    assert!(
+        (36..=60).contains(&tight_width),
+        "sigma 0.3: global width {tight_width}, expected some but not most units opened"
+    );
+    assert!(tight_acc > 0.9, "sigma 0.3: accuracy {tight_acc}");
 }
 
 #[test]

@@ -83,14 +83,29 @@ fn mnist_run(method: &MethodConfig, rounds: usize) -> RunResult {
     .unwrap()
 }
 
+/// Low and mid presets against FedSparse's own dense training (`lambda0 = 0`, no pruning) on
+/// the same 8 rounds of the paper's protocol (one seed; the runs are deterministic). Measured:
+///
+/// | run   | round 1 | round 8 | groups pruned | weights zero |
+/// |-------|---------|---------|---------------|--------------|
+/// | dense | 0.167   | 0.651   | 0             | 0            |
+/// | low   | 0.167   | 0.618   | 0.06          | 0.06         |
+/// | mid   | 0.151   | 0.264   | 0.60          | 0.59         |
+///
+/// Low keeps up with dense while pruning 6% of the units; mid prunes 60% by round 4 and then
+/// learns more slowly (0.654 against dense's 0.761 after 20 rounds), so its bar is absolute.
 #[test]
-fn mid_preset_prunes_a_fifth_of_the_units_and_uploads_shrink_with_them() {
+fn presets_prune_units_and_shrink_uploads_while_accuracy_holds() {
     let dense_upload = 10.0 * 4.0 * (784.0 * 100.0 + 100.0 + 100.0 * 10.0 + 10.0);
+    let dense = mnist_run(&fedsparse(SparsityPreset::Mid, Some(0.0), 0.0, 1e-3), 8);
+    let dense_acc = dense.rounds.last().unwrap().global_accuracy;
+    eprintln!("dense: accuracy {dense_acc:.3}");
     let runs: Vec<(SparsityPreset, RunResult)> = [SparsityPreset::Low, SparsityPreset::Mid]
         .into_iter()
         .map(|p| (p, mnist_run(&fedsparse(p, None, 0.1, 1e-3), 8)))
         .collect();
     let mut pruned = Vec::new();
+    let mut accuracy = Vec::new();
     for (preset, run) in &runs {
         let last = run.rounds.last().unwrap();
         let m = &last.method;
@@ -113,9 +128,15 @@ fn mid_preset_prunes_a_fifth_of_the_units_and_uploads_shrink_with_them() {
             last.bytes_up
         );
         pruned.push(m["groups_pruned"]);
+        accuracy.push(last.global_accuracy);
     }
     assert!(
-        pruned[1] > 0.2,
+        pruned[0] > 0.03,
+        "low pruned only {:.3} of the groups",
+        pruned[0]
+    );
+    assert!(
+        pruned[1] > 0.4,
         "mid pruned only {:.3} of the groups",
         pruned[1]
     );
@@ -125,13 +146,12 @@ fn mid_preset_prunes_a_fifth_of_the_units_and_uploads_shrink_with_them() {
         pruned[1],
         pruned[0]
     );
-    let (_, mid) = &runs[1];
-    let first = mid.rounds[0].global_accuracy;
-    let last = mid.rounds.last().unwrap().global_accuracy;
     assert!(
-        last > first + 0.05,
-        "mid does not learn: {first:.3} -> {last:.3}"
+        accuracy[0] > dense_acc - 0.05,
+        "low {:.3} vs dense {dense_acc:.3}",
+        accuracy[0]
     );
+    assert!(accuracy[1] > 0.24, "mid reached only {:.3}", accuracy[1]);
 }
 
 #[test]

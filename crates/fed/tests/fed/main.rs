@@ -9,6 +9,7 @@ mod fedl1;
 mod fedmix;
 mod fedngm;
 mod fedopt;
+mod fedprox;
 mod fedsparse;
 mod gems;
 mod local_accuracy;

@@ -538,10 +538,19 @@ mod gpi {
         a.assignments == b.assignments && a.net.hidden() == b.net.hidden() && bits(a) == bits(b)
     }
 
-    /// `eps = 0` (the default) is plain PFNM; and the GPI-FNM code path itself, at the smallest
-    /// positive `eps`, gives the same bits: the term is purely added to PFNM's arithmetic.
+    /// `eps = 0` is plain PFNM (the parity tests check it against the reference), and the
+    /// GPI-FNM code path itself, at the smallest positive `eps`, gives the same bits: the term is
+    /// purely added to PFNM's arithmetic. That comparison alone would also pass if `eps` were
+    /// ignored, so each input must change under `eps = 2` (measured: `eps = 1` leaves
+    /// `one_layer_shared_it3` as it is; 2 changes the fused weights of all ten inputs, the
+    /// width of five).
     #[test]
     fn eps_zero_is_pfnm_bit_for_bit() {
+        assert_eq!(
+            PfnmConfig::default().eps,
+            0.0,
+            "the default is documented as PFNM"
+        );
         let tiny = f64::from_bits(1); // 5e-324: every eps * cost product underflows to 0
         for name in FIXTURE_NAMES {
             let fx = load_fixture(name);
@@ -553,11 +562,11 @@ mod gpi {
                 let mut replay = ReplayOrder::new(fx.orders.clone());
                 pfnm_fuse_mlp(&fx.nets, Some(&fx.counts), &cfg, &mut replay).unwrap()
             };
-            let plain = run(PfnmConfig::default().eps);
-            assert!(same_bits(&plain, &run(0.0)), "{name}");
+            let pfnm = run(0.0);
+            assert!(same_bits(&pfnm, &run(tiny)), "{name}: GPI path at eps -> 0");
             assert!(
-                same_bits(&plain, &run(tiny)),
-                "{name}: GPI path at eps -> 0"
+                !same_bits(&pfnm, &run(2.0)),
+                "{name}: eps 2 changed nothing"
             );
         }
         for seed in 0..6u64 {
@@ -583,12 +592,60 @@ mod gpi {
                 let mut orders = StdRng::seed_from_u64(seed + 100);
                 pfnm_fuse_mlp(&nets, Some(&counts), &cfg, &mut RngOrder(&mut orders)).unwrap()
             };
-            let plain = run(PfnmConfig::default().eps);
-            assert!(same_bits(&plain, &run(0.0)), "seed {seed}");
+            let pfnm = run(0.0);
             assert!(
-                same_bits(&plain, &run(tiny)),
+                same_bits(&pfnm, &run(tiny)),
                 "seed {seed}: GPI path at eps -> 0"
             );
+            assert!(
+                !same_bits(&pfnm, &run(2.0)),
+                "seed {seed}: eps 2 changed nothing"
+            );
+        }
+    }
+
+    /// Two clients with one identical hidden unit `v = [1, -1, 1 | bias 1 | outgoing 0, 0]`,
+    /// prior mean 0 (`bias_mean: 0`), `t = 1/sigma0 = 1`, `s = 1/sigma = 100`, `x = s v`,
+    /// `|v|^2 = 4` (the zero outgoing weights add nothing to either score). Client 1 chooses
+    /// between joining client 0's unit (`eta = x`, `lambda = t + s`) and opening a new one:
+    ///
+    /// - PFNM favours joining by `|x|^2 (4/(t+2s) - 2/(t+s)) + 0 (popularity ln(1/1)) - 2
+    ///   ln(gamma/J) = 2 t s^2 |v|^2 / ((t+2s)(t+s)) + 2 ln 2 = 3.941 + 1.386 = 5.327`;
+    /// - GPI-FNM charges joining `Q(2x, t+2s) - Q(x, t+s) = 8 s |x|^2/(t+2s)^2 - s |x|^2/(t+s)^2`
+    ///   and a new unit `Q(x, t+s) = s |x|^2/(t+s)^2`, i.e. joining costs `2 s t |x|^2 (3t +
+    ///   4s) / ((t+2s)^2 (t+s)^2) = 7.823` more.
+    ///
+    /// So the clients merge while `eps < 5.327 / 7.823 = 0.681` and stay apart above it.
+    #[test]
+    fn eps_splits_identical_units_above_a_hand_computed_threshold() {
+        let unit = MlpWeights {
+            layers: vec![
+                DenseLayer {
+                    weight: Matrix::new(1, 3, vec![1.0, -1.0, 1.0]).unwrap(),
+                    bias: vec![1.0],
+                },
+                DenseLayer {
+                    weight: Matrix::new(2, 1, vec![0.0, 0.0]).unwrap(),
+                    bias: vec![0.0, 0.0],
+                },
+            ],
+        };
+        let nets = [unit.clone(), unit];
+        let width = |eps: f64| {
+            let cfg = PfnmConfig {
+                sigma: 0.01,
+                bias_mean: 0.0,
+                eps,
+                ..PfnmConfig::default()
+            };
+            let mut orders = StdRng::seed_from_u64(0);
+            pfnm_fuse_mlp(&nets, None, &cfg, &mut RngOrder(&mut orders))
+                .unwrap()
+                .net
+                .hidden()[0]
+        };
+        for (eps, want) in [(0.0, 1), (0.67, 1), (0.69, 2), (1.0, 2)] {
+            assert_eq!(width(eps), want, "eps {eps}");
         }
     }
 

@@ -162,8 +162,10 @@ fn sim(rounds: usize, epochs: usize) -> SimConfig {
 #[test]
 fn extra_matching_rounds_improve_on_one_shot() {
     let s = setup(5, 3);
+    // sigma 0.3: PFNM opens a few units beyond one client's 32 (at sigma 1 it merges all of
+    // them, as a matcher that always merges would).
     let pfnm = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
-        sigma: 1.0,
+        sigma: 0.3,
         sigma0: 1.0,
         gamma: 1.0,
         iters: 5,
@@ -182,12 +184,19 @@ fn extra_matching_rounds_improve_on_one_shot() {
     )
     .unwrap();
     let acc: Vec<f64> = run.rounds.iter().map(|r| r.global_accuracy).collect();
-    eprintln!("PFNM accuracy per round: {acc:?}");
+    let widths: Vec<f64> = run.rounds.iter().map(|r| r.method["width.0"]).collect();
+    eprintln!("PFNM accuracy per round: {acc:?}, width {widths:?}");
     for r in &run.rounds {
         // Clients keep their own width, so every reply fits: none is rejected.
         assert!(r.rejected.is_empty(), "round {}: {:?}", r.round, r.rejected);
+        // Five 32-unit clients: 32 if every unit were merged, 160 if none were. Measured 36
+        // in every round (a matcher that always merges: 32; one that never merges: 160).
         let width = r.method["width.0"];
-        assert!(width >= 32.0, "round {}: global width {width}", r.round);
+        assert!(
+            (34.0..=48.0).contains(&width),
+            "round {}: global width {width}",
+            r.round
+        );
         // Round 1 sends no weights; later rounds send each client a 64-32-10 sub-model.
         let j = s.clients.len() as u64;
         if r.round == 1 {
@@ -200,6 +209,7 @@ fn extra_matching_rounds_improve_on_one_shot() {
             );
         }
     }
+    // Measured: 0.791 after round 1, 0.939 after round 6.
     let last = acc[acc.len() - 1];
     assert!(last > acc[0] + 0.1, "round 1 {} -> round 6 {last}", acc[0]);
 }

@@ -191,10 +191,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Command::Sweep { config, grid } => {
             let mut cfg = fedfuse_lab::sweep::SweepConfig::load(&config)?;
-            refuse_resume(grid.resume, &grid.out, "sweep")?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
-            fedfuse_lab::sweep::run(&cfg, &grid.out, grid.data_dir.as_deref(), &reporter)?;
+            fedfuse_lab::sweep::run(
+                &cfg,
+                &grid.out,
+                grid.data_dir.as_deref(),
+                &reporter,
+                grid.resume,
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Gems { config, grid } => {
@@ -277,8 +282,8 @@ pub struct GridArgs {
     /// Replace the seeds, e.g. `--seeds 0,1,2`.
     #[arg(long, value_delimiter = ',')]
     seeds: Option<Vec<u64>>,
-    /// `compare` only: take the runs an interrupted comparison finished (OUT/runs.toml,
-    /// under the same configs) instead of running them again.
+    /// `compare` and `sweep`: take the runs an interrupted one finished (OUT/runs.toml,
+    /// under the same settings) instead of running them again.
     #[arg(long)]
     resume: bool,
 }
@@ -287,8 +292,8 @@ pub struct GridArgs {
 fn refuse_resume(resume: bool, out: &Path, command: &str) -> anyhow::Result<()> {
     if resume {
         anyhow::bail!(
-            "`fedfuse {command}` cannot resume yet (`run` and `compare` can); it starts over, \
-             keeping the results so far in {} until its next ones replace them",
+            "`fedfuse {command}` cannot resume yet (`run`, `compare` and `sweep` can); it starts \
+             over, keeping the results so far in {} until its next ones replace them",
             out.display()
         );
     }

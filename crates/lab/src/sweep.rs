@@ -268,7 +268,7 @@ fn partition_label(p: &PartitionSpec) -> String {
 }
 
 /// One measured row.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Row {
     partition: String,
     clients: usize,
@@ -528,14 +528,53 @@ impl Sweep<'_> {
     }
 }
 
-/// Runs `fedfuse sweep`.
+/// The settings a sweep finished, as `runs.toml` keeps them for `--resume`.
+#[derive(Default, Serialize, Deserialize)]
+struct SavedSweep {
+    /// The sweep's resolved settings: rows are reused only under the very same ones.
+    config: String,
+    /// Rows by setting key ([`setting_key`]).
+    settings: BTreeMap<String, Vec<Row>>,
+}
+
+fn setting_key(s: &Setting<'_>) -> String {
+    format!(
+        "seed {} | {} | {} clients | hidden {:?}",
+        s.seed,
+        partition_label(s.partition),
+        s.clients,
+        s.hidden
+    )
+}
+
+/// Runs `fedfuse sweep`; with `resume`, the settings `out/runs.toml` holds from an
+/// interrupted sweep of the same file are taken from it instead of run again.
 pub fn run(
     cfg: &SweepConfig,
     out: &Path,
     data_dir: Option<&Path>,
     observer: &dyn Observer,
+    resume: bool,
 ) -> Result<()> {
     crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
+    let config = toml::to_string(cfg).context("cannot write the sweep's settings")?;
+    let saved_path = out.join("runs.toml");
+    let mut earlier = SavedSweep::default();
+    if resume && saved_path.exists() {
+        let text = std::fs::read_to_string(&saved_path)
+            .with_context(|| format!("cannot read {}", saved_path.display()))?;
+        earlier = toml::from_str(&text).with_context(|| format!("{}", saved_path.display()))?;
+        if earlier.config != config {
+            bail!(
+                "{} belongs to a sweep of other settings; run without --resume to start over",
+                saved_path.display()
+            );
+        }
+    }
+    let mut saved = SavedSweep {
+        config,
+        settings: BTreeMap::new(),
+    };
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut settings = Vec::new();
@@ -567,6 +606,19 @@ pub fn run(
     // The server's validation split of the current seed, drawn before any partition.
     let mut held: Option<(u64, ServerSplit<'_>)> = None;
     for (i, s) in settings.iter().enumerate() {
+        let key = setting_key(s);
+        if let Some(done) = earlier.settings.remove(&key) {
+            observer.note(&format!(
+                "[{}/{}] {key}: finished before, from {}",
+                i + 1,
+                settings.len(),
+                saved_path.display()
+            ));
+            rows.extend(done.iter().cloned());
+            saved.settings.insert(key, done);
+            publish(out, cfg, &rows, &saved, false)?;
+            continue;
+        }
         let (_, split) = match held.take() {
             Some((seed, split)) if seed == s.seed => held.insert((seed, split)),
             _ => {
@@ -605,21 +657,30 @@ pub fn run(
             let _ = write!(line, " {} {:.3}", method_key(r.method), r.accuracy);
         }
         observer.note(&line);
+        saved.settings.insert(key, new_rows.clone());
         rows.extend(new_rows);
         // Partial results survive an interrupted sweep.
-        publish(out, cfg, &rows, false)?;
+        publish(out, cfg, &rows, &saved, false)?;
     }
-    publish(out, cfg, &rows, true)?;
+    publish(out, cfg, &rows, &saved, true)?;
     observer.note(&format!("results in {}", out.display()));
     Ok(())
 }
 
 /// Replaces `out` whole with the settings and the rows so far, and at the end the summary and
 /// the plots.
-fn publish(out: &Path, cfg: &SweepConfig, rows: &[Row], end: bool) -> Result<()> {
+fn publish(
+    out: &Path,
+    cfg: &SweepConfig,
+    rows: &[Row],
+    saved: &SavedSweep,
+    end: bool,
+) -> Result<()> {
+    let runs = toml::to_string(saved).context("cannot write runs.toml")?;
     crate::table::replace_folder(out, |dir| {
         crate::table::start_output(dir, "sweep.toml", cfg)?;
         write_rows(dir, rows)?;
+        crate::table::write_atomic(&dir.join("runs.toml"), runs.as_bytes())?;
         if end {
             let summary = summarise(rows);
             write_summary(dir, cfg, &summary)?;

@@ -252,3 +252,68 @@ fn a_comparison_killed_between_runs_resumes_and_ends_as_an_uninterrupted_one() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("notes.txt"), "{err}");
 }
+
+/// A sweep's results.csv without its wall-time column.
+fn without_seconds(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.rsplit_once(',').map_or(l, |(head, _)| head).to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_sweep_killed_between_settings_resumes_and_ends_as_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, cut) = (dir.path().join("whole"), dir.path().join("cut"));
+    let args = |out: &Path| {
+        vec![
+            "sweep".to_string(),
+            "experiments/digits-smoke.toml".to_string(),
+            "--out".to_string(),
+            out.to_str().unwrap().to_string(),
+        ]
+    };
+    let o = fedfuse(&args(&whole));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let mut child = command(&args(&cut))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !cut.join("runs.toml").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no setting finished"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the sweep ended before the kill"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !cut.join("summary.csv").exists(),
+        "a killed sweep has no summary yet"
+    );
+
+    let mut resumed = args(&cut);
+    resumed.push("--resume".into());
+    let o = fedfuse(&resumed);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("finished before"), "{err}");
+    assert_eq!(
+        without_seconds(&cut.join("results.csv")),
+        without_seconds(&whole.join("results.csv"))
+    );
+    assert_eq!(
+        std::fs::read_to_string(cut.join("summary.csv")).unwrap(),
+        std::fs::read_to_string(whole.join("summary.csv")).unwrap()
+    );
+}

@@ -1,6 +1,6 @@
 //! Command-line arguments and dispatch.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -204,18 +204,28 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         Command::Gems { config, grid } => {
             let mut cfg = fedfuse_lab::gems::GemsExperiment::load(&config)?;
-            refuse_resume(grid.resume, &grid.out, "gems")?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
-            fedfuse_lab::gems::run(&cfg, &grid.out, grid.data_dir.as_deref(), &reporter)?;
+            fedfuse_lab::gems::run(
+                &cfg,
+                &grid.out,
+                grid.data_dir.as_deref(),
+                &reporter,
+                grid.resume,
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Ngm { config, grid } => {
             let mut cfg = fedfuse_lab::ngm::NgmExperiment::load(&config)?;
-            refuse_resume(grid.resume, &grid.out, "ngm")?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
-            fedfuse_lab::ngm::run(&cfg, &grid.out, grid.data_dir.as_deref(), &reporter)?;
+            fedfuse_lab::ngm::run(
+                &cfg,
+                &grid.out,
+                grid.data_dir.as_deref(),
+                &reporter,
+                grid.resume,
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Data { command } => crate::data_cmd::run(command),
@@ -282,22 +292,10 @@ pub struct GridArgs {
     /// Replace the seeds, e.g. `--seeds 0,1,2`.
     #[arg(long, value_delimiter = ',')]
     seeds: Option<Vec<u64>>,
-    /// `compare` and `sweep`: take the runs an interrupted one finished (OUT/runs.toml,
-    /// under the same settings) instead of running them again.
+    /// Take the runs (compare), settings (sweep) or seeds (gems, ngm) an interrupted one
+    /// finished (OUT/runs.toml, under the same settings) instead of running them again.
     #[arg(long)]
     resume: bool,
-}
-
-/// `--resume` where nothing can be resumed is an error, not silently a fresh start.
-fn refuse_resume(resume: bool, out: &Path, command: &str) -> anyhow::Result<()> {
-    if resume {
-        anyhow::bail!(
-            "`fedfuse {command}` cannot resume yet (`run`, `compare` and `sweep` can); it starts \
-             over, keeping the results so far in {} until its next ones replace them",
-            out.display()
-        );
-    }
-    Ok(())
 }
 
 /// `--seeds`, when given, replaces the file's seeds.

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Observer;
 use crate::config::TrainSection;
+use crate::finished::{Finished, settings_of};
 use crate::pipeline::client_data;
 use crate::plot::{Chart, Line, write_chart};
 use crate::table::{Stats, Tables, group_first_seen};
@@ -139,7 +140,7 @@ impl GemsExperiment {
 }
 
 /// One row of `results.csv`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Row {
     seed: u64,
     neuron_epsilon: f64,
@@ -437,42 +438,68 @@ fn run_seed(
 }
 
 /// Runs the experiment and writes `results.csv`, `summary.csv`, `summary.md` and, with an
-/// epsilon sweep, plots of width and accuracy against epsilon.
+/// epsilon sweep, plots of width and accuracy against epsilon. With `resume`, the seeds
+/// `out/runs.toml` holds under the same settings are taken from it instead of run again.
 pub fn run(
     cfg: &GemsExperiment,
     out: &Path,
     data_dir: Option<&Path>,
     observer: &dyn Observer,
+    resume: bool,
 ) -> Result<()> {
     crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
+    let mut earlier = Finished::earlier(out, resume)?;
+    let settings = settings_of(cfg, |c| c.seeds.clear())?;
     let data = load_dataset(&cfg.dataset, data_dir.or(cfg.data_dir.as_deref()))
         .with_context(|| format!("dataset `{}`", cfg.dataset))?;
     let mut rows = Vec::new();
+    let mut finished = Finished::new();
     for &seed in &cfg.seeds {
         let started = Instant::now();
-        let new = run_seed(cfg, &data, seed, observer).with_context(|| format!("seed {seed}"))?;
-        observer.note(&format!(
-            "seed {seed} ({:.0} s): {}",
-            started.elapsed().as_secs_f64(),
-            new.iter()
-                .map(|r| format!("{} {:.3}", r.model, r.accuracy))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
+        let new = match earlier.take(seed, &settings) {
+            Some(rows) => {
+                observer.note(&format!(
+                    "seed {seed}: finished before, from {}",
+                    Finished::<Row>::path(out).display()
+                ));
+                rows
+            }
+            None => {
+                let new =
+                    run_seed(cfg, &data, seed, observer).with_context(|| format!("seed {seed}"))?;
+                observer.note(&format!(
+                    "seed {seed} ({:.0} s): {}",
+                    started.elapsed().as_secs_f64(),
+                    new.iter()
+                        .map(|r| format!("{} {:.3}", r.model, r.accuracy))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                new
+            }
+        };
+        finished.push(seed, &settings, new.clone());
         rows.extend(new);
-        publish(cfg, &rows, out, false)?;
+        publish(cfg, &rows, &finished, out, false)?;
     }
-    publish(cfg, &rows, out, true)?;
+    publish(cfg, &rows, &finished, out, true)?;
     observer.note(&format!("wrote {}", out.join("summary.md").display()));
     Ok(())
 }
 
-/// Replaces `out` whole with the settings and the tables of `rows` (the results so far survive
-/// an interrupted experiment), and at the end the plots.
-fn publish(cfg: &GemsExperiment, rows: &[Row], out: &Path, end: bool) -> Result<()> {
+/// Replaces `out` whole with the settings, the tables of `rows` and the seeds finished (the
+/// results so far survive an interrupted experiment), and at the end the plots.
+fn publish(
+    cfg: &GemsExperiment,
+    rows: &[Row],
+    finished: &Finished<Row>,
+    out: &Path,
+    end: bool,
+) -> Result<()> {
     crate::table::replace_folder(out, |dir| {
         crate::table::start_output(dir, "experiment.toml", cfg)?;
         write_tables(cfg, rows, dir)?;
+        finished.write(dir)?;
         if end {
             write_plots(cfg, rows, dir)?;
         }
@@ -633,7 +660,7 @@ mod tests {
         .expect("parses");
         cfg.check().expect("valid");
         let dir = tempfile::tempdir().expect("tempdir");
-        run(&cfg, dir.path(), None, &crate::Silent).expect("runs");
+        run(&cfg, dir.path(), None, &crate::Silent, false).expect("runs");
         let md = std::fs::read_to_string(dir.path().join("summary.md")).expect("summary");
         for row in [
             "local 0",

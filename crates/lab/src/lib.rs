@@ -15,6 +15,7 @@ pub mod checkpoint;
 pub mod compare;
 pub mod config;
 pub mod error;
+mod finished;
 pub mod fusion;
 pub mod gems;
 pub mod ngm;

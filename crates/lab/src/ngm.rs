@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Observer;
 use crate::config::cdc_split;
+use crate::finished::{Finished, settings_of};
 use crate::pipeline::{GgmTables, cdc_tables, ggm_tables};
 use crate::table::{Tables, mean_std, write_atomic};
 
@@ -179,17 +180,17 @@ fn cdc_extra(name: &str) -> Result<CdcExtra> {
 }
 
 /// One measured number.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Row {
     seed: u64,
     /// `prediction`, `graph` or `stitching`.
-    kind: &'static str,
+    kind: String,
     /// The model or graph.
     model: String,
     /// Target feature (prediction, stitching) or empty.
     target: String,
     /// `rmse`, `accuracy`, `precision`, `recall`, `f1`.
-    metric: &'static str,
+    metric: String,
     value: f64,
 }
 
@@ -288,13 +289,13 @@ fn run_seed(
 ) -> Result<Vec<Row>> {
     let p = prepare(cfg, seed, data_dir)?;
     let mut rows = Vec::new();
-    let mut push = |kind, model: &str, target: &str, metric, value| {
+    let mut push = |kind: &str, model: &str, target: &str, metric: &str, value| {
         rows.push(Row {
             seed,
-            kind,
+            kind: kind.to_string(),
             model: model.to_string(),
             target: target.to_string(),
-            metric,
+            metric: metric.to_string(),
             value,
         });
     };
@@ -519,34 +520,54 @@ pub fn run(
     out: &Path,
     data_dir: Option<&Path>,
     observer: &dyn Observer,
+    resume: bool,
 ) -> Result<()> {
     crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
+    let mut earlier = Finished::earlier(out, resume)?;
+    let settings = settings_of(cfg, |c| c.seeds.clear())?;
     let dir = data_dir
         .map(Path::to_path_buf)
         .or_else(|| cfg.data_dir.clone())
         .unwrap_or_else(|| PathBuf::from("../shared/data"));
     let mut rows = Vec::new();
+    let mut finished = Finished::new();
     for &seed in &cfg.seeds {
         let started = Instant::now();
-        observer.note(&format!("seed {seed}"));
-        rows.extend(run_seed(cfg, seed, &dir, observer).with_context(|| format!("seed {seed}"))?);
-        observer.note(&format!(
-            "seed {seed}: {:.0} s",
-            started.elapsed().as_secs_f64()
-        ));
-        publish(cfg, &rows, out)?;
+        let new = match earlier.take(seed, &settings) {
+            Some(rows) => {
+                observer.note(&format!(
+                    "seed {seed}: finished before, from {}",
+                    Finished::<Row>::path(out).display()
+                ));
+                rows
+            }
+            None => {
+                observer.note(&format!("seed {seed}"));
+                let new =
+                    run_seed(cfg, seed, &dir, observer).with_context(|| format!("seed {seed}"))?;
+                observer.note(&format!(
+                    "seed {seed}: {:.0} s",
+                    started.elapsed().as_secs_f64()
+                ));
+                new
+            }
+        };
+        finished.push(seed, &settings, new.clone());
+        rows.extend(new);
+        publish(cfg, &rows, &finished, out)?;
     }
     observer.note(&format!("wrote {}", out.join("summary.md").display()));
     Ok(())
 }
 
-/// Replaces `out` whole with the settings, the tables and results.json of `rows` (the seeds
-/// done survive an interrupted experiment).
-fn publish(cfg: &NgmExperiment, rows: &[Row], out: &Path) -> Result<()> {
+/// Replaces `out` whole with the settings, the tables and results.json of `rows` and the seeds
+/// finished (the seeds done survive an interrupted experiment).
+fn publish(cfg: &NgmExperiment, rows: &[Row], finished: &Finished<Row>, out: &Path) -> Result<()> {
     let json = serde_json::to_string_pretty(rows)?;
     crate::table::replace_folder(out, |dir| {
         crate::table::start_output(dir, "experiment.toml", cfg)?;
         write_tables(cfg, rows, dir)?;
+        finished.write(dir)?;
         write_atomic(&dir.join("results.json"), json.as_bytes())
     })
 }
@@ -564,7 +585,12 @@ fn write_tables(cfg: &NgmExperiment, rows: &[Row], out: &Path) -> Result<()> {
     let mut order: Vec<(&str, &str, &str, &str)> = Vec::new();
     let mut values: BTreeMap<(&str, &str, &str, &str), Vec<f64>> = BTreeMap::new();
     for r in rows {
-        let key = (r.kind, r.target.as_str(), r.metric, r.model.as_str());
+        let key = (
+            r.kind.as_str(),
+            r.target.as_str(),
+            r.metric.as_str(),
+            r.model.as_str(),
+        );
         if !values.contains_key(&key) {
             order.push(key);
         }
@@ -663,7 +689,7 @@ mod tests {
         .expect("parses");
         cfg.check().expect("valid");
         let dir = tempfile::tempdir().expect("tempdir");
-        run(&cfg, dir.path(), None, &crate::Silent).expect("runs");
+        run(&cfg, dir.path(), None, &crate::Silent, false).expect("runs");
         let md = std::fs::read_to_string(dir.path().join("summary.md")).expect("summary");
         for row in [
             "client 0 (glasso)",

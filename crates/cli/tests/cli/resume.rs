@@ -42,14 +42,51 @@ fn results(out: &Path) -> Value {
     v
 }
 
+/// Starts fedfuse with `args` and kills it with SIGKILL (no clean-up of any kind) as soon as
+/// `appears` exists, checking that it had not ended by itself.
+fn kill_when_written(args: &[String], appears: &Path) {
+    kill_when(args, appears, |_| true);
+}
+
+/// [`kill_when_written`], once the file also passes `ready`.
+fn kill_when(args: &[String], appears: &Path, ready: impl Fn(&[u8]) -> bool) {
+    let mut child = command(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    // Files are written by rename, so a read sees a whole one.
+    while !std::fs::read(appears).is_ok_and(|bytes| ready(&bytes)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "{} never appeared",
+            appears.display()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "fedfuse ended before it could be killed"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// Runs the quickstart with `sets` twice: once whole, once killed with SIGKILL as soon as a
 /// checkpoint exists (after round 1 or a little later: the result may not depend on where)
 /// and resumed; both must end with the same results and model bytes.
 fn killed_and_resumed_equals_whole(sets: &[&str]) {
+    run_killed_and_resumed_equals_whole("examples/quickstart.toml", sets, 1);
+}
+
+/// [`killed_and_resumed_equals_whole`] for the run config `config`, killed once the
+/// checkpoint holds at least `rounds` rounds.
+fn run_killed_and_resumed_equals_whole(config: &str, sets: &[&str], rounds: usize) {
     let dir = tempfile::tempdir().unwrap();
     let (whole, cut) = (dir.path().join("whole"), dir.path().join("cut"));
     let args = |out: &Path| {
-        let mut a: Vec<String> = ["run", "examples/quickstart.toml", "--quiet", "--out"]
+        let mut a: Vec<String> = ["run", config, "--quiet", "--out"]
             .map(String::from)
             .to_vec();
         a.push(out.to_str().unwrap().to_string());
@@ -66,25 +103,10 @@ fn killed_and_resumed_equals_whole(sets: &[&str]) {
     );
 
     let saved = dir.path().join("cut.checkpoint");
-    let mut child = command(&args(&cut))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !saved.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no checkpoint appeared"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the run ended before it could be killed"
-    );
-    child.kill().unwrap(); // SIGKILL: no clean-up of any kind
-    child.wait().unwrap();
+    // The checkpoint keeps its rounds as TOML text, one `[[rounds]]` table each.
+    kill_when(&args(&cut), &saved, |bytes| {
+        bytes.windows(10).filter(|w| w == b"[[rounds]]").count() >= rounds
+    });
     assert!(!cut.exists(), "a killed run writes no output folder");
 
     // Another config cannot take the checkpoint over.
@@ -149,22 +171,37 @@ fn pfnm_over_rounds_resumes_to_the_uninterrupted_result() {
 }
 
 #[test]
-fn a_method_whose_state_cannot_be_saved_refuses_to_resume() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let o = fedfuse(&[
-        "run",
+fn deep_gems_resumes_between_its_stages_to_the_uninterrupted_result() {
+    // Fused hidden layers and the stage reached; each stage is one round.
+    // Three near-IID learners and a looser criterion than the defaults, so the balls meet;
+    // killed after both hidden layers are fused, before the output stage.
+    run_killed_and_resumed_equals_whole(
         "examples/quickstart.toml",
-        "--out",
-        out.to_str().unwrap(),
-        "--resume",
-        "--set",
-        "method.name=\"gems\"",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("cannot resume"),
-        "{err}"
+        &[
+            "method.name=\"gems\"",
+            "model.hidden=[32, 16]",
+            "train.epochs=10",
+            "clients=3",
+            "partition.alpha=100",
+            "method.criterion=\"accuracy\"",
+            "method.epsilon=0.5",
+            "method.neuron_criterion=\"activation\"",
+            "method.neuron_epsilon=0.05",
+        ],
+        2,
+    );
+}
+
+#[test]
+fn fedngm_resumes_between_its_stages_to_the_uninterrupted_result() {
+    // The merged encoding, the clients' graphs (the consensus is rebuilt from them), the last
+    // model round's client models and the samples' means; two model rounds, so the resumed
+    // run warm-starts from the restored global model.
+    // Killed after the first model round.
+    run_killed_and_resumed_equals_whole(
+        "examples/ngm-synthetic-run.toml",
+        &["rounds=4", "method.rounds=2"],
+        3,
     );
 }
 
@@ -209,25 +246,7 @@ fn a_comparison_killed_between_runs_resumes_and_ends_as_an_uninterrupted_one() {
     let o = fedfuse(&args(&whole));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
-    let mut child = command(&args(&cut))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !cut.join("runs.toml").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no run finished"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the comparison ended before the kill"
-    );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_when_written(&args(&cut), &cut.join("runs.toml"));
     // What a killed comparison leaves is one consistent set: its finished runs' tables.
     let partial = std::fs::read_to_string(cut.join("results.csv")).unwrap();
     assert!(partial.lines().count() < 1 + 4 * 8, "{partial}");
@@ -278,25 +297,7 @@ fn a_sweep_killed_between_settings_resumes_and_ends_as_an_uninterrupted_one() {
     let o = fedfuse(&args(&whole));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
-    let mut child = command(&args(&cut))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !cut.join("runs.toml").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no setting finished"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the sweep ended before the kill"
-    );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_when_written(&args(&cut), &cut.join("runs.toml"));
     assert!(
         !cut.join("summary.csv").exists(),
         "a killed sweep has no summary yet"
@@ -315,5 +316,98 @@ fn a_sweep_killed_between_settings_resumes_and_ends_as_an_uninterrupted_one() {
     assert_eq!(
         std::fs::read_to_string(cut.join("summary.csv")).unwrap(),
         std::fs::read_to_string(whole.join("summary.csv")).unwrap()
+    );
+}
+
+/// Runs `fedfuse COMMAND FILE --out OUT` whole, then killed once its first seed is in
+/// OUT/runs.toml and resumed: `files` must end equal.
+fn experiment_killed_after_a_seed_resumes_to_the_whole_result(
+    command_name: &str,
+    file: &Path,
+    files: &[&str],
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, cut) = (dir.path().join("whole"), dir.path().join("cut"));
+    let args = |out: &Path| {
+        vec![
+            command_name.to_string(),
+            file.to_str().unwrap().to_string(),
+            "--out".to_string(),
+            out.to_str().unwrap().to_string(),
+        ]
+    };
+    let o = fedfuse(&args(&whole));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    kill_when_written(&args(&cut), &cut.join("runs.toml"));
+    let mut resumed = args(&cut);
+    resumed.push("--resume".into());
+    let o = fedfuse(&resumed);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("seed 0: finished before"), "{err}");
+    for name in files {
+        assert_eq!(
+            std::fs::read_to_string(cut.join(name)).unwrap(),
+            std::fs::read_to_string(whole.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+
+    // Other settings do not take the finished seeds over: everything runs again.
+    let text = std::fs::read_to_string(file).unwrap();
+    let changed = dir.path().join("changed.toml");
+    std::fs::write(&changed, text.replace("title = \"", "title = \"changed: ")).unwrap();
+    let mut other = args(&cut);
+    other[1] = changed.to_str().unwrap().to_string();
+    other.push("--resume".into());
+    let o = fedfuse(&other);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("finished before"), "{err}");
+}
+
+#[test]
+fn a_gems_experiment_killed_between_seeds_resumes_and_ends_as_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gems.toml");
+    std::fs::write(
+        &file,
+        r#"
+title = "resume test"
+dataset = "digits"
+seeds = [0, 1, 2, 3]
+hidden = []
+public_samples = [50]
+setting = { kind = "class-split", groups = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], parity = true, featurizer_hidden = 16 }
+[method]
+criterion = "accuracy"
+epsilon = 0.4
+[train]
+epochs = 40
+"#,
+    )
+    .unwrap();
+    experiment_killed_after_a_seed_resumes_to_the_whole_result(
+        "gems",
+        &file,
+        &["results.csv", "summary.csv", "summary.md"],
+    );
+}
+
+#[test]
+fn an_ngm_experiment_killed_between_seeds_resumes_and_ends_as_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ngm.toml");
+    let text = std::fs::read_to_string(repo().join("experiments/ngm-synthetic.toml")).unwrap();
+    let seeds = text
+        .lines()
+        .find(|l| l.starts_with("seeds"))
+        .expect("the experiment lists its seeds");
+    std::fs::write(&file, text.replace(seeds, "seeds = [0, 1]")).unwrap();
+    experiment_killed_after_a_seed_resumes_to_the_whole_result(
+        "ngm",
+        &file,
+        &["results.csv", "summary.csv", "summary.md", "results.json"],
     );
 }

@@ -416,6 +416,37 @@ struct Shared {
     public_x: Option<Vec<f32>>,
 }
 
+/// Config key of FedNGM's checkpoint state (JSON).
+const SAVED_STATE: &str = "fedngm_state";
+
+/// A graph in a checkpoint.
+#[derive(Serialize, Deserialize)]
+struct SavedGraph {
+    features: Vec<String>,
+    adj: Vec<bool>,
+}
+
+impl SavedGraph {
+    fn of(g: &Graph) -> Self {
+        Self {
+            features: g.features().to_vec(),
+            adj: g.adj().to_vec(),
+        }
+    }
+}
+
+/// FedNGM's server state apart from its tensors.
+#[derive(Serialize, Deserialize)]
+struct SavedState {
+    stage: String,
+    model_round: usize,
+    full_encoding: Option<Encoding>,
+    client_graphs: Vec<(usize, SavedGraph)>,
+    /// The last model round's clients and their rows (their models are tensors).
+    locals: Vec<(usize, usize)>,
+    global_graph: Option<SavedGraph>,
+}
+
 /// FedNGM (or FedNGR) in the federation; build it with [`FedNgm::new`] and run it with
 /// [`simulate_tables`](crate::simulate_tables) for [`FedNgmConfig::stages`] rounds.
 #[derive(Debug)]
@@ -604,6 +635,22 @@ impl FedNgm {
                 Ok((r.client, graph))
             })
             .collect::<Result<Vec<_>>>()?;
+        let shared = self.shared_of(&graphs)?;
+        self.report
+            .insert("consensus_features".into(), shared.consensus.d() as f64);
+        self.report.insert(
+            "consensus_edges".into(),
+            shared.consensus.num_edges() as f64,
+        );
+        self.client_graphs = graphs;
+        self.shared = Some(shared);
+        self.stage = Stage::Models(1);
+        Ok(())
+    }
+
+    /// What the clients' graphs agree on: the consensus, its encoding, the model structure and
+    /// the public rows in that encoding.
+    fn shared_of(&self, graphs: &[(usize, Graph)]) -> Result<Shared> {
         let received: Vec<Graph> = graphs.iter().map(|(_, g)| g.clone()).collect();
         let consensus = consensus(&received)?;
         if consensus.d() == 0 {
@@ -627,18 +674,100 @@ impl FedNgm {
             Some(t) => Some(encoding.encode(t)?.x),
             None => None,
         };
-        self.report
-            .insert("consensus_features".into(), consensus.d() as f64);
-        self.report
-            .insert("consensus_edges".into(), consensus.num_edges() as f64);
-        self.client_graphs = graphs;
-        self.shared = Some(Shared {
+        Ok(Shared {
             consensus,
             encoding,
             ngm,
             public_x,
-        });
-        self.stage = Stage::Models(1);
+        })
+    }
+
+    /// The server state after a round: where the protocol stands, the merged encoding, the
+    /// clients' graphs (the consensus and model structure are rebuilt from them), the last
+    /// round's client models, the global graph once finished, and the distillation samples'
+    /// means that inference starts from.
+    fn state(&self) -> Result<Record> {
+        let saved = SavedState {
+            stage: self.stage.name().into(),
+            model_round: match self.stage {
+                Stage::Models(r) => r,
+                _ => 0,
+            },
+            full_encoding: self.full_encoding.clone(),
+            client_graphs: self
+                .client_graphs
+                .iter()
+                .map(|(c, g)| (*c, SavedGraph::of(g)))
+                .collect(),
+            locals: self.locals.iter().map(|(c, _, n)| (*c, *n)).collect(),
+            global_graph: self.global_graph.as_ref().map(SavedGraph::of),
+        };
+        let mut state = Record::default().with_config(SAVED_STATE, to_json(&saved)?);
+        for (client, params, _) in &self.locals {
+            for (name, t) in params.iter() {
+                state.params.push(
+                    format!("local.{client}.{name}"),
+                    t.shape.clone(),
+                    t.data.clone(),
+                )?;
+            }
+        }
+        state
+            .params
+            .push("means", vec![self.means.len()], self.means.clone())?;
+        Ok(state)
+    }
+
+    /// Restores [`FedNgm::state`].
+    fn restore(&mut self, state: &Record) -> Result<()> {
+        let bad = |why: String| FedError::BadMessage {
+            from: "checkpoint".into(),
+            reason: format!("FedNGM state: {why}"),
+        };
+        let saved: SavedState = json(state, SAVED_STATE).map_err(bad)?;
+        let stage = match (saved.stage.as_str(), saved.model_round) {
+            (STATS, _) => Stage::Stats,
+            (GRAPHS, _) => Stage::Graphs,
+            (MODELS, r) if (1..=self.cfg.rounds).contains(&r) => Stage::Models(r),
+            (DONE, _) => Stage::Done,
+            (other, r) => return Err(bad(format!("stage `{other}` (model round {r})"))),
+        };
+        let graph = |g: SavedGraph| Graph::new(g.features, g.adj).map_err(|e| bad(e.to_string()));
+        let client_graphs = saved
+            .client_graphs
+            .into_iter()
+            .map(|(c, g)| Ok((c, graph(g)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let global_graph = saved.global_graph.map(graph).transpose()?;
+        let mut locals = Vec::with_capacity(saved.locals.len());
+        for (client, rows) in saved.locals {
+            let prefix = format!("local.{client}.");
+            let mut params = Params::new();
+            for (name, t) in state.params.iter() {
+                if let Some(name) = name.strip_prefix(&prefix) {
+                    params.push(name, t.shape.clone(), t.data.clone())?;
+                }
+            }
+            locals.push((client, params, rows));
+        }
+        let means = state.params.require("means")?.data.clone();
+        let needs_consensus = matches!(stage, Stage::Models(_) | Stage::Done);
+        if needs_consensus && (saved.full_encoding.is_none() || client_graphs.is_empty()) {
+            return Err(bad(
+                "model rounds without an encoding and the clients' graphs".into(),
+            ));
+        }
+        self.full_encoding = saved.full_encoding;
+        self.shared = if needs_consensus {
+            Some(self.shared_of(&client_graphs)?)
+        } else {
+            None
+        };
+        self.stage = stage;
+        self.client_graphs = client_graphs;
+        self.locals = locals;
+        self.global_graph = global_graph;
+        self.means = means;
         Ok(())
     }
 
@@ -927,6 +1056,14 @@ impl Method for FedNgm {
 
     fn round_metrics(&self) -> BTreeMap<String, f64> {
         self.report.clone()
+    }
+
+    fn save_state(&self) -> Option<Result<Record>> {
+        Some(self.state())
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        self.restore(&state)
     }
 
     /// Predicts every consensus feature of the test rows from all the others with the global

@@ -417,6 +417,132 @@ impl Gems {
         }
     }
 
+    /// The fused hidden layers as `fused.{i}.weight` / `fused.{i}.bias` (what the clients
+    /// build on, and part of the server's state).
+    fn fused_record(&self) -> Result<Record> {
+        let mut record = Record::default();
+        for (i, l) in self.fused.iter().enumerate() {
+            record.params.push(
+                format!("fused.{i}.weight"),
+                vec![l.out, l.inp],
+                l.weight.clone(),
+            )?;
+            record
+                .params
+                .push(format!("fused.{i}.bias"), vec![l.out], l.bias.clone())?;
+        }
+        Ok(record)
+    }
+
+    /// The server state after a stage: fused layers, stage, output attempts and every output
+    /// ball kept (radii as f64 metrics, so a resumed intersection is bit-identical), and the
+    /// untuned model once fine-tuned.
+    fn state(&self) -> Result<Record> {
+        let mut state = self.fused_record()?;
+        state
+            .config
+            .insert(STAGE.into(), ConfigValue::Int(self.stage));
+        state
+            .config
+            .insert("attempts".into(), ConfigValue::Int(self.attempts as i64));
+        for (client, balls) in &self.output_balls {
+            state.config.insert(
+                format!("balls.{client}"),
+                ConfigValue::Int(balls.len() as i64),
+            );
+            for (k, ball) in balls.iter().enumerate() {
+                let key = format!("ball.{client}.{k}");
+                let len = ball.centre.len();
+                state
+                    .params
+                    .push(format!("{key}.centre"), vec![len], ball.centre.clone())?;
+                if let Some(axes) = &ball.axes {
+                    state
+                        .params
+                        .push(format!("{key}.axes"), vec![axes.len()], axes.clone())?;
+                }
+                state.metrics.insert(format!("{key}.radius"), ball.radius);
+            }
+        }
+        if let Some(untuned) = &self.untuned {
+            for (name, t) in untuned.iter() {
+                state
+                    .params
+                    .push(format!("untuned.{name}"), t.shape.clone(), t.data.clone())?;
+            }
+        }
+        Ok(state)
+    }
+
+    /// Restores [`Gems::state`], checking that the stage and the fused layers agree with this
+    /// run's architecture.
+    fn restore(&mut self, state: &Record) -> Result<()> {
+        let bad = |why: String| FedError::BadMessage {
+            from: "checkpoint".into(),
+            reason: format!("GEMS state: {why}"),
+        };
+        let int = |key: &str| match state.config.get(key) {
+            Some(ConfigValue::Int(v)) => Ok(*v),
+            _ => Err(bad(format!("no integer `{key}`"))),
+        };
+        let stage = int(STAGE)?;
+        let fused = fused_from(state)?;
+        let layers_done = match stage {
+            OUTPUT | DONE => self.hidden.len(),
+            l if (0..self.hidden.len() as i64).contains(&l) => l as usize,
+            other => return Err(bad(format!("stage {other} is not one of this model's"))),
+        };
+        let widths_agree = fused.len() == layers_done
+            && fused.first().is_none_or(|l| l.inp == self.spec.input_len());
+        if !widths_agree {
+            return Err(bad(format!(
+                "{} fused layers at stage {stage}; this model needs {layers_done}",
+                fused.len()
+            )));
+        }
+        let attempts = usize::try_from(int("attempts")?).map_err(|e| bad(e.to_string()))?;
+        let mut output_balls = BTreeMap::new();
+        for (key, value) in &state.config {
+            let Some(client) = key.strip_prefix("balls.") else {
+                continue;
+            };
+            let client: usize = client.parse().map_err(|_| bad(format!("key `{key}`")))?;
+            let count = match value {
+                ConfigValue::Int(n) if (0..=attempts as i64).contains(n) => *n as usize,
+                _ => return Err(bad(format!("`{key}` must count at most {attempts} balls"))),
+            };
+            let balls = (0..count)
+                .map(|k| {
+                    let key = format!("ball.{client}.{k}");
+                    Ok(Ball {
+                        centre: state.params.require(&format!("{key}.centre"))?.data.clone(),
+                        radius: *state
+                            .metrics
+                            .get(&format!("{key}.radius"))
+                            .ok_or_else(|| bad(format!("no `{key}.radius`")))?,
+                        axes: state
+                            .params
+                            .get(&format!("{key}.axes"))
+                            .map(|a| a.data.clone()),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            output_balls.insert(client, balls);
+        }
+        let mut untuned = Params::new();
+        for (name, t) in state.params.iter() {
+            if let Some(name) = name.strip_prefix("untuned.") {
+                untuned.push(name, t.shape.clone(), t.data.clone())?;
+            }
+        }
+        self.fused = fused;
+        self.stage = stage;
+        self.attempts = attempts;
+        self.output_balls = output_balls;
+        self.untuned = (!untuned.is_empty()).then_some(untuned);
+        Ok(())
+    }
+
     /// A point in one ball per client: the newest attempt's balls first, then other
     /// combinations of earlier attempts (at most 256).
     fn intersect_output(&self) -> Result<Vec<f32>> {
@@ -528,20 +654,18 @@ impl Method for Gems {
     }
 
     fn instruct(&self, round: usize, _client: usize, _global: &Params) -> Result<Record> {
-        let mut record = Record::from_params(Params::new());
-        for (i, l) in self.fused.iter().enumerate() {
-            record.params.push(
-                format!("fused.{i}.weight"),
-                vec![l.out, l.inp],
-                l.weight.clone(),
-            )?;
-            record
-                .params
-                .push(format!("fused.{i}.bias"), vec![l.out], l.bias.clone())?;
-        }
-        Ok(record
+        Ok(self
+            .fused_record()?
             .with_config(SERVER_ROUND, ConfigValue::Int(round as i64))
             .with_config(STAGE, ConfigValue::Int(self.stage)))
+    }
+
+    fn save_state(&self) -> Option<Result<Record>> {
+        Some(self.state())
+    }
+
+    fn load_state(&mut self, state: Record) -> Result<()> {
+        self.restore(&state)
     }
 
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
@@ -854,6 +978,58 @@ impl Method for Gems {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn output_reply(client: usize, centre: f32, radius: f32) -> Reply {
+        let mut record = Record::default();
+        record
+            .params
+            .push(CENTRES, vec![1, 8], vec![centre; 8])
+            .expect("fills");
+        record
+            .params
+            .push(RADII, vec![1], vec![radius])
+            .expect("fills");
+        Reply { client, record }
+    }
+
+    #[test]
+    fn output_balls_of_a_missed_attempt_survive_a_checkpoint() {
+        let shallow = || {
+            Gems::new(
+                GemsSettings::default(),
+                ModelSpec::mlp(3, &[], 2),
+                Init::Default,
+                0,
+                None,
+            )
+            .expect("valid settings")
+        };
+        let global = Params::new();
+        let mut gems = shallow();
+        // Two balls far apart: no common point, so the server keeps them and asks again.
+        let missed = [output_reply(0, 0.0, 0.1), output_reply(1, 5.0, 0.1)];
+        assert!(matches!(
+            gems.aggregate(1, &global, &missed).expect("a retry"),
+            Aggregate::Keep
+        ));
+        let saved = gems.save_state().expect("savable").expect("saved");
+        let mut resumed = shallow();
+        resumed.load_state(saved.clone()).expect("restores");
+        let again = resumed.save_state().expect("savable").expect("saved");
+        assert_eq!(again, saved);
+
+        // Client 1's second ball meets client 0's first: only a server that kept the missed
+        // attempt's balls finds the point, and both find the same one.
+        let second = [output_reply(0, 9.0, 0.1), output_reply(1, 0.05, 0.1)];
+        let point = |g: &mut Gems| match g.aggregate(2, &global, &second).expect("intersects") {
+            Aggregate::Replace(p) => p,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(point(&mut gems), point(&mut resumed));
+        assert!(resumed.finished());
+        let forgot = shallow().aggregate(2, &global, &second);
+        assert!(forgot.is_ok_and(|a| matches!(a, Aggregate::Keep)));
+    }
 
     #[test]
     fn a_hidden_reply_must_have_one_row_per_neuron() {

@@ -136,7 +136,7 @@ fn outputs_equal_the_recorded_golden_files() {
                 if let Some(seeds) = seeds {
                     cfg.seeds = seeds.split(',').map(|s| s.parse().unwrap()).collect();
                 }
-                fedfuse_lab::ngm::run(&cfg, &out, None, &Silent).unwrap();
+                fedfuse_lab::ngm::run(&cfg, &out, None, &Silent, false).unwrap();
             }
             other => panic!("unknown command `{other}` in cases.txt"),
         }

@@ -177,3 +177,32 @@ def test_a_run_reports_epsilon_per_round_as_flowers_accountant_does(tmp_path):
         metrics = strategy.rounds[-1]["method"]
         assert metrics["dp_epsilon"] == pytest.approx(flower.get_privacy_spent().epsilon, rel=1e-3)
         assert metrics["dp_noise_std"] == pytest.approx(1.5 * 1.0 / CLIENTS)
+
+
+def test_poisson_sampling_reports_flowers_poisson_accounting(tmp_path):
+    from flwr.supercore.privacy_accounting import (
+        GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, SamplingMethod,
+    )
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    cfg = config_with(tmp_path, 'kind = "central-fixed"\nnoise_multiplier = 1.5\nclipping_norm = 1.0\ndelta = 1e-4')
+    strategy = Strategy(cfg, [f"clients={CLIENTS}", "rounds=6", "clients_per_round=0.5", 'sampling="poisson"'])
+    flower = RdpAccountant(PrivacyConfig(
+        target_delta=1e-4, population_size=CLIENTS,
+        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        sampling_method=SamplingMethod.POISSON,
+    ))
+    rng = np.random.default_rng(2)
+    sizes = []
+    for server_round in range(1, 7):
+        messages, model = fedfuse_round(strategy, server_round)
+        sizes.append(len(messages))
+        strategy.aggregate_train(
+            server_round, replies_for(messages, model, updates_of(model, rng, [0.01] * len(messages)))
+        )
+        # Each round is one Poisson-sampled Gaussian at q = 2 / 4, however many were drawn.
+        flower.compose(GaussianPrivacyEvent(noise_multiplier=1.5, sample_size=2, population_size=CLIENTS))
+        metrics = strategy.rounds[-1]["method"]
+        assert metrics["dp_epsilon"] == pytest.approx(flower.get_privacy_spent().epsilon, rel=1e-3)
+        assert metrics["dp_noise_std"] == pytest.approx(1.5 * 1.0 / 2)
+    assert len(set(sizes)) > 1, sizes

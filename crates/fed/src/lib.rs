@@ -30,17 +30,18 @@ pub use method::{
 };
 pub use methods::put_class_counts;
 pub use methods::{
-    BuildContext, Bulyan, BulyanSettings, CentralDp, CriterionKind, FedAvg, FedAvgSettings,
-    FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMedian, FedMix, FedMixSettings, FedNgm,
-    FedNgmConfig, FedNgrConfig, FedOpt, FedOptSettings, FedProx, FedProxSettings, FedSparse,
-    FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum,
-    KrumSettings, LocalDp, MethodConfig, NeuronCriterionKind, PI_TENSOR, Pfnm, PfnmSettings,
-    PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig,
-    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
+    BuildContext, Bulyan, BulyanSettings, CentralDp, CriterionKind, DpSampling, FedAvg,
+    FedAvgSettings, FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMedian, FedMix,
+    FedMixSettings, FedNgm, FedNgmConfig, FedNgrConfig, FedOpt, FedOptSettings, FedProx,
+    FedProxSettings, FedSparse, FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems,
+    GemsSettings, GemsShape, Krum, KrumSettings, LocalDp, MethodConfig, NeuronCriterionKind,
+    PI_TENSOR, Pfnm, PfnmSettings, PrivacySettings, SearchKind, SeparateInits, ServerOptName,
+    ServerStep, ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid,
+    finetune_output_layer, hidden_features,
 };
 pub use seed::derive_seed;
 pub use simulator::{
     AfterRound, ClientsPerRound, Population, Progress, Rejection, ReplyBounds, RoundMetrics,
-    RoundState, RoundTally, RunResult, Sampler, Session, SimConfig, client_step,
+    RoundState, RoundTally, RunResult, Sampler, Sampling, Session, SimConfig, client_step,
     evaluate_classifier, simulate, simulate_session, simulate_tables, simulate_tables_session,
 };

@@ -113,6 +113,13 @@ pub trait Method: Send + Sync {
     /// The server step over the accepted replies (never empty).
     fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate>;
 
+    /// The server step of a round in which no reply was accepted (nobody sampled, or every
+    /// reply rejected): the global model is kept by default. Central DP releases a noised
+    /// model every round instead, so that an empty round reveals nothing.
+    fn aggregate_no_replies(&mut self, _round: usize, _global: &Params) -> Result<Aggregate> {
+        Ok(Aggregate::Keep)
+    }
+
     /// A streaming form of [`Method::aggregate`], for methods whose server step is a running
     /// sum; the simulator then never holds all replies of a round. `None` by default.
     fn fold(&self) -> Option<Box<dyn Fold>> {

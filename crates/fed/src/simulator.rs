@@ -6,8 +6,8 @@ use std::time::Instant;
 use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, Dataset, Table};
 use fedfuse_train::{TrainConfig, Trainer};
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +25,20 @@ pub enum ClientsPerRound {
     Count(usize),
     /// This fraction of all clients, at least one (Flower's `fraction_train`).
     Fraction(f64),
+}
+
+/// How a round's clients are drawn (`sampling` in a run config).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sampling {
+    /// Exactly `clients_per_round` of them, uniformly without replacement (as Flower's
+    /// strategies sample).
+    #[default]
+    Fixed,
+    /// Each client on its own with probability `clients_per_round` (a count `c` of `n`
+    /// clients: `c / n`), so a round's size varies and may be zero. This is the sampling
+    /// differential privacy's accountant amplifies by.
+    Poisson,
 }
 
 /// Bounds a reply must keep to be aggregated (`[replies]` in a run config); none by default.
@@ -104,6 +118,8 @@ pub struct SimConfig {
     pub local_eval: bool,
     /// Bounds on replies.
     pub bounds: ReplyBounds,
+    /// How each round's clients are drawn.
+    pub sampling: Sampling,
 }
 
 impl Default for SimConfig {
@@ -115,6 +131,7 @@ impl Default for SimConfig {
             train: TrainConfig::default(),
             local_eval: true,
             bounds: ReplyBounds::default(),
+            sampling: Sampling::Fixed,
         }
     }
 }
@@ -136,6 +153,16 @@ impl SimConfig {
                 "{f} is neither a count (integer) nor a fraction in (0, 1]"
             ))),
         }
+    }
+
+    /// The chance that a given client of `n` takes part in a round under Poisson sampling:
+    /// the fraction, or a count over `n`.
+    pub fn sampling_rate(&self, n: usize) -> Result<f64> {
+        let k = self.sample_size(n)?;
+        Ok(match self.clients_per_round {
+            ClientsPerRound::Fraction(f) => f,
+            ClientsPerRound::Count(_) => k as f64 / n.max(1) as f64,
+        })
     }
 }
 
@@ -530,29 +557,45 @@ pub struct Session<'a> {
     pub after_round: Option<AfterRound<'a>>,
 }
 
-/// Which clients take part in each round: `cfg.clients_per_round` of `n` drawn with the run's
-/// seed, in increasing order. The simulator and the Flower strategy draw the same sequence.
+/// Which clients take part in each round, drawn with the run's seed as `cfg.sampling` says,
+/// in increasing order. The simulator and the Flower strategy draw the same sequence.
 pub struct Sampler {
     rng: StdRng,
     n: usize,
-    k: usize,
+    draw: Draw,
+}
+
+enum Draw {
+    Fixed(usize),
+    Poisson(f64),
 }
 
 impl Sampler {
     /// The sampler of a run of `cfg` over `n` clients.
     pub fn new(cfg: &SimConfig, n: usize) -> Result<Self> {
+        let draw = match cfg.sampling {
+            Sampling::Fixed => Draw::Fixed(cfg.sample_size(n)?),
+            Sampling::Poisson => Draw::Poisson(cfg.sampling_rate(n)?),
+        };
         Ok(Self {
             rng: StdRng::seed_from_u64(cfg.seed),
             n,
-            k: cfg.sample_size(n)?,
+            draw,
         })
     }
 
     /// The next round's clients, in increasing order.
     pub fn next_round(&mut self) -> Vec<usize> {
-        let mut sampled = rand::seq::index::sample(&mut self.rng, self.n, self.k).into_vec();
-        sampled.sort_unstable();
-        sampled
+        match self.draw {
+            Draw::Fixed(k) => {
+                let mut sampled = rand::seq::index::sample(&mut self.rng, self.n, k).into_vec();
+                sampled.sort_unstable();
+                sampled
+            }
+            Draw::Poisson(q) => (0..self.n)
+                .filter(|_| self.rng.random::<f64>() < q)
+                .collect(),
+        }
     }
 }
 
@@ -746,12 +789,13 @@ impl RoundState {
         self.rejected.push(Rejection { client, reason });
     }
 
-    /// Aggregates the accepted replies into `global` (kept when there are none).
+    /// Aggregates the accepted replies into `global` (with none, what
+    /// [`Method::aggregate_no_replies`] says: kept, for most methods).
     pub fn finish(self, method: &mut dyn Method, global: &mut Params) -> Result<RoundTally> {
         let next = match self.fold {
             Some(f) if self.accepted > 0 => f.finish(self.round, global)?,
             None if self.accepted > 0 => method.aggregate(self.round, global, &self.replies)?,
-            _ => Aggregate::Keep,
+            _ => method.aggregate_no_replies(self.round, global)?,
         };
         if let Aggregate::Replace(next) = next {
             *global = next;
@@ -844,4 +888,35 @@ pub fn evaluate_classifier(
     };
     let scores = method.evaluate(evaluator, test)?;
     Ok((eval, local_accuracy_mean, scores))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poisson_sampling_draws_each_client_at_its_rate_and_replays_by_seed() {
+        let cfg = SimConfig {
+            clients_per_round: ClientsPerRound::Fraction(0.3),
+            sampling: Sampling::Poisson,
+            seed: 5,
+            ..SimConfig::default()
+        };
+        let mut sampler = Sampler::new(&cfg, 50).unwrap();
+        let rounds: Vec<Vec<usize>> = (0..400).map(|_| sampler.next_round()).collect();
+        let drawn: usize = rounds.iter().map(Vec::len).sum();
+        // 400 x 50 Bernoulli(0.3) draws: mean 6000, sd 65.
+        assert!((drawn as f64 - 6000.0).abs() < 300.0, "{drawn}");
+        let sizes: std::collections::BTreeSet<usize> = rounds.iter().map(Vec::len).collect();
+        assert!(sizes.len() > 5, "{sizes:?}");
+        assert!(rounds.iter().all(|r| r.windows(2).all(|w| w[0] < w[1])));
+        let mut again = Sampler::new(&cfg, 50).unwrap();
+        assert!(rounds.iter().all(|r| *r == again.next_round()));
+        // A count is a rate of count / n.
+        let count = SimConfig {
+            clients_per_round: ClientsPerRound::Count(10),
+            ..cfg
+        };
+        assert_eq!(count.sampling_rate(50).unwrap(), 0.2);
+    }
 }

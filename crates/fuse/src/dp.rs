@@ -91,13 +91,13 @@ impl ClippedSum {
         (self.count, self.clipped)
     }
 
-    /// `global + sum / denominator`.
-    pub fn step(&self, global: &Params, denominator: usize) -> Result<Params> {
+    /// `global + sum / denominator` (a denominator below 1 counts as 1).
+    pub fn step(&self, global: &Params, denominator: f64) -> Result<Params> {
         if self.count == 0 {
             return Err(FuseError::Empty);
         }
         let mut out = global.clone();
-        let d = denominator.max(1) as f64;
+        let d = denominator.max(1.0);
         for (sum, (_, t)) in self.sums.iter().zip(out.iter_mut()) {
             for (x, s) in t.data.iter_mut().zip(sum) {
                 *x = (f64::from(*x) + s / d) as f32;
@@ -137,10 +137,11 @@ pub fn noisy_count(count: usize, std: f64, rng: &mut impl Rng) -> Result<f64> {
     Ok(normal.sample(rng))
 }
 
-/// Standard deviation of central noise on a mean of `sampled` updates clipped to
-/// `clipping_norm` (Flower's `compute_stdv`): `z * C / m`.
-pub fn central_noise_std(noise_multiplier: f64, clipping_norm: f64, sampled: usize) -> f64 {
-    noise_multiplier * clipping_norm / sampled as f64
+/// Standard deviation of central noise on a sum of updates clipped to `clipping_norm` and
+/// divided by `denominator` (the clients sampled, or expected under Poisson sampling; Flower's
+/// `compute_stdv`): `z * C / m`.
+pub fn central_noise_std(noise_multiplier: f64, clipping_norm: f64, denominator: f64) -> f64 {
+    noise_multiplier * clipping_norm / denominator.max(1.0)
 }
 
 /// Standard deviation of the classical Gaussian mechanism for `(epsilon, delta)` at the given
@@ -155,13 +156,13 @@ pub fn gaussian_mechanism_std(sensitivity: f64, epsilon: f64, delta: f64) -> f64
 /// becomes `(z^-2 - (2 sigma_b)^-2)^-1/2`. Returns `(sigma_b, z_model)`.
 pub fn adaptive_noise_split(
     noise_multiplier: f64,
-    sampled: usize,
+    sampled: f64,
     clipped_count_stddev: Option<f64>,
 ) -> Result<(f64, f64)> {
     if noise_multiplier == 0.0 {
         return Ok((clipped_count_stddev.unwrap_or(0.0), 0.0));
     }
-    let sigma_b = clipped_count_stddev.unwrap_or(sampled as f64 / 20.0);
+    let sigma_b = clipped_count_stddev.unwrap_or(sampled / 20.0);
     if noise_multiplier >= 2.0 * sigma_b {
         return Err(FuseError::InvalidSetting {
             field: "clipped_count_stddev",
@@ -408,7 +409,7 @@ mod tests {
         assert_eq!(sum.counts(), (2, 1));
         // Three sampled, two replied: global + (0.6, 0.5, 0.8) / 3.
         let got: Vec<f32> = sum
-            .step(&global, 3)
+            .step(&global, 3.0)
             .unwrap()
             .iter()
             .flat_map(|(_, t)| t.data.clone())
@@ -416,14 +417,14 @@ mod tests {
         for (g, w) in got.iter().zip([1.2f32, 1.0 + 0.5 / 3.0, 1.0 + 0.8 / 3.0]) {
             assert!((g - w).abs() < 1e-6, "{got:?}");
         }
-        assert!(ClippedSum::new(&global, 1.0).step(&global, 3).is_err());
+        assert!(ClippedSum::new(&global, 1.0).step(&global, 3.0).is_err());
     }
 
     #[test]
     fn noise_has_the_requested_spread_and_follows_the_seed() {
         let mut p = Params::new();
         p.push("w", vec![100_000], vec![0.0; 100_000]).unwrap();
-        let std = central_noise_std(1.2, 0.5, 10);
+        let std = central_noise_std(1.2, 0.5, 10.0);
         assert!((std - 0.06).abs() < 1e-12);
         let mut a = p.clone();
         add_gaussian_noise(&mut a, std, &mut StdRng::seed_from_u64(3)).unwrap();
@@ -447,12 +448,12 @@ mod tests {
     #[test]
     fn adaptive_split_and_update_by_hand() {
         // z = 1, sigma_b = 10 / 20 = 0.5 is too small (z >= 2 sigma_b).
-        assert!(adaptive_noise_split(1.0, 10, None).is_err());
+        assert!(adaptive_noise_split(1.0, 10.0, None).is_err());
         // z = 1, sigma_b = 2: (1 - 1/16)^-1/2 = 1.0327955...
-        let (sb, z) = adaptive_noise_split(1.0, 10, Some(2.0)).unwrap();
+        let (sb, z) = adaptive_noise_split(1.0, 10.0, Some(2.0)).unwrap();
         assert_eq!(sb, 2.0);
         assert!((z - (16.0f64 / 15.0).sqrt()).abs() < 1e-12);
-        assert_eq!(adaptive_noise_split(0.0, 10, None).unwrap(), (0.0, 0.0));
+        assert_eq!(adaptive_noise_split(0.0, 10.0, None).unwrap(), (0.0, 0.0));
         // None inside the ball at target 0.5, lr 0.2: C grows to C e^0.1; all inside: shrinks.
         let c = geometric_clip_update(2.0, 0.2, 0.0, 0.5);
         assert!((c - 2.0 * 0.1f64.exp()).abs() < 1e-12);

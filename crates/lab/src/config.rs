@@ -6,8 +6,8 @@ use crate::error::{Context, Result, bail};
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{CdcSplit, PartitionSpec};
 use fedfuse_fed::{
-    BuildContext, ClientsPerRound, FedNgmConfig, FedNgrConfig, Method, MethodConfig,
-    PrivacySettings, ReplyBounds, ServerStepConfig, SimConfig,
+    BuildContext, ClientsPerRound, DpSampling, FedNgmConfig, FedNgrConfig, Method, MethodConfig,
+    PrivacySettings, ReplyBounds, Sampling, ServerStepConfig, SimConfig,
 };
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -37,6 +37,11 @@ pub struct Config {
     /// Clients per round: an integer count or a fraction in (0, 1].
     #[serde(default = "all_clients")]
     pub clients_per_round: ClientsPerRound,
+    /// How each round's clients are drawn: exactly `clients_per_round` (`fixed`, Flower's
+    /// way), or each client with probability `clients_per_round` (`poisson`, what DP's
+    /// accountant amplifies by).
+    #[serde(default, skip_serializing_if = "is_fixed")]
+    pub sampling: Sampling,
     /// Folder holding the dataset's files (overrides the cache; `--data-dir` overrides this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
@@ -77,6 +82,10 @@ pub struct Config {
 
 fn all_clients() -> ClientsPerRound {
     ClientsPerRound::Fraction(1.0)
+}
+
+fn is_fixed(s: &Sampling) -> bool {
+    *s == Sampling::Fixed
 }
 fn yes() -> bool {
     true
@@ -578,10 +587,11 @@ impl Config {
         if let Some(privacy) = &self.privacy {
             let sim = SimConfig {
                 clients_per_round: self.clients_per_round,
+                sampling: self.sampling,
                 ..SimConfig::default()
             };
-            let sampled = sim.sample_size(self.clients)?;
-            method = privacy.wrap(&self.method, method, sampled, seed)?;
+            let sampling = DpSampling::of(&sim, self.clients)?;
+            method = privacy.wrap(&self.method, method, sampling, seed)?;
         }
         if let Some(server) = &self.server {
             method = server.wrap(&self.method, method)?;
@@ -626,7 +636,8 @@ impl Config {
                  from [table] and its training settings are [method.local]; remove them"
             );
         }
-        // Every stage needs every client: the consensus is over the clients' shared features.
+        // Every stage needs every client: the consensus is over the clients' shared features
+        // (Poisson sampling at rate 1 draws everyone too).
         let all = match self.clients_per_round {
             ClientsPerRound::Count(c) => c == self.clients,
             ClientsPerRound::Fraction(f) => f == 1.0,

@@ -239,6 +239,7 @@ impl Federation {
             train: cfg.train.to_train_config(),
             local_eval: cfg.local_eval,
             bounds: cfg.replies,
+            sampling: cfg.sampling,
         };
         let summary = format!(
             "{} on {} ({} train / {} test samples), {} clients, {} rounds, model {} params",
@@ -474,6 +475,7 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
         seed: cfg.seed,
         local_eval: false,
         bounds: cfg.replies,
+        sampling: cfg.sampling,
         ..SimConfig::default()
     };
     let rows: usize = tables.train.iter().map(Table::n_rows).sum();

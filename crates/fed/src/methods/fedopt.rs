@@ -384,6 +384,11 @@ impl Method for ServerStep {
         step_towards(&self.state, global, target)
     }
 
+    fn aggregate_no_replies(&mut self, round: usize, global: &Params) -> Result<Aggregate> {
+        let target = self.inner.aggregate_no_replies(round, global)?;
+        step_towards(&self.state, global, target)
+    }
+
     fn fold(&self) -> Option<Box<dyn Fold>> {
         let inner = self.inner.fold()?;
         Some(Box::new(StepFold {

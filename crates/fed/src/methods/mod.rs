@@ -38,7 +38,7 @@ pub use gems::{
 };
 pub use krum::{Bulyan, BulyanSettings, Krum, KrumSettings};
 pub use pfnm::{Pfnm, PfnmSettings, default_eps_grid, put_class_counts};
-pub use privacy::{CentralDp, LocalDp, PrivacySettings};
+pub use privacy::{CentralDp, DpSampling, LocalDp, PrivacySettings};
 pub use separate_inits::SeparateInits;
 
 use std::sync::Arc;

@@ -18,8 +18,11 @@
 //!
 //! Central noise comes from a seeded stream per round, local noise from the client's seed, so
 //! a run stays reproducible. An RDP accountant reports ε at `delta` after every round
-//! (`dp_epsilon`; no sampling amplification is claimed: the bound holds however clients are
-//! sampled).
+//! (`dp_epsilon`). Under fixed-size sampling (Flower's) no amplification is claimed: the bound
+//! holds however the clients were picked. Under Poisson sampling (`sampling = "poisson"`,
+//! each client with probability `q`) the mean's denominator is the expected `q n` whatever the
+//! draw (McMahan et al. 2018), every round releases a noised model even when nobody was
+//! sampled, and the accountant composes the sampled Gaussian at rate `q`.
 
 use std::collections::BTreeMap;
 
@@ -33,7 +36,10 @@ use serde::{Deserialize, Serialize};
 
 use super::MethodConfig;
 use crate::method::{nest_state, unnest_state};
-use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result, derive_seed};
+use crate::{
+    Aggregate, ClientContext, FedError, Fold, Method, Reply, Result, Sampling, SimConfig,
+    derive_seed,
+};
 
 /// Stream of the central noise in [`derive_seed`]'s client slot, apart from every client's
 /// and from the methods' own server streams (`usize::MAX`, `usize::MAX - 1`).
@@ -52,6 +58,45 @@ fn default_target_quantile() -> f64 {
 }
 fn default_clip_lr() -> f64 {
     0.2
+}
+
+/// Who takes part in a round, as central DP needs it: the clipped mean's denominator and the
+/// rate its accountant may amplify by.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DpSampling {
+    /// Clients per round (fixed-size sampling) or expected per round (`q n`, Poisson).
+    pub clients: f64,
+    /// The Poisson rate `q`; `None` under fixed-size sampling, where no amplification holds.
+    pub poisson_rate: Option<f64>,
+}
+
+impl DpSampling {
+    /// The sampling of a run of `sim` over `n` clients.
+    pub fn of(sim: &SimConfig, n: usize) -> Result<Self> {
+        Ok(match sim.sampling {
+            Sampling::Fixed => Self::fixed(sim.sample_size(n)?),
+            Sampling::Poisson => {
+                let q = sim.sampling_rate(n)?;
+                Self {
+                    clients: q * n as f64,
+                    poisson_rate: Some(q),
+                }
+            }
+        })
+    }
+
+    /// Exactly `per_round` clients each round.
+    pub fn fixed(per_round: usize) -> Self {
+        Self {
+            clients: per_round.max(1) as f64,
+            poisson_rate: None,
+        }
+    }
+
+    /// The accountant's sampling rate: `q`, or 1 (no amplification).
+    fn accounted_rate(&self) -> f64 {
+        self.poisson_rate.unwrap_or(1.0)
+    }
 }
 
 /// The `[privacy]` table.
@@ -184,13 +229,13 @@ impl PrivacySettings {
     }
 
     /// Checks the settings and that `config`'s method can take them, and wraps `method`.
-    /// `sampled` is the clients sampled per round (the central noise's denominator), `seed`
-    /// the run's.
+    /// `sampling` says who takes part in a round (the central noise's denominator and the
+    /// accountant's rate), `seed` is the run's.
     pub fn wrap(
         &self,
         config: &MethodConfig,
         method: Box<dyn Method>,
-        sampled: usize,
+        sampling: DpSampling,
         seed: u64,
     ) -> Result<Box<dyn Method>> {
         self.check()?;
@@ -253,7 +298,7 @@ impl PrivacySettings {
                         ),
                     });
                 }
-                Ok(Box::new(CentralDp::new(self, method, sampled, seed)?))
+                Ok(Box::new(CentralDp::new(self, method, sampling, seed)?))
             }
         }
     }
@@ -280,7 +325,7 @@ pub struct CentralDp {
     model_noise: f64,
     /// The mechanism's multiplier, which the accountant composes.
     accounted_noise: f64,
-    sampled: usize,
+    sampling: DpSampling,
     seed: u64,
     delta: f64,
     accountant: RdpAccountant,
@@ -293,10 +338,9 @@ impl CentralDp {
     fn new(
         settings: &PrivacySettings,
         inner: Box<dyn Method>,
-        sampled: usize,
+        sampling: DpSampling,
         seed: u64,
     ) -> Result<Self> {
-        let sampled = sampled.max(1);
         let (clipping, clipping_norm, model_noise, accounted_noise, delta) = match *settings {
             PrivacySettings::CentralFixed {
                 noise_multiplier,
@@ -317,12 +361,15 @@ impl CentralDp {
                 clipped_count_stddev,
                 delta,
             } => {
-                let (count_std, z) =
-                    dp::adaptive_noise_split(noise_multiplier, sampled, clipped_count_stddev)
-                        .map_err(|e| FedError::InvalidSetting {
-                            field: "privacy.clipped_count_stddev",
-                            reason: e.to_string(),
-                        })?;
+                let (count_std, z) = dp::adaptive_noise_split(
+                    noise_multiplier,
+                    sampling.clients,
+                    clipped_count_stddev,
+                )
+                .map_err(|e| FedError::InvalidSetting {
+                    field: "privacy.clipped_count_stddev",
+                    reason: e.to_string(),
+                })?;
                 (
                     Clipping::Adaptive {
                         target: target_quantile,
@@ -348,13 +395,68 @@ impl CentralDp {
             clipping_norm,
             model_noise,
             accounted_noise,
-            sampled,
+            sampling,
             seed,
             delta,
             accountant: RdpAccountant::default(),
             releases: 0,
             last: BTreeMap::new(),
         })
+    }
+}
+
+impl CentralDp {
+    /// The round's noised mean of the clipped updates in `sum` (none: the global model plus
+    /// noise), the clipping norm's update and the accountant's step.
+    fn release(&mut self, round: usize, global: &Params, sum: &ClippedSum) -> Result<Aggregate> {
+        let c = self.clipping_norm;
+        let (n, clipped) = sum.counts();
+        let m = match self.sampling.poisson_rate {
+            // McMahan et al.'s fixed denominator: one client moves the mean by at most
+            // C / (q n) whoever was drawn.
+            Some(_) => self.sampling.clients,
+            // More replies than sampled would break the C / m bound: divide by the larger.
+            None => self.sampling.clients.max(n as f64),
+        };
+        let mut next = if n == 0 {
+            global.clone()
+        } else {
+            sum.step(global, m)?
+        };
+        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, round, CENTRAL_NOISE_STREAM));
+        let std = dp::central_noise_std(self.model_noise, c, m);
+        dp::add_gaussian_noise(&mut next, std, &mut rng)?;
+        self.last = BTreeMap::from([
+            ("dp_clipping_norm".to_string(), c),
+            ("dp_noise_std".to_string(), std),
+        ]);
+        if let Clipping::Adaptive {
+            target,
+            lr,
+            count_std,
+        } = self.clipping
+        {
+            let noisy = dp::noisy_count(clipped, count_std, &mut rng)?;
+            // Flower divides by the replies; under Poisson sampling Andrew et al. divide by
+            // the expected count, which does not reveal how many were drawn.
+            let base = match self.sampling.poisson_rate {
+                Some(_) => m,
+                None if n > 0 => n as f64,
+                None => m,
+            };
+            let clipped_fraction = noisy / base;
+            self.clipping_norm = dp::geometric_clip_update(c, lr, 1.0 - clipped_fraction, target);
+            self.last
+                .insert("dp_clipped_fraction".to_string(), clipped_fraction);
+        }
+        if self.accounted_noise > 0.0 {
+            self.accountant
+                .compose(self.sampling.accounted_rate(), self.accounted_noise, 1);
+            self.releases += 1;
+            let spent = self.accountant.epsilon(self.delta);
+            self.last.insert("dp_epsilon".to_string(), spent.epsilon);
+        }
+        Ok(Aggregate::Replace(next))
     }
 }
 
@@ -376,41 +478,15 @@ impl Method for CentralDp {
     }
 
     fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
-        let c = self.clipping_norm;
-        let mut sum = ClippedSum::new(global, c);
+        let mut sum = ClippedSum::new(global, self.clipping_norm);
         for r in replies {
             sum.add(global, &r.record.params)?;
         }
-        // More replies than sampled would break the C / m bound: divide by the larger.
-        let m = self.sampled.max(replies.len());
-        let mut next = sum.step(global, m)?;
-        let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, round, CENTRAL_NOISE_STREAM));
-        let std = dp::central_noise_std(self.model_noise, c, m);
-        dp::add_gaussian_noise(&mut next, std, &mut rng)?;
-        self.last = BTreeMap::from([
-            ("dp_clipping_norm".to_string(), c),
-            ("dp_noise_std".to_string(), std),
-        ]);
-        if let Clipping::Adaptive {
-            target,
-            lr,
-            count_std,
-        } = self.clipping
-        {
-            let (n, clipped) = sum.counts();
-            let noisy = dp::noisy_count(clipped, count_std, &mut rng)?;
-            let clipped_fraction = noisy / n as f64;
-            self.clipping_norm = dp::geometric_clip_update(c, lr, 1.0 - clipped_fraction, target);
-            self.last
-                .insert("dp_clipped_fraction".to_string(), clipped_fraction);
-        }
-        if self.accounted_noise > 0.0 {
-            self.accountant.compose(1.0, self.accounted_noise, 1);
-            self.releases += 1;
-            let spent = self.accountant.epsilon(self.delta);
-            self.last.insert("dp_epsilon".to_string(), spent.epsilon);
-        }
-        Ok(Aggregate::Replace(next))
+        self.release(round, global, &sum)
+    }
+
+    fn aggregate_no_replies(&mut self, round: usize, global: &Params) -> Result<Aggregate> {
+        self.release(round, global, &ClippedSum::new(global, self.clipping_norm))
     }
 
     fn round_metrics(&self) -> BTreeMap<String, f64> {
@@ -457,8 +533,11 @@ impl Method for CentralDp {
         self.releases = releases as usize;
         self.accountant = RdpAccountant::default();
         if self.releases > 0 {
-            self.accountant
-                .compose(1.0, self.accounted_noise, self.releases);
+            self.accountant.compose(
+                self.sampling.accounted_rate(),
+                self.accounted_noise,
+                self.releases,
+            );
         }
         self.inner.load_state(inner)
     }
@@ -547,9 +626,13 @@ mod tests {
     }
 
     fn central(settings: &PrivacySettings, sampled: usize) -> Box<dyn Method> {
+        central_sampled(settings, DpSampling::fixed(sampled))
+    }
+
+    fn central_sampled(settings: &PrivacySettings, sampling: DpSampling) -> Box<dyn Method> {
         let fedavg = MethodConfig::FedAvg(FedAvgSettings::default());
         settings
-            .wrap(&fedavg, fedavg.build().unwrap(), sampled, 7)
+            .wrap(&fedavg, fedavg.build().unwrap(), sampling, 7)
             .unwrap()
     }
 
@@ -628,6 +711,58 @@ mod tests {
     }
 
     #[test]
+    fn poisson_sampling_divides_by_q_n_and_noises_an_empty_round() {
+        let s = PrivacySettings::CentralFixed {
+            noise_multiplier: 0.0,
+            clipping_norm: 1.0,
+            delta: 1e-5,
+        };
+        let poisson = DpSampling {
+            clients: 2.5,
+            poisson_rate: Some(0.25),
+        };
+        let mut m = central_sampled(&s, poisson);
+        let global = model(&[0.0, 0.0]);
+        // One reply of update (3, 4), clipped to (0.6, 0.8), over q n = 2.5 (not over the one
+        // drawn, nor over more replies than expected).
+        let got = replaced(
+            m.aggregate(1, &global, &[reply(0, &[3.0, 4.0], 1)])
+                .unwrap(),
+        );
+        assert!(
+            (got[0] - 0.24).abs() < 1e-7 && (got[1] - 0.32).abs() < 1e-7,
+            "{got:?}"
+        );
+        let three: Vec<Reply> = (0..3).map(|c| reply(c, &[0.0, 1.0], 1)).collect();
+        let got = replaced(m.aggregate(2, &global, &three).unwrap());
+        assert!((got[1] - 1.2).abs() < 1e-6, "{got:?}");
+
+        // Nobody drawn: the release is the global model plus noise of z C / (q n), and the
+        // accountant composes the round at rate q.
+        let noisy = PrivacySettings::CentralFixed {
+            noise_multiplier: 2.0,
+            clipping_norm: 0.5,
+            delta: 1e-5,
+        };
+        let mut m = central_sampled(&noisy, poisson);
+        let global = model(&vec![0.0; 50_000]);
+        let noise = replaced(m.aggregate_no_replies(1, &global).unwrap());
+        let sd =
+            (noise.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / noise.len() as f64).sqrt();
+        assert!((sd / 0.4 - 1.0).abs() < 0.03, "{sd} vs z C / (q n) = 0.4");
+        let mut accountant = RdpAccountant::default();
+        accountant.compose(0.25, 2.0, 1);
+        assert_eq!(
+            m.round_metrics()["dp_epsilon"],
+            accountant.epsilon(1e-5).epsilon
+        );
+        // Fixed-size sampling claims no amplification: the same round costs more.
+        let mut fixed = central(&noisy, 3);
+        fixed.aggregate_no_replies(1, &global).unwrap();
+        assert!(fixed.round_metrics()["dp_epsilon"] > m.round_metrics()["dp_epsilon"]);
+    }
+
+    #[test]
     fn adaptive_norm_follows_the_clipped_fraction() {
         let s = PrivacySettings::CentralAdaptive {
             noise_multiplier: 0.0,
@@ -667,7 +802,11 @@ mod tests {
             (&pfnm, Box::new(crate::FedAvg) as Box<dyn Method>),
             (&median, Box::new(crate::FedMedian)),
         ] {
-            let e = s.wrap(cfg, method, 10, 0).err().unwrap().to_string();
+            let e = s
+                .wrap(cfg, method, DpSampling::fixed(10), 0)
+                .err()
+                .unwrap()
+                .to_string();
             assert!(
                 e.contains("central DP") && e.contains("kind = \"local\""),
                 "{e}"
@@ -682,11 +821,16 @@ mod tests {
         };
         assert!(
             local
-                .wrap(&median, Box::new(crate::FedMedian), 10, 0)
+                .wrap(
+                    &median,
+                    Box::new(crate::FedMedian),
+                    DpSampling::fixed(10),
+                    0
+                )
                 .is_ok()
         );
         let e = local
-            .wrap(&pfnm, Box::new(crate::FedAvg), 10, 0)
+            .wrap(&pfnm, Box::new(crate::FedAvg), DpSampling::fixed(10), 0)
             .err()
             .unwrap();
         assert!(e.to_string().contains("local DP clips"), "{e}");
@@ -697,7 +841,7 @@ mod tests {
         };
         let fedavg = MethodConfig::FedAvg(FedAvgSettings::default());
         let e = bad
-            .wrap(&fedavg, Box::new(crate::FedAvg), 10, 0)
+            .wrap(&fedavg, Box::new(crate::FedAvg), DpSampling::fixed(10), 0)
             .err()
             .unwrap();
         assert!(e.to_string().contains("privacy.clipping_norm"), "{e}");

@@ -703,6 +703,30 @@ pub struct RoundState {
     rejected: Vec<Rejection>,
 }
 
+/// What is wrong with a reply's metrics, checked as its parameters are: every value finite,
+/// and the figures the round reports in their range (a client claiming an accuracy of 5 or a
+/// negative loss would otherwise move the round's means at will).
+fn metrics_violation(record: &Record) -> Option<String> {
+    for (key, &value) in &record.metrics {
+        let range = match key.as_str() {
+            LOCAL_ACCURACY => Some((0.0, 1.0)),
+            "train_loss" => Some((0.0, f64::INFINITY)),
+            _ => None,
+        };
+        if !value.is_finite() {
+            return Some(format!("metric `{key}` is {value}, not a finite number"));
+        }
+        if let Some((lo, hi)) = range
+            && !(lo..=hi).contains(&value)
+        {
+            return Some(format!(
+                "metric `{key}` = {value} lies outside [{lo}, {hi}]"
+            ));
+        }
+    }
+    None
+}
+
 impl RoundState {
     /// Round `round` with `clients` sampled clients.
     pub fn new(method: &dyn Method, round: usize, clients: usize) -> Self {
@@ -752,7 +776,11 @@ impl RoundState {
         let checked = reply.and_then(|(record, bytes)| {
             self.bytes_up += bytes as u64;
             method.check_reply(global, &record)?;
-            match self.bounds.violation(global, &record) {
+            match self
+                .bounds
+                .violation(global, &record)
+                .or_else(|| metrics_violation(&record))
+            {
                 Some(reason) => Err(FedError::BadReply { client, reason }),
                 None => Ok(record),
             }
@@ -918,5 +946,43 @@ mod tests {
             ..cfg
         };
         assert_eq!(count.sampling_rate(50).unwrap(), 0.2);
+    }
+
+    #[test]
+    fn replies_with_metrics_out_of_range_are_rejected_with_the_metric_named() {
+        let method = crate::FedAvg;
+        let mut global = Params::new();
+        global.push("w", vec![2], vec![0.0, 0.0]).unwrap();
+        let mut state = RoundState::new(&method, 1, 4);
+        let reply = |key: &str, value: f64| {
+            let mut r = Record::from_params(global.clone()).with_num_examples(10);
+            r.metrics.insert(key.into(), value);
+            Ok((r, 100))
+        };
+        state
+            .offer(&method, &global, 0, reply(LOCAL_ACCURACY, 5.0))
+            .unwrap();
+        state
+            .offer(&method, &global, 1, reply("train_loss", -1e30))
+            .unwrap();
+        state
+            .offer(&method, &global, 2, reply("anything", f64::INFINITY))
+            .unwrap();
+        state
+            .offer(&method, &global, 3, reply("train_loss", 0.5))
+            .unwrap();
+        let rejected: Vec<(usize, &str)> = state
+            .rejected
+            .iter()
+            .map(|r| (r.client, r.reason.as_str()))
+            .collect();
+        assert_eq!(rejected.len(), 3, "{rejected:?}");
+        assert!(
+            rejected[0].1.contains("`local_accuracy` = 5"),
+            "{rejected:?}"
+        );
+        assert!(rejected[1].1.contains("`train_loss`"), "{rejected:?}");
+        assert!(rejected[2].1.contains("`anything` is inf"), "{rejected:?}");
+        assert_eq!(state.accepted, 1);
     }
 }

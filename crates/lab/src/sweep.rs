@@ -283,6 +283,9 @@ struct Row {
     widths: String,
     /// GPI-FNM's chosen eps.
     eps: Option<f64>,
+    /// PFNM's or GPI-FNM's sigma, chosen on the validation split (with a `sigma_grid`).
+    #[serde(default)]
+    sigma: Option<f64>,
     seconds: f64,
 }
 
@@ -339,6 +342,7 @@ impl Sweep<'_> {
             loss: f64::NAN,
             widths: String::new(),
             eps: None,
+            sigma: None,
             seconds: 0.0,
         }
     }
@@ -406,6 +410,7 @@ impl Sweep<'_> {
                     row.accuracy = r.global_accuracy;
                     row.loss = r.global_loss;
                     row.eps = r.method.get("eps").copied();
+                    row.sigma = r.method.get("sigma").copied();
                     row.widths = (0..s.hidden.len())
                         .filter_map(|l| r.method.get(&format!("width.{l}")))
                         .map(|w| w.to_string())
@@ -459,7 +464,9 @@ impl Sweep<'_> {
                     };
                     (row.accuracy, row.loss) = evaluate(&fused, self.test)?;
                     row.widths = widths_of(&fused);
-                    row.eps = method.round_metrics().get("eps").copied();
+                    let chosen = method.round_metrics();
+                    row.eps = chosen.get("eps").copied();
+                    row.sigma = chosen.get("sigma").copied();
                     row.seconds = local_seconds + started.elapsed().as_secs_f64();
                 }
                 SweepMethod::FedavgCommon => {
@@ -692,12 +699,12 @@ fn publish(
 
 fn write_rows(out: &Path, rows: &[Row]) -> Result<()> {
     let mut csv = String::from(
-        "partition,clients,hidden,layers,seed,round,method,accuracy,loss,widths,eps,seconds\n",
+        "partition,clients,hidden,layers,seed,round,method,accuracy,loss,widths,eps,sigma,seconds\n",
     );
     for r in rows {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{:.3}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{:.3}",
             r.partition,
             r.clients,
             r.hidden,
@@ -709,6 +716,7 @@ fn write_rows(out: &Path, rows: &[Row]) -> Result<()> {
             r.loss,
             r.widths,
             r.eps.map_or(String::new(), |e| e.to_string()),
+            r.sigma.map_or(String::new(), |e| e.to_string()),
             r.seconds
         );
     }
@@ -731,6 +739,7 @@ struct Summary {
     /// Mean total hidden width.
     width_mean: f64,
     eps: Vec<f64>,
+    sigma: Vec<f64>,
 }
 
 fn summarise(rows: &[Row]) -> Vec<Summary> {
@@ -782,6 +791,7 @@ fn summarise(rows: &[Row]) -> Vec<Summary> {
                     widths.iter().sum::<f64>() / widths.len() as f64
                 },
                 eps: g.iter().filter_map(|r| r.eps).collect(),
+                sigma: g.iter().filter_map(|r| r.sigma).collect(),
             }
         })
         .collect()
@@ -790,26 +800,29 @@ fn summarise(rows: &[Row]) -> Vec<Summary> {
 fn write_summary(out: &Path, cfg: &SweepConfig, summary: &[Summary]) -> Result<()> {
     let mut csv = String::from(
         "partition,clients,hidden,layers,round,method,seeds,accuracy_mean,accuracy_std,loss_mean,\
-         hidden_units_mean,eps_chosen\n",
+         hidden_units_mean,eps_chosen,sigma_chosen\n",
     );
     let mut md = format!(
         "# {}\n\nDataset `{}`; {} seed(s); test accuracy, mean ± std over seeds; hidden units = \
-         total global hidden width (mean).\n\n| partition | J | hidden | round | method | accuracy | \
-         hidden units | eps chosen |\n|---|---|---|---|---|---|---|---|\n",
+         total global hidden width (mean); eps and sigma as chosen on the validation split, one \
+         per seed.\n\n| partition | J | hidden | round | method | accuracy | hidden units | eps \
+         chosen | sigma chosen |\n|---|---|---|---|---|---|---|---|---|\n",
         cfg.title,
         cfg.dataset,
         cfg.seeds.len()
     );
-    for s in summary {
-        let eps = s
-            .eps
-            .iter()
+    let joined = |v: &[f64]| {
+        v.iter()
             .map(|e| e.to_string())
             .collect::<Vec<_>>()
-            .join(" ");
+            .join(" ")
+    };
+    let or_dash = |s: String| if s.is_empty() { "–".to_string() } else { s };
+    for s in summary {
+        let (eps, sigma) = (joined(&s.eps), joined(&s.sigma));
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
             s.partition,
             s.clients,
             s.hidden,
@@ -821,7 +834,8 @@ fn write_summary(out: &Path, cfg: &SweepConfig, summary: &[Summary]) -> Result<(
             s.accuracy_std,
             s.loss_mean,
             s.width_mean,
-            eps
+            eps,
+            sigma
         );
         let width = if s.width_mean.is_nan() {
             "–".to_string()
@@ -830,7 +844,7 @@ fn write_summary(out: &Path, cfg: &SweepConfig, summary: &[Summary]) -> Result<(
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.4} ± {:.4} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.4} ± {:.4} | {} | {} | {} |",
             s.partition,
             s.clients,
             s.hidden,
@@ -839,7 +853,8 @@ fn write_summary(out: &Path, cfg: &SweepConfig, summary: &[Summary]) -> Result<(
             s.accuracy_mean,
             s.accuracy_std,
             width,
-            if eps.is_empty() { "–".into() } else { eps }
+            or_dash(eps),
+            or_dash(sigma)
         );
     }
     write_atomic(&out.join("summary.csv"), csv.as_bytes())?;

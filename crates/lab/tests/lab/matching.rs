@@ -244,3 +244,38 @@ fn fedavg_of_separate_inits_sends_nothing_first_and_trails_a_common_init() {
     );
     assert!(separate.global_accuracy + 0.05 < common.global_accuracy);
 }
+
+#[test]
+fn a_sweep_records_the_sigma_and_eps_it_chose_for_every_seed() {
+    let smoke = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../experiments/digits-smoke.toml"),
+    )
+    .unwrap();
+    let text = smoke
+        .replace(
+            "methods = [\"pfnm\", \"gpi-fnm\", \"fedavg-separate\", \"fedavg-common\", \"local\", \"ensemble\", \"oracle\"]",
+            "methods = [\"gpi-fnm\"]",
+        )
+        .replace("[matching]", "[matching]\nsigma_grid = [0.3, 1.0, 3.0]");
+    assert!(text.contains("sigma_grid") && text.contains("methods = [\"gpi-fnm\"]"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sweep.toml");
+    std::fs::write(&file, &text).unwrap();
+    let cfg = fedfuse_lab::sweep::SweepConfig::load(&file).unwrap();
+    let out = dir.path().join("out");
+    fedfuse_lab::sweep::run(&cfg, &out, None, &fedfuse_lab::Silent, false).unwrap();
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (eps, sigma) = (col("eps"), col("sigma"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    for r in &rows {
+        assert!(["0.3", "1", "3"].contains(&r[sigma]), "{csv}");
+        assert!(["0", "0.01", "0.1", "1"].contains(&r[eps]), "{csv}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("sigma chosen"), "{summary}");
+}

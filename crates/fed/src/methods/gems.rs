@@ -102,9 +102,17 @@ pub struct GemsSettings {
     /// Output-layer criterion.
     #[serde(default)]
     pub criterion: CriterionKind,
-    /// Output-layer threshold (a loss, or an accuracy in [0, 1]).
-    #[serde(default = "epsilon")]
-    pub epsilon: f64,
+    /// Output-layer threshold (a loss, or an accuracy in [0, 1]). Left out (the default), it
+    /// is found automatically from `epsilon_scales`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon: Option<f64>,
+    /// Automatic threshold: each learner measures its own validation loss `L_s` (with
+    /// criterion = "accuracy", its error `1 - a_s`) and sends one radius per scale `m`, the
+    /// region where the loss stays within `m L_s` (the error within `m (1 - a_s)`); the server
+    /// takes the smallest scale at which every learner's region meets. Nothing about the test
+    /// data enters, so the same settings run on any dataset. Unused when `epsilon` is set.
+    #[serde(default = "epsilon_scales")]
+    pub epsilon_scales: Vec<f64>,
     /// Per-learner thresholds by client id, overriding `epsilon` (e.g. for very unequal data).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub epsilon_by_client: BTreeMap<String, f64>,
@@ -166,6 +174,9 @@ pub struct GemsSettings {
 fn epsilon() -> f64 {
     0.5
 }
+fn epsilon_scales() -> Vec<f64> {
+    vec![1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0]
+}
 fn samples() -> usize {
     500
 }
@@ -204,7 +215,8 @@ impl Default for GemsSettings {
     fn default() -> Self {
         Self {
             criterion: CriterionKind::Loss,
-            epsilon: epsilon(),
+            epsilon: None,
+            epsilon_scales: epsilon_scales(),
             epsilon_by_client: BTreeMap::new(),
             neuron_criterion: NeuronCriterionKind::Loss,
             neuron_epsilon: epsilon(),
@@ -248,14 +260,41 @@ impl GemsSettings {
             CriterionKind::Loss => e.is_finite() && e > 0.0,
             CriterionKind::Accuracy => (0.0..=1.0).contains(&e),
         };
-        if !eps_ok(self.epsilon) {
-            return bad(
-                "epsilon",
-                format!(
-                    "{}: a positive loss, or an accuracy in [0, 1] with criterion = \"accuracy\"",
-                    self.epsilon
-                ),
-            );
+        match self.epsilon {
+            Some(e) if !eps_ok(e) => {
+                return bad(
+                    "epsilon",
+                    format!(
+                        "{e}: a positive loss, or an accuracy in [0, 1] with criterion = \
+                         \"accuracy\" (or leave it out for the automatic threshold)"
+                    ),
+                );
+            }
+            Some(_) => {}
+            None => {
+                let increasing = self.epsilon_scales.windows(2).all(|w| w[0] < w[1]);
+                let valid = self
+                    .epsilon_scales
+                    .iter()
+                    .all(|m| m.is_finite() && *m >= 1.0);
+                if self.epsilon_scales.is_empty() || !increasing || !valid {
+                    return bad(
+                        "epsilon_scales",
+                        format!(
+                            "{:?}: give increasing scales of at least 1 (or set epsilon)",
+                            self.epsilon_scales
+                        ),
+                    );
+                }
+                if !self.epsilon_by_client.is_empty() {
+                    return bad(
+                        "epsilon_by_client",
+                        "overrides a fixed `epsilon`; set epsilon, or leave both out for the \
+                         automatic threshold"
+                            .into(),
+                    );
+                }
+            }
         }
         for (client, &e) in &self.epsilon_by_client {
             if client.parse::<usize>().is_err() || !eps_ok(e) {
@@ -321,15 +360,37 @@ impl GemsSettings {
         }
     }
 
-    fn output_criterion(&self, client: usize) -> Criterion {
-        let eps = self
+    /// The output layer's thresholds for `client`, one per radius it sends: the fixed
+    /// `epsilon` (or its override), or one per scale of its own validation `(loss, accuracy)`.
+    fn output_criteria(&self, client: usize, own: (f64, f64)) -> Vec<Criterion> {
+        let fixed = self
             .epsilon_by_client
             .get(&client.to_string())
             .copied()
-            .unwrap_or(self.epsilon);
-        match self.criterion {
+            .or(self.epsilon);
+        let at = |eps| match self.criterion {
             CriterionKind::Loss => Criterion::Loss(eps),
             CriterionKind::Accuracy => Criterion::Accuracy(eps),
+        };
+        match fixed {
+            Some(eps) => vec![at(eps)],
+            None => self
+                .epsilon_scales
+                .iter()
+                .map(|m| match self.criterion {
+                    CriterionKind::Loss => at(m * own.0),
+                    CriterionKind::Accuracy => at(1.0 - m * (1.0 - own.1)),
+                })
+                .collect(),
+        }
+    }
+
+    /// Radii per output ball: one, or one per scale.
+    fn output_radii(&self) -> usize {
+        if self.epsilon.is_some() {
+            1
+        } else {
+            self.epsilon_scales.len()
         }
     }
 
@@ -337,6 +398,25 @@ impl GemsSettings {
         match self.neuron_criterion {
             NeuronCriterionKind::Loss => NeuronCriterion::Loss(self.neuron_epsilon),
             NeuronCriterionKind::Activation => NeuronCriterion::Activation(self.neuron_epsilon),
+        }
+    }
+}
+
+/// A learner's output-layer region: one radius per threshold it was measured at (one for a
+/// fixed epsilon, one per scale for the automatic one).
+#[derive(Clone, Debug)]
+struct OutputBall {
+    centre: Vec<f32>,
+    radii: Vec<f64>,
+    axes: Option<Vec<f32>>,
+}
+
+impl OutputBall {
+    fn at(&self, k: usize) -> Ball {
+        Ball {
+            centre: self.centre.clone(),
+            radius: self.radii[k],
+            axes: self.axes.clone(),
         }
     }
 }
@@ -355,7 +435,7 @@ pub struct Gems {
     /// Next stage: hidden layer index, [`OUTPUT`] or [`DONE`].
     stage: i64,
     /// Output-layer balls received so far, per client, one per attempt.
-    output_balls: BTreeMap<usize, Vec<Ball>>,
+    output_balls: BTreeMap<usize, Vec<OutputBall>>,
     /// Output stages run so far.
     attempts: usize,
     /// The GEMS model before fine-tuning (reported next to the tuned one).
@@ -461,7 +541,9 @@ impl Gems {
                         .params
                         .push(format!("{key}.axes"), vec![axes.len()], axes.clone())?;
                 }
-                state.metrics.insert(format!("{key}.radius"), ball.radius);
+                for (j, r) in ball.radii.iter().enumerate() {
+                    state.metrics.insert(format!("{key}.radius.{j}"), *r);
+                }
             }
         }
         if let Some(untuned) = &self.untuned {
@@ -514,12 +596,18 @@ impl Gems {
             let balls = (0..count)
                 .map(|k| {
                     let key = format!("ball.{client}.{k}");
-                    Ok(Ball {
+                    let radii = (0..self.settings.output_radii())
+                        .map(|j| {
+                            state
+                                .metrics
+                                .get(&format!("{key}.radius.{j}"))
+                                .copied()
+                                .ok_or_else(|| bad(format!("no `{key}.radius.{j}`")))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ok(OutputBall {
                         centre: state.params.require(&format!("{key}.centre"))?.data.clone(),
-                        radius: *state
-                            .metrics
-                            .get(&format!("{key}.radius"))
-                            .ok_or_else(|| bad(format!("no `{key}.radius`")))?,
+                        radii,
                         axes: state
                             .params
                             .get(&format!("{key}.axes"))
@@ -543,24 +631,37 @@ impl Gems {
         Ok(())
     }
 
-    /// A point in one ball per client: the newest attempt's balls first, then other
-    /// combinations of earlier attempts (at most 256).
-    fn intersect_output(&self) -> Result<Vec<f32>> {
-        let clients: Vec<&Vec<Ball>> = self.output_balls.values().collect();
+    /// A point in one ball per client, and the threshold it was found at: the tightest
+    /// threshold first; at each, the newest attempt's balls first, then other combinations of
+    /// earlier attempts (at most 256).
+    fn intersect_output(&self) -> Result<(Vec<f32>, usize)> {
+        let mut last_err = None;
+        for k in 0..self.settings.output_radii() {
+            match self.intersect_output_at(k) {
+                Ok(point) => return Ok((point, k)),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| FuseError::Empty.into()))
+    }
+
+    fn intersect_output_at(&self, k: usize) -> Result<Vec<f32>> {
+        let clients: Vec<&Vec<OutputBall>> = self.output_balls.values().collect();
         let cfg = IntersectConfig::default();
         let mut last_err = None;
         let total: usize = clients.iter().map(|b| b.len()).product();
         for combo in 0..total.min(256) {
             // Mixed-radix index, newest attempt first.
             let mut rest = combo;
-            let chosen: Vec<&Ball> = clients
+            let chosen: Vec<Ball> = clients
                 .iter()
                 .map(|balls| {
                     let pick = balls.len() - 1 - rest % balls.len();
                     rest /= balls.len();
-                    &balls[pick]
+                    balls[pick].at(k)
                 })
                 .collect();
+            let chosen: Vec<&Ball> = chosen.iter().collect();
             match intersect_balls(&chosen, &cfg) {
                 Ok(point) => return Ok(point),
                 Err(e) => last_err = Some(e),
@@ -723,22 +824,28 @@ impl Method for Gems {
                     )?)
                 }
             };
-            let criterion = self.settings.output_criterion(ctx.id);
+            let eval = trainer.evaluate(&fitted.params, &val)?;
             let v = Validation {
                 x: &val.x,
                 y: &val.y,
             };
-            let radius = search_radius(
-                &centre,
-                axes.as_deref(),
-                &self.settings.search(false),
-                self.settings.samples,
-                &mut rng,
-                |pts, n| Ok(output_layers_good(pts, n, classes, v, criterion)),
-            )?;
-            let eval = trainer.evaluate(&fitted.params, &val)?;
+            let mut radii = Vec::new();
+            for criterion in self
+                .settings
+                .output_criteria(ctx.id, (eval.loss, eval.accuracy))
+            {
+                let radius = search_radius(
+                    &centre,
+                    axes.as_deref(),
+                    &self.settings.search(false),
+                    self.settings.samples,
+                    &mut rng,
+                    |pts, n| Ok(output_layers_good(pts, n, classes, v, criterion)),
+                )?;
+                radii.push(radius as f32);
+            }
             reply.params.push(CENTRES, vec![centre.len()], centre)?;
-            reply.params.push(RADII, vec![1], vec![radius as f32])?;
+            reply.params.push(RADII, vec![radii.len()], radii)?;
             if let Some(a) = axes {
                 reply.params.push(AXES, vec![a.len()], a)?;
             }
@@ -820,9 +927,14 @@ impl Method for Gems {
             (self.hidden[l], d + 1)
         };
         let hidden_layout_wrong = self.stage != OUTPUT && c.shape != [rows, cols];
-        if c.data.len() != rows * cols || r.data.len() != rows || hidden_layout_wrong {
+        let radii = if self.stage == OUTPUT {
+            self.settings.output_radii()
+        } else {
+            rows
+        };
+        if c.data.len() != rows * cols || r.data.len() != radii || hidden_layout_wrong {
             return bad(format!(
-                "{} centre values and {} radii; stage {} expects {rows} x {cols} and {rows}",
+                "{} centre values and {} radii; stage {} expects {rows} x {cols} and {radii}",
                 c.data.len(),
                 r.data.len(),
                 self.stage
@@ -854,15 +966,15 @@ impl Method for Gems {
         };
         if self.stage == OUTPUT {
             for r in replies {
-                let ball = Ball {
+                let ball = OutputBall {
                     centre: get(r, CENTRES)?,
-                    radius: f64::from(get(r, RADII)?[0]),
+                    radii: get(r, RADII)?.into_iter().map(f64::from).collect(),
                     axes: r.record.params.get(AXES).map(|a| a.data.clone()),
                 };
                 self.output_balls.entry(r.client).or_default().push(ball);
             }
             self.attempts += 1;
-            let point = match self.intersect_output() {
+            let (point, k) = match self.intersect_output() {
                 Ok(p) => p,
                 Err(_) if self.attempts <= self.settings.max_retries => {
                     self.report.insert("retry".into(), self.attempts as f64);
@@ -894,11 +1006,15 @@ impl Method for Gems {
             self.stage = DONE;
             self.report.insert("intersected".into(), 1.0);
             self.report.insert("attempts".into(), self.attempts as f64);
+            if self.settings.epsilon.is_none() {
+                self.report
+                    .insert("epsilon_scale".into(), self.settings.epsilon_scales[k]);
+            }
             let radii: Vec<f64> = self
                 .output_balls
                 .values()
                 .filter_map(|b| b.last())
-                .map(|b| b.radius)
+                .map(|b| b.radii[k])
                 .collect();
             self.report.insert(
                 "output_radius_mean".into(),
@@ -980,6 +1096,10 @@ mod tests {
     use super::*;
 
     fn output_reply(client: usize, centre: f32, radius: f32) -> Reply {
+        output_reply_at(client, centre, &[radius])
+    }
+
+    fn output_reply_at(client: usize, centre: f32, radii: &[f32]) -> Reply {
         let mut record = Record::default();
         record
             .params
@@ -987,16 +1107,49 @@ mod tests {
             .expect("fills");
         record
             .params
-            .push(RADII, vec![1], vec![radius])
+            .push(RADII, vec![radii.len()], radii.to_vec())
             .expect("fills");
         Reply { client, record }
+    }
+
+    #[test]
+    fn the_automatic_threshold_is_the_tightest_scale_at_which_the_regions_meet() {
+        let settings = GemsSettings {
+            epsilon_scales: vec![1.1, 2.0, 5.0],
+            ..GemsSettings::default()
+        };
+        let mut gems = Gems::new(settings, ModelSpec::mlp(3, &[], 2), Init::Default, 0, None)
+            .expect("valid settings");
+        let global = Params::new();
+        // Centres 1 apart in each of 8 coordinates (distance 2.83): radii 1 + 1 miss, 1.5 +
+        // 1.5 meet, 4 + 4 meet too but are looser.
+        let replies = [
+            output_reply_at(0, 0.0, &[1.0, 1.5, 4.0]),
+            output_reply_at(1, 1.0, &[1.0, 1.5, 4.0]),
+        ];
+        for r in &replies {
+            gems.check_reply(&global, &r.record).expect("three radii");
+        }
+        assert!(
+            gems.check_reply(&global, &output_reply(0, 0.0, 1.0).record)
+                .is_err()
+        );
+        let Aggregate::Replace(fused) = gems.aggregate(1, &global, &replies).expect("meets") else {
+            panic!("no model");
+        };
+        assert_eq!(gems.round_metrics()["epsilon_scale"], 2.0);
+        let w = &fused.iter().next().expect("a layer").1.data;
+        assert!(w.iter().all(|&v| v > 0.0 && v < 1.0), "{w:?}");
     }
 
     #[test]
     fn output_balls_of_a_missed_attempt_survive_a_checkpoint() {
         let shallow = || {
             Gems::new(
-                GemsSettings::default(),
+                GemsSettings {
+                    epsilon: Some(0.5),
+                    ..GemsSettings::default()
+                },
                 ModelSpec::mlp(3, &[], 2),
                 Init::Default,
                 0,

@@ -421,6 +421,16 @@ fn run_seed(
                 continue;
             }
         };
+        if let Some(scale) = result
+            .rounds
+            .last()
+            .and_then(|r| r.method.get("epsilon_scale"))
+        {
+            observer.note(&format!(
+                "  seed {seed}, neuron_epsilon {eps}: the regions met at {scale} times the \
+                 learners' own validation loss"
+            ));
+        }
         rows.push(eval(eps, "GEMS".into(), &result.params)?);
         for &n in &tunes {
             let tuned = finetune_output_layer(

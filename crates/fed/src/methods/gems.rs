@@ -107,7 +107,7 @@ pub struct GemsSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
     /// Automatic threshold: each learner measures its own validation loss `L_s` (with
-    /// criterion = "accuracy", its error `1 - a_s`) and sends one radius per scale `m`, the
+    /// criterion = "accuracy", its error `1 - a_s`) and sends one radius per scale `m` (1.1 to 20), the
     /// region where the loss stays within `m L_s` (the error within `m (1 - a_s)`); the server
     /// takes the smallest scale at which every learner's region meets. Nothing about the test
     /// data enters, so the same settings run on any dataset. Unused when `epsilon` is set.
@@ -175,7 +175,9 @@ fn epsilon() -> f64 {
     0.5
 }
 fn epsilon_scales() -> Vec<f64> {
-    vec![1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0]
+    vec![
+        1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 15.0, 20.0,
+    ]
 }
 fn samples() -> usize {
     500

@@ -189,7 +189,7 @@ fn permuted_digits() -> Permuted {
 
 #[test]
 fn the_automatic_epsilon_fuses_mnist_and_digits_with_the_same_settings() {
-    // No epsilon: each learner sends radii at 1.1-10 times its own validation loss and the
+    // No epsilon: each learner sends radii at 1.1-20 times its own validation loss and the
     // server takes the tightest scale at which the regions meet.
     let auto = GemsSettings {
         neuron_criterion: NeuronCriterionKind::Activation,

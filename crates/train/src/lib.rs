@@ -49,4 +49,4 @@ pub use ngm::{
     structure_report, unit_mask,
 };
 pub use sparse::{SparseConfig, SparseFit};
-pub use trainer::{Evaluation, Fitted, Trainer};
+pub use trainer::{Evaluation, Fitted, MixturePrior, Trainer};

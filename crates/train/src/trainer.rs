@@ -136,7 +136,42 @@ impl Trainer {
         prox: Option<(&Params, f64)>,
         seed: u64,
     ) -> Result<Fitted> {
-        self.fit_inner(start, data, cfg, prox, 0.0, None, seed)
+        let anchor = match prox {
+            Some((a, mu)) => Anchor::Prox(a, mu),
+            None => Anchor::None,
+        };
+        self.fit_inner(start, data, cfg, anchor, 0.0, None, seed)
+    }
+
+    /// Trains from `start` under a Gaussian-mixture prior (fedsparse-em eq. 48): the loss
+    /// gains `-log sum_k pi_k exp(-lambda/2 ||w - w_k||^2)`, whose gradient pulls the weights
+    /// towards each centre in proportion to its responsibility for them.
+    pub fn fit_mixture(
+        &self,
+        start: &Params,
+        data: &Dataset,
+        cfg: &TrainConfig,
+        prior: &MixturePrior<'_>,
+        seed: u64,
+    ) -> Result<Fitted> {
+        let ok = prior.lambda.is_finite()
+            && prior.lambda >= 0.0
+            && !prior.centres.is_empty()
+            && prior.centres.len() == prior.log_weights.len()
+            && prior.log_weights.iter().all(|l| l.is_finite());
+        if !ok {
+            return Err(TrainError::InvalidConfig {
+                field: "mixture",
+                reason: format!(
+                    "{} centres, {} finite log weights and lambda {}: give one log weight per \
+                     centre and lambda >= 0",
+                    prior.centres.len(),
+                    prior.log_weights.len(),
+                    prior.lambda
+                ),
+            });
+        }
+        self.fit_inner(start, data, cfg, Anchor::Mixture(prior), 0.0, None, seed)
     }
 
     /// FedL1 local training: [`fit_with`](Self::fit_with) without a proximal term, the loss
@@ -158,7 +193,7 @@ impl Trainer {
                 reason: format!("{l1} is not >= 0"),
             });
         }
-        self.fit_inner(start, data, cfg, None, l1, None, seed)
+        self.fit_inner(start, data, cfg, Anchor::None, l1, None, seed)
     }
 
     /// Training with every unit of the grouped layers (see [`Self::groups`]) scaled by a fixed
@@ -180,7 +215,7 @@ impl Trainer {
                 reason: format!("{g} is not a finite non-negative factor"),
             });
         }
-        self.fit_inner(start, data, cfg, None, 0.0, Some(gates), seed)
+        self.fit_inner(start, data, cfg, Anchor::None, 0.0, Some(gates), seed)
     }
 
     #[allow(clippy::too_many_arguments)] // private; the public entry points each fix some
@@ -189,7 +224,7 @@ impl Trainer {
         start: &Params,
         data: &Dataset,
         cfg: &TrainConfig,
-        prox: Option<(&Params, f64)>,
+        anchor: Anchor<'_>,
         l1: f64,
         gates: Option<&[f32]>,
         seed: u64,
@@ -205,10 +240,18 @@ impl Trainer {
             None => Vec::new(),
         };
         let mut net = params::build(&self.spec, start, &device)?;
-        let anchor = match prox {
-            Some((anchor, mu)) if mu > 0.0 => {
-                Some((params::build(&self.spec, anchor, &device)?.no_grad(), mu))
-            }
+        let fixed =
+            |p: &Params| -> Result<Net> { Ok(params::build(&self.spec, p, &device)?.no_grad()) };
+        let prox = match anchor {
+            Anchor::Prox(a, mu) if mu > 0.0 => Some((fixed(a)?, mu)),
+            _ => None,
+        };
+        let mixture = match anchor {
+            Anchor::Mixture(m) if m.lambda > 0.0 => Some((
+                m.centres.iter().map(fixed).collect::<Result<Vec<_>>>()?,
+                m.log_weights,
+                m.lambda,
+            )),
             _ => None,
         };
         let mut optim = optimizer(&cfg.optimizer);
@@ -223,10 +266,26 @@ impl Trainer {
                 let (x, targets) = self.batch(data, batch, &device);
                 let nll = cross_entropy(net.forward_gated(x, &gates), targets);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
-                let mut loss = match &anchor {
+                let mut loss = match &prox {
                     Some((a, mu)) => nll + params::sq_distance(&net, a).mul_scalar(mu / 2.0),
                     None => nll,
                 };
+                if let Some((centres, log_weights, lambda)) = &mixture {
+                    let terms: Vec<Tensor<1>> = centres
+                        .iter()
+                        .zip(log_weights.iter())
+                        .map(|(c, lw)| {
+                            params::sq_distance(&net, c)
+                                .mul_scalar(-lambda / 2.0)
+                                .add_scalar(*lw)
+                        })
+                        .collect();
+                    let terms = Tensor::cat(terms, 0);
+                    // Log-sum-exp shifted by its largest term, a constant for the gradient.
+                    let top = f64::from(terms.clone().max().into_scalar::<f32>());
+                    let lse = terms.sub_scalar(top).exp().sum().log().add_scalar(top);
+                    loss = loss - lse;
+                }
                 if l1 > 0.0
                     && let Some(penalty) = group_l1(&net)
                 {
@@ -378,6 +437,25 @@ fn arg_max(values: impl Iterator<Item = f64>) -> (usize, f64) {
         .fold((0, f64::NEG_INFINITY), |(ai, am), (i, v)| {
             if v > am { (i, v) } else { (ai, am) }
         })
+}
+
+/// A Gaussian-mixture prior over a network's weights: centres of the trained network's
+/// layout, their log mixing weights and the components' precision.
+pub struct MixturePrior<'a> {
+    /// The components' means.
+    pub centres: &'a [Params],
+    /// `ln pi_k`, one per centre.
+    pub log_weights: &'a [f64],
+    /// Precision of every component.
+    pub lambda: f64,
+}
+
+/// What pulls the weights besides the data.
+enum Anchor<'a> {
+    None,
+    /// `mu/2 ||w - anchor||^2`.
+    Prox(&'a Params, f64),
+    Mixture(&'a MixturePrior<'a>),
 }
 
 /// Mean cross-entropy of `logits` `[b, classes]` against labels `[b, 1]`.

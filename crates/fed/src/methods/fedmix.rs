@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_data::Dataset;
 use fedfuse_fuse::{GaussianMixture, MixtureConfig};
-use fedfuse_train::Trainer;
+use fedfuse_train::{MixturePrior, Trainer};
 use serde::{Deserialize, Serialize};
 
 use super::{BuildContext, in_method};
-use crate::method::SERVER_ROUND;
-use crate::{Aggregate, FedError, Method, Reply, Result};
+use crate::method::{SERVER_ROUND, standard_fit};
+use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result};
 
 /// FedMix's settings (`[method] name = "fedmix"`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -29,6 +29,16 @@ pub struct FedMixSettings {
     /// Learn the mixing weights instead of keeping them equal.
     #[serde(default)]
     pub learn_weights: bool,
+    /// Clients train under the mixture prior itself (fedsparse-em eq. 48: the loss gains
+    /// `-log sum_k pi_k exp(-lambda/2 ||w - w_k||^2)`), so every instruction carries all K
+    /// centres. Off: clients start from their component and train freely (hard EM).
+    #[serde(default)]
+    pub mixture_term: bool,
+    /// Precision of the clients' mixture term (default: `lambda`). With one precision for
+    /// both, a `lambda` large enough to separate populations pulls as hard as FedProx's mu
+    /// would at that value, which plain SGD cannot follow (mu = 100 at lr 0.05 diverges).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_lambda: Option<f64>,
 }
 
 fn two() -> usize {
@@ -44,6 +54,8 @@ impl Default for FedMixSettings {
             components: two(),
             lambda: one(),
             learn_weights: false,
+            mixture_term: false,
+            client_lambda: None,
         }
     }
 }
@@ -51,13 +63,23 @@ impl Default for FedMixSettings {
 impl FedMixSettings {
     /// Checks the settings and builds FedMix.
     pub fn build(&self, _ctx: &BuildContext) -> Result<FedMix> {
-        FedMix::new(
+        let mix = FedMix::new(
             self.components,
             MixtureConfig {
                 lambda: self.lambda,
                 learn_weights: self.learn_weights,
             },
-        )
+        )?;
+        if !self.mixture_term {
+            if self.client_lambda.is_some() {
+                return Err(FedError::MethodSetting {
+                    field: "client_lambda",
+                    reason: "weighs the clients' mixture term; set mixture_term = true".into(),
+                });
+            }
+            return Ok(mix);
+        }
+        mix.with_mixture_term(self.client_lambda.unwrap_or(self.lambda))
     }
 }
 
@@ -69,6 +91,8 @@ pub struct FedMix {
     /// Mixture settings (`lambda`, learned mixing weights).
     pub config: MixtureConfig,
     mixture: Option<GaussianMixture>,
+    /// Precision of the clients' mixture term, when they train under it.
+    client_lambda: Option<f64>,
     /// Client -> component it starts from.
     assigned: BTreeMap<usize, usize>,
     totals: Vec<f64>,
@@ -88,11 +112,29 @@ impl FedMix {
             components,
             config,
             mixture: None,
+            client_lambda: None,
             assigned: BTreeMap::new(),
             totals: Vec::new(),
         })
     }
+
+    /// Clients train under the mixture prior with precision `lambda` (eq. 48).
+    pub fn with_mixture_term(mut self, lambda: f64) -> Result<Self> {
+        if !(lambda.is_finite() && lambda > 0.0) {
+            return Err(FedError::MethodSetting {
+                field: "client_lambda",
+                reason: format!("{lambda}: must be a positive number"),
+            });
+        }
+        self.client_lambda = Some(lambda);
+        Ok(self)
+    }
 }
+
+/// Prefix of the centres an instruction carries for the clients' mixture term.
+const CENTRE: &str = "mixture.";
+/// Config key prefix of their log mixing weights.
+const LOG_WEIGHT: &str = "mixture_log_weight.";
 
 impl FedMix {
     /// Client -> the component it starts the next round from.
@@ -191,7 +233,8 @@ impl Method for FedMix {
         Ok(())
     }
 
-    /// The client's component (before the first aggregation: the global model).
+    /// The client's component (before the first aggregation: the global model); with the
+    /// mixture term, also every centre and its log weight.
     fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
         let start = match &self.mixture {
             Some(m) => {
@@ -200,7 +243,73 @@ impl Method for FedMix {
             }
             None => global.clone(),
         };
-        Ok(Record::from_params(start).with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
+        let mut record = Record::from_params(start);
+        if let (Some(m), Some(_)) = (&self.mixture, self.client_lambda) {
+            for (k, (c, lw)) in m.centres().iter().zip(m.log_weights()).enumerate() {
+                for (name, t) in c.iter() {
+                    record.params.push(
+                        format!("{CENTRE}{k}.{name}"),
+                        t.shape.clone(),
+                        t.data.clone(),
+                    )?;
+                }
+                record
+                    .config
+                    .insert(format!("{LOG_WEIGHT}{k}"), ConfigValue::Float(*lw));
+            }
+        }
+        Ok(record.with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
+    }
+
+    /// Trains from the received component, under the mixture prior when the instruction
+    /// carries its centres.
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        let Some(lambda) = self.client_lambda else {
+            return standard_fit(instruction, ctx);
+        };
+        let mut start = Params::new();
+        let mut centres: Vec<Params> = Vec::new();
+        for (name, t) in instruction.params.iter() {
+            let Some(rest) = name.strip_prefix(CENTRE) else {
+                start.push(name, t.shape.clone(), t.data.clone())?;
+                continue;
+            };
+            let (k, inner) = rest
+                .split_once('.')
+                .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n)))
+                .filter(|(k, _)| *k < self.components)
+                .ok_or_else(|| FedError::BadMessage {
+                    from: "server".into(),
+                    reason: format!("unexpected tensor `{name}`"),
+                })?;
+            if centres.len() <= k {
+                centres.resize_with(k + 1, Params::new);
+            }
+            centres[k].push(inner, t.shape.clone(), t.data.clone())?;
+        }
+        if centres.is_empty() {
+            // Round 1: no mixture yet.
+            return standard_fit(Record::from_params(start), ctx);
+        }
+        let log_weights = (0..centres.len())
+            .map(|k| instruction.config_f64(&format!("{LOG_WEIGHT}{k}")))
+            .collect::<Option<Vec<f64>>>()
+            .ok_or_else(|| FedError::BadMessage {
+                from: "server".into(),
+                reason: "a mixture centre without its log weight".into(),
+            })?;
+        let prior = MixturePrior {
+            centres: &centres,
+            log_weights: &log_weights,
+            lambda,
+        };
+        let fitted =
+            ctx.trainer
+                .fit_mixture(&start, &ctx.data.train, ctx.train, &prior, ctx.seed)?;
+        let mut reply =
+            Record::from_params(fitted.params).with_num_examples(fitted.examples as u64);
+        reply.metrics.insert("train_loss".into(), fitted.loss);
+        Ok(reply)
     }
 
     fn aggregate(

@@ -4,7 +4,7 @@
 
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{Dataset, load_dataset};
-use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
+use fedfuse_train::{Init, MixturePrior, OptimizerConfig, TrainConfig, Trainer, init_params};
 
 /// Hand-written one-hidden-layer MLP (ReLU, softmax cross-entropy averaged over the batch):
 /// loss and gradients on plain slices, in f64. PyTorch layout: w1 [h, d], w2 [k, h].
@@ -187,6 +187,51 @@ fn proximal_term_pulls_towards_the_anchor() {
         d_held < 0.2 * d_free,
         "prox distance {d_held} vs free {d_free}"
     );
+}
+
+#[test]
+fn a_mixture_prior_pulls_towards_the_responsible_centre() {
+    let data = tiny_data();
+    let spec = ModelSpec::mlp(64, &[8], 10);
+    let start = init_params(&spec, Init::Default, 3);
+    let far = init_params(&spec, Init::Default, 9);
+    let trainer = Trainer::new(spec).unwrap();
+    let cfg = TrainConfig {
+        lr: 0.1,
+        epochs: 20,
+        batch_size: 8,
+        ..TrainConfig::default()
+    };
+    // One component is FedProx's term with mu = lambda.
+    let prox = trainer
+        .fit_with(&start, &data, &cfg, Some((&start, 10.0)), 1)
+        .unwrap();
+    let one = MixturePrior {
+        centres: std::slice::from_ref(&start),
+        log_weights: &[0.0],
+        lambda: 10.0,
+    };
+    let mixed = trainer.fit_mixture(&start, &data, &cfg, &one, 1).unwrap();
+    let gap = prox.params.sq_distance(&mixed.params);
+    assert!(gap < 1e-8, "{gap}");
+    // With a second, far centre the nearby one stays responsible: almost the same pull.
+    let centres = [start.clone(), far.clone()];
+    let two = MixturePrior {
+        centres: &centres,
+        log_weights: &[0.5f64.ln(), 0.5f64.ln()],
+        lambda: 10.0,
+    };
+    let near = trainer.fit_mixture(&start, &data, &cfg, &two, 1).unwrap();
+    assert!(near.params.sq_distance(&start) < 0.2 * near.params.sq_distance(&far));
+    let free = trainer.fit_with(&start, &data, &cfg, None, 1).unwrap();
+    assert!(near.params.sq_distance(&start) < 0.2 * free.params.sq_distance(&start));
+    // Mismatched weights are refused.
+    let bad = MixturePrior {
+        centres: &centres,
+        log_weights: &[0.0],
+        lambda: 10.0,
+    };
+    assert!(trainer.fit_mixture(&start, &data, &cfg, &bad, 1).is_err());
 }
 
 #[test]

@@ -32,7 +32,7 @@ pub struct FedMixSettings {
     /// Clients train under the mixture prior itself (fedsparse-em eq. 48: the loss gains
     /// `-log sum_k pi_k exp(-lambda/2 ||w - w_k||^2)`), so every instruction carries all K
     /// centres. Off: clients start from their component and train freely (hard EM).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub mixture_term: bool,
     /// Precision of the clients' mixture term (default: `lambda`). With one precision for
     /// both, a `lambda` large enough to separate populations pulls as hard as FedProx's mu
@@ -41,6 +41,9 @@ pub struct FedMixSettings {
     pub client_lambda: Option<f64>,
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 fn two() -> usize {
     2
 }

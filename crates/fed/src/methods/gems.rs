@@ -111,7 +111,7 @@ pub struct GemsSettings {
     /// region where the loss stays within `m L_s` (the error within `m (1 - a_s)`); the server
     /// takes the smallest scale at which every learner's region meets. Nothing about the test
     /// data enters, so the same settings run on any dataset. Unused when `epsilon` is set.
-    #[serde(default = "epsilon_scales")]
+    #[serde(default = "epsilon_scales", skip_serializing_if = "is_default_scales")]
     pub epsilon_scales: Vec<f64>,
     /// Per-learner thresholds by client id, overriding `epsilon` (e.g. for very unequal data).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -173,6 +173,9 @@ pub struct GemsSettings {
 
 fn epsilon() -> f64 {
     0.5
+}
+fn is_default_scales(scales: &[f64]) -> bool {
+    scales == epsilon_scales().as_slice()
 }
 fn epsilon_scales() -> Vec<f64> {
     vec![

@@ -101,7 +101,7 @@ fn settings_write_back_in_the_recorded_form() {
         ),
         (
             r#"{"name":"gems"}"#,
-            r#"{"name":"gems","criterion":"loss","epsilon":0.5,"neuron_criterion":"loss","neuron_epsilon":0.5,"samples":500,"search":"bisection","r_max":4000.0,"tol":0.01,"neuron_tol":1.0,"step":0.5,"shape":"sphere","fisher_prop":1.0,"clusters":0,"validation_fraction":0.2,"max_retries":3,"output_epochs":10,"finetune_samples":0,"finetune_epochs":5,"finetune_lr":0.01}"#
+            r#"{"name":"gems","criterion":"loss","neuron_criterion":"loss","neuron_epsilon":0.5,"samples":500,"search":"bisection","r_max":4000.0,"tol":0.01,"neuron_tol":1.0,"step":0.5,"shape":"sphere","fisher_prop":1.0,"clusters":0,"validation_fraction":0.2,"max_retries":3,"output_epochs":10,"finetune_samples":0,"finetune_epochs":5,"finetune_lr":0.01}"#
                 .into(),
         ),
     ];

@@ -2,7 +2,7 @@
 //! seed's rows with the settings it ran under, and `--resume` takes a seed's rows from it only
 //! under identical settings (the experiment's file, seeds aside).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -47,12 +47,34 @@ impl<R: Serialize + DeserializeOwned> Finished<R> {
     }
 
     /// The rows of `seed` finished under `settings`, taken out.
-    pub(crate) fn take(&mut self, seed: u64, settings: &str) -> Option<Vec<R>> {
+    fn take(&mut self, seed: u64, settings: &str) -> Option<Vec<R>> {
         let i = self
             .seeds
             .iter()
             .position(|s| s.seed == seed && s.settings == settings)?;
         Some(self.seeds.remove(i).rows)
+    }
+
+    /// The rows of `seed` under `settings`: taken from an earlier run (saying so), or from
+    /// `run`.
+    pub(crate) fn take_or_run(
+        &mut self,
+        seed: u64,
+        settings: &str,
+        out: &Path,
+        observer: &dyn crate::Observer,
+        run: impl FnOnce() -> Result<Vec<R>>,
+    ) -> Result<Vec<R>> {
+        match self.take(seed, settings) {
+            Some(rows) => {
+                observer.note(&format!(
+                    "seed {seed}: finished before, from {}",
+                    out.join(FILE).display()
+                ));
+                Ok(rows)
+            }
+            None => run(),
+        }
     }
 
     /// Records `rows` as `seed`'s, finished under `settings`.
@@ -68,11 +90,6 @@ impl<R: Serialize + DeserializeOwned> Finished<R> {
     pub(crate) fn write(&self, dir: &Path) -> Result<()> {
         let text = toml::to_string(self).context("cannot write runs.toml")?;
         crate::table::write_atomic(&dir.join(FILE), text.as_bytes())
-    }
-
-    /// Where [`Finished::earlier`] reads from.
-    pub(crate) fn path(out: &Path) -> PathBuf {
-        out.join(FILE)
     }
 }
 

@@ -533,25 +533,16 @@ pub fn run(
     let mut finished = Finished::new();
     for &seed in &cfg.seeds {
         let started = Instant::now();
-        let new = match earlier.take(seed, &settings) {
-            Some(rows) => {
-                observer.note(&format!(
-                    "seed {seed}: finished before, from {}",
-                    Finished::<Row>::path(out).display()
-                ));
-                rows
-            }
-            None => {
-                observer.note(&format!("seed {seed}"));
-                let new =
-                    run_seed(cfg, seed, &dir, observer).with_context(|| format!("seed {seed}"))?;
-                observer.note(&format!(
-                    "seed {seed}: {:.0} s",
-                    started.elapsed().as_secs_f64()
-                ));
-                new
-            }
-        };
+        let new = earlier.take_or_run(seed, &settings, out, observer, || {
+            observer.note(&format!("seed {seed}"));
+            let new =
+                run_seed(cfg, seed, &dir, observer).with_context(|| format!("seed {seed}"))?;
+            observer.note(&format!(
+                "seed {seed}: {:.0} s",
+                started.elapsed().as_secs_f64()
+            ));
+            Ok(new)
+        })?;
         finished.push(seed, &settings, new.clone());
         rows.extend(new);
         publish(cfg, &rows, &finished, out)?;

@@ -34,7 +34,12 @@ struct Permuted {
 }
 
 fn permuted(n: usize, n_test: usize) -> Permuted {
-    let data = mnist();
+    two_populations(&mnist(), n, n_test)
+}
+
+/// Learner 0 sees the first `n` training samples, learner 1 the next `n` with permuted
+/// pixels; the test set is `n_test` of each.
+fn two_populations(data: &fedfuse_data::TrainTest, n: usize, n_test: usize) -> Permuted {
     let a = range(&data.train, 0, n);
     let b = permute_features(&range(&data.train, n, 2 * n), 1);
     let mut test = range(&data.test, 0, n_test);
@@ -164,27 +169,8 @@ fn balls_that_cannot_meet_end_the_run_with_advice_after_the_retries() {
 /// Digits against pixel-permuted digits, as [`permuted`] does for MNIST.
 fn permuted_digits() -> Permuted {
     let data = load_dataset("digits", None).unwrap();
-    let half = data.train.len() / 2;
-    let a = range(&data.train, 0, half);
-    let b = permute_features(&range(&data.train, half, 2 * half), 1);
-    let n_test = data.test.len() / 2;
-    let mut test = range(&data.test, 0, n_test);
-    test.extend(&permute_features(&range(&data.test, n_test, 2 * n_test), 1))
-        .unwrap();
-    let empty = |d: &Dataset| d.subset(&[]);
-    Permuted {
-        clients: vec![
-            ClientData {
-                test: empty(&a),
-                train: a,
-            },
-            ClientData {
-                test: empty(&b),
-                train: b,
-            },
-        ],
-        test,
-    }
+    let (n, n_test) = (data.train.len() / 2, data.test.len() / 2);
+    two_populations(&data, n, n_test)
 }
 
 #[test]

@@ -12,10 +12,10 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-/// The same samples with their 64 pixels in a fixed shuffled order.
+/// The same samples with their pixels in a fixed shuffled order.
 fn permuted(ds: &Dataset, perm: &[usize]) -> Dataset {
     let x =
-        ds.x.chunks_exact(64)
+        ds.x.chunks_exact(ds.dim())
             .flat_map(|s| perm.iter().map(move |&p| s[p]))
             .collect();
     Dataset::new(x, ds.y.clone(), ds.sample_shape.clone(), ds.num_classes).unwrap()
@@ -30,20 +30,24 @@ struct World {
 
 fn world() -> World {
     let data = load_dataset("digits", None).unwrap();
+    two_populations(data.train, data.test, ModelSpec::mlp(64, &[32], 10))
+}
+
+/// Eight IID clients of `train`; clients 4..8 see its pixels in a fixed shuffled order.
+fn two_populations(train: Dataset, test: Dataset, spec: ModelSpec) -> World {
     let mut rng = StdRng::seed_from_u64(6);
-    let mut perm: Vec<usize> = (0..64).collect();
+    let mut perm: Vec<usize> = (0..train.dim()).collect();
     perm.shuffle(&mut rng);
-    let parts = partition(&data.train.y, 10, 8, &PartitionSpec::Iid {}, &mut rng).unwrap();
-    let mut clients = client_splits(&data.train, &parts, 0.0, &mut rng).unwrap();
-    // Clients 4..8 see permuted pixels.
+    let parts = partition(&train.y, 10, 8, &PartitionSpec::Iid {}, &mut rng).unwrap();
+    let mut clients = client_splits(&train, &parts, 0.0, &mut rng).unwrap();
     for c in &mut clients[4..] {
         c.train = permuted(&c.train, &perm);
     }
     World {
         clients,
-        test_perm: permuted(&data.test, &perm),
-        test_plain: data.test,
-        spec: ModelSpec::mlp(64, &[32], 10),
+        test_perm: permuted(&test, &perm),
+        test_plain: test,
+        spec,
     }
 }
 

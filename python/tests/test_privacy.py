@@ -206,3 +206,28 @@ def test_poisson_sampling_reports_flowers_poisson_accounting(tmp_path):
         assert metrics["dp_epsilon"] == pytest.approx(flower.get_privacy_spent().epsilon, rel=1e-3)
         assert metrics["dp_noise_std"] == pytest.approx(1.5 * 1.0 / 2)
     assert len(set(sizes)) > 1, sizes
+
+
+def test_a_poisson_round_that_draws_no_node_still_releases_and_accounts(tmp_path):
+    cfg = config_with(tmp_path, 'kind = "central-fixed"\nnoise_multiplier = 1.5\nclipping_norm = 1.0\ndelta = 1e-4')
+    # q = 0.25 over 4 clients: a round draws nobody with probability 0.32.
+    strategy = Strategy(cfg, [f"clients={CLIENTS}", "rounds=8", "clients_per_round=0.25", 'sampling="poisson"'])
+    empty = 0
+    for server_round in range(1, 9):
+        before = strategy._server.global_model()
+        messages, model = fedfuse_round(strategy, server_round)
+        if not messages:
+            empty += 1
+            strategy.aggregate_train(server_round, [])
+            after = strategy._server.global_model()
+            # The model moved by noise alone.
+            assert any(a[4] != b[4] for a, b in zip(before[0], after[0]))
+        else:
+            strategy.aggregate_train(
+                server_round, replies_for(messages, model, updates_of(model, np.random.default_rng(server_round), [0.01] * len(messages)))
+            )
+        metrics = strategy.rounds[-1]
+        assert metrics["clients"] == len(messages)
+        assert metrics["method"]["dp_noise_std"] == pytest.approx(1.5 * 1.0 / 1.0)
+        assert "dp_epsilon" in metrics["method"]
+    assert empty > 0

@@ -131,3 +131,27 @@ fn poisson_sampling_divides_by_the_expected_count_and_amplifies_epsilon() {
     // Still far above chance (0.1): measured 0.54, fixed-size sampling 0.46, on this one seed.
     assert!(last_accuracy(&poisson) > 0.3, "{}", last_accuracy(&poisson));
 }
+
+#[test]
+fn a_poisson_round_that_draws_nobody_still_releases_a_noised_model() {
+    let privacy = "kind = \"central-fixed\"\nnoise_multiplier = 0.7\nclipping_norm = 1.0";
+    // q = 0.1 over 10 clients: a round draws nobody with probability 0.35.
+    let rounds = run_with(
+        privacy,
+        1,
+        &["clients_per_round=0.1", "sampling=\"poisson\""],
+    );
+    let empty: Vec<&RoundMetrics> = rounds.iter().filter(|r| r.clients == 0).collect();
+    assert!(
+        !empty.is_empty(),
+        "{:?}",
+        rounds.iter().map(|r| r.clients).collect::<Vec<_>>()
+    );
+    let mut accountant = fedfuse_fuse::dp::RdpAccountant::default();
+    for r in &rounds {
+        // Every round, drawn or not, releases noise of z C / (q n) and is accounted.
+        assert_eq!(r.method["dp_noise_std"], 0.7 * 1.0 / 1.0);
+        accountant.compose(0.1, 0.7, 1);
+        assert_eq!(r.method["dp_epsilon"], accountant.epsilon(1e-5).epsilon);
+    }
+}

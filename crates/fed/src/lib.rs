@@ -35,9 +35,9 @@ pub use methods::{
     FedMixSettings, FedNgm, FedNgmConfig, FedNgrConfig, FedOpt, FedOptSettings, FedProx,
     FedProxSettings, FedSparse, FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems,
     GemsSettings, GemsShape, Krum, KrumSettings, LocalDp, MethodConfig, NeuronCriterionKind,
-    PI_TENSOR, Pfnm, PfnmSettings, PrivacySettings, SearchKind, SeparateInits, ServerOptName,
-    ServerStep, ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid,
-    finetune_output_layer, hidden_features,
+    NeuronSpace, PI_TENSOR, Pfnm, PfnmSettings, PrivacySettings, SearchKind, SeparateInits,
+    ServerOptName, ServerStep, ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR,
+    default_eps_grid, finetune_output_layer, hidden_features,
 };
 pub use seed::derive_seed;
 pub use simulator::{

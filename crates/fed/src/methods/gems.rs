@@ -7,6 +7,11 @@
 //!   radius search on its validation split). The server merges neurons of different learners
 //!   whose balls intersect and keeps the others, so the fused width is at most the sum of the
 //!   learners' widths.
+//!   With `neuron_space = "incoming-outgoing"` (the paper's "the hypothesis space for a neuron
+//!   consists of both the incoming and outgoing weights"), the last hidden layer's balls also
+//!   hold each neuron's weights into the output layer, whose units (the classes) are the same
+//!   for every learner; the merged neurons then carry the global output layer with them (its
+//!   bias the learners' example-weighted mean) and there is no output stage.
 //! - **Output layer**: each learner trains softmax regression on the fused hidden features and
 //!   sends its ball (sphere or Fisher ellipsoid); the server takes a point in the intersection
 //!   of all balls. When there is none, learners retrain from other initialisations (up to
@@ -28,8 +33,8 @@ use fedfuse_fuse::gems::dense::{
     output_layers_good, softmax_fisher,
 };
 use fedfuse_fuse::gems::{
-    Ball, IntersectConfig, NeuronBall, RadiusSearch, fisher_axes, intersect_balls, merge_neurons,
-    search_radius,
+    Ball, IntersectConfig, MergedUnit, NeuronBall, RadiusSearch, fisher_axes, intersect_balls,
+    merge_neurons, search_radius,
 };
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -44,6 +49,8 @@ const STAGE: &str = "gems_stage";
 const CENTRES: &str = "centres";
 const RADII: &str = "radii";
 const AXES: &str = "axes";
+/// A learner's output bias, sent with the last hidden layer in the joint neuron space.
+const OUTPUT_BIAS: &str = "output_bias";
 /// Stage value of the output layer (hidden layers are 0, 1, ...).
 const OUTPUT: i64 = -1;
 /// Stage value once the model is complete.
@@ -71,6 +78,23 @@ pub enum NeuronCriterionKind {
     /// The neuron's validation activations move by at most `neuron_epsilon` (L2 norm over the
     /// split, divided by its size: the authors' code, `hidden_slack = 1.0`).
     Activation,
+}
+
+/// The coordinates of a hidden neuron's ball.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NeuronSpace {
+    /// Incoming weights and bias (the authors' code).
+    #[default]
+    Incoming,
+    /// Incoming weights, bias and, for the last hidden layer, the weights into the output
+    /// layer (the paper); lower layers feed units that differ between learners, so they keep
+    /// their incoming weights.
+    IncomingOutgoing,
+}
+
+fn is_incoming(space: &NeuronSpace) -> bool {
+    *space == NeuronSpace::Incoming
 }
 
 /// How radii are searched.
@@ -119,6 +143,9 @@ pub struct GemsSettings {
     /// Hidden-neuron criterion.
     #[serde(default)]
     pub neuron_criterion: NeuronCriterionKind,
+    /// Hidden-neuron coordinates.
+    #[serde(default, skip_serializing_if = "is_incoming")]
+    pub neuron_space: NeuronSpace,
     /// Hidden-neuron threshold (a loss, or an activation change).
     #[serde(default = "epsilon")]
     pub neuron_epsilon: f64,
@@ -224,6 +251,7 @@ impl Default for GemsSettings {
             epsilon_scales: epsilon_scales(),
             epsilon_by_client: BTreeMap::new(),
             neuron_criterion: NeuronCriterionKind::Loss,
+            neuron_space: NeuronSpace::Incoming,
             neuron_epsilon: epsilon(),
             samples: samples(),
             search: SearchKind::Bisection,
@@ -475,6 +503,14 @@ impl Gems {
                     .into(),
             });
         }
+        if hidden.is_empty() && settings.neuron_space == NeuronSpace::IncomingOutgoing {
+            return Err(FedError::MethodSetting {
+                field: "neuron_space",
+                reason: "\"incoming-outgoing\" shapes hidden neurons' balls, and this model has \
+                         no hidden layer; leave neuron_space out"
+                    .into(),
+            });
+        }
         let stage = if hidden.is_empty() { OUTPUT } else { 0 };
         Ok(Self {
             settings,
@@ -490,6 +526,78 @@ impl Gems {
             untuned: None,
             report: BTreeMap::new(),
         })
+    }
+
+    /// Whether hidden stage `l`'s balls carry outgoing weights (and complete the model).
+    fn joint(&self, l: usize) -> bool {
+        self.settings.neuron_space == NeuronSpace::IncomingOutgoing && l + 1 == self.hidden.len()
+    }
+
+    /// The output layer the last hidden layer's merged neurons carry in the joint space:
+    /// column `u` is unit `u`'s outgoing weights (a pair's intersection centre, or a lone
+    /// neuron's own); the bias is the learners' example-weighted mean.
+    fn carried_output_layer(
+        &self,
+        units: &[MergedUnit],
+        d: usize,
+        replies: &[Reply],
+    ) -> Result<Layer> {
+        let classes = self.spec.classes();
+        let width = units.len();
+        let mut weight = vec![0f32; classes * width];
+        for (u, unit) in units.iter().enumerate() {
+            for (k, &w) in unit.weights[d + 1..].iter().enumerate() {
+                weight[k * width + u] = w;
+            }
+        }
+        let total: f64 = replies.iter().map(|r| r.record.num_examples as f64).sum();
+        let mut bias = vec![0f64; classes];
+        for r in replies {
+            // Equal weights when no learner reports its size.
+            let share = if total > 0.0 {
+                r.record.num_examples as f64 / total
+            } else {
+                1.0 / replies.len() as f64
+            };
+            let b = r.record.params.require(OUTPUT_BIAS)?;
+            bias.iter_mut()
+                .zip(&b.data)
+                .for_each(|(m, &v)| *m += share * f64::from(v));
+        }
+        Ok(Layer {
+            weight,
+            bias: bias.into_iter().map(|v| v as f32).collect(),
+            out: classes,
+            inp: width,
+        })
+    }
+
+    /// The model from the fused hidden layers and `output`, fine-tuned when asked to (the
+    /// untuned one kept for the report); GEMS is then done.
+    fn complete(&mut self, output: Layer, round: usize) -> Result<Params> {
+        let mut layers = self.fused.clone();
+        layers.push(output);
+        let gems = layers_to_params(&layers)?;
+        let global = match (&self.public, self.settings.finetune_samples) {
+            (Some(public), n) if n > 0 => {
+                let tuned = finetune_output_layer(
+                    &gems,
+                    public,
+                    n,
+                    self.settings.finetune_epochs,
+                    self.settings.finetune_lr,
+                    derive_seed(self.seed, round, usize::MAX - 1),
+                )?;
+                self.untuned = Some(gems);
+                tuned
+            }
+            _ => gems,
+        };
+        self.stage = DONE;
+        for (i, l) in self.fused.iter().enumerate() {
+            self.report.insert(format!("width.{i}"), l.out as f64);
+        }
+        Ok(global)
     }
 
     fn stage_of(record: &Record) -> Result<i64> {
@@ -879,17 +987,25 @@ impl Method for Gems {
             x: &val.x,
             y: &val.y,
         };
-        let search = NeuronSearch::new(
+        let mut search = NeuronSearch::new(
             &layers[0],
             &layers[1..],
             v,
             self.settings.neuron_criterion(),
         )?;
+        let joint = self.joint(l);
+        if joint {
+            search = search.with_outgoing()?;
+        }
         let h = layers[0].out;
-        let mut centres = Vec::with_capacity(h * (d + 1));
+        let dim = search.dim();
+        let mut centres = Vec::with_capacity(h * dim);
         let mut radii = Vec::with_capacity(h);
         for j in 0..h {
-            let centre = layers[0].unit(j);
+            let mut centre = layers[0].unit(j);
+            if joint {
+                centre.extend(Layer::outgoing(&layers[1], j));
+            }
             let r = search_radius(
                 &centre,
                 None,
@@ -902,8 +1018,13 @@ impl Method for Gems {
             radii.push(r as f32);
         }
         let eval = trainer.evaluate(&fitted.params, &val)?;
-        reply.params.push(CENTRES, vec![h, d + 1], centres)?;
+        reply.params.push(CENTRES, vec![h, dim], centres)?;
         reply.params.push(RADII, vec![h], radii)?;
+        if joint {
+            reply
+                .params
+                .push(OUTPUT_BIAS, vec![classes], layers[1].bias.clone())?;
+        }
         reply.metrics.insert("val_accuracy".into(), eval.accuracy);
         reply.metrics.insert("val_loss".into(), eval.loss);
         reply.metrics.insert("train_loss".into(), fitted.loss);
@@ -929,7 +1050,12 @@ impl Method for Gems {
             (1, self.spec.classes() * (d + 1))
         } else {
             let l = self.stage as usize;
-            (self.hidden[l], d + 1)
+            let outgoing = if self.joint(l) {
+                self.spec.classes()
+            } else {
+                0
+            };
+            (self.hidden[l], d + 1 + outgoing)
         };
         let hidden_layout_wrong = self.stage != OUTPUT && c.shape != [rows, cols];
         let radii = if self.stage == OUTPUT {
@@ -947,6 +1073,18 @@ impl Method for Gems {
         }
         if r.data.iter().any(|&x| x < 0.0) {
             return bad("a negative radius".into());
+        }
+        if self.stage != OUTPUT && self.joint(self.stage as usize) {
+            let classes = self.spec.classes();
+            match reply.params.get(OUTPUT_BIAS) {
+                Some(b) if b.data.len() == classes => {}
+                _ => {
+                    return bad(format!(
+                        "the last hidden layer's reply in the joint neuron space needs \
+                         `{OUTPUT_BIAS}` of {classes} values"
+                    ));
+                }
+            }
         }
         if let Some(a) = reply.params.get(AXES)
             && a.data.len() != cols
@@ -990,25 +1128,7 @@ impl Method for Gems {
             };
             let d = self.fused.last().map_or(self.spec.input_len(), |l| l.out);
             let output = Layer::from_flat(&point, self.spec.classes(), d)?;
-            let mut layers = self.fused.clone();
-            layers.push(output);
-            let gems = layers_to_params(&layers)?;
-            let global = match (&self.public, self.settings.finetune_samples) {
-                (Some(public), n) if n > 0 => {
-                    let tuned = finetune_output_layer(
-                        &gems,
-                        public,
-                        n,
-                        self.settings.finetune_epochs,
-                        self.settings.finetune_lr,
-                        derive_seed(self.seed, round, usize::MAX - 1),
-                    )?;
-                    self.untuned = Some(gems);
-                    tuned
-                }
-                _ => gems,
-            };
-            self.stage = DONE;
+            let global = self.complete(output, round)?;
             self.report.insert("intersected".into(), 1.0);
             self.report.insert("attempts".into(), self.attempts as f64);
             if self.settings.epsilon.is_none() {
@@ -1025,9 +1145,6 @@ impl Method for Gems {
                 "output_radius_mean".into(),
                 radii.iter().sum::<f64>() / radii.len().max(1) as f64,
             );
-            for (i, l) in self.fused.iter().enumerate() {
-                self.report.insert(format!("width.{i}"), l.out as f64);
-            }
             return Ok(Aggregate::Replace(global));
         }
         // A hidden layer.
@@ -1036,8 +1153,8 @@ impl Method for Gems {
         for r in replies {
             let centres = r.record.params.require(CENTRES)?;
             let radii = get(r, RADII)?;
-            // `check_reply` fixed the layout: one row of `d + 1` values per neuron.
-            let cols = self.fused.last().map_or(self.spec.input_len(), |x| x.out) + 1;
+            // `check_reply` fixed the layout: one row per neuron.
+            let cols = centres.shape[1];
             for (j, c) in centres.data.chunks_exact(cols).enumerate() {
                 neurons.push(NeuronBall {
                     learner: r.client,
@@ -1053,7 +1170,7 @@ impl Method for Gems {
             &mut rng,
         );
         let d = self.fused.last().map_or(self.spec.input_len(), |x| x.out);
-        let weights: Vec<Vec<f32>> = units.iter().map(|u| u.weights.clone()).collect();
+        let weights: Vec<Vec<f32>> = units.iter().map(|u| u.weights[..=d].to_vec()).collect();
         let merged = units.iter().filter(|u| u.members.len() > 1).count();
         let radii: Vec<f64> = neurons.iter().map(|n| n.ball.radius).collect();
         self.fused.push(Layer::from_units(&weights, d)?);
@@ -1068,6 +1185,10 @@ impl Method for Gems {
             format!("zero_radius.{l}"),
             radii.iter().filter(|&&r| r == 0.0).count() as f64,
         );
+        if self.joint(l) {
+            let output = self.carried_output_layer(&units, d, replies)?;
+            return Ok(Aggregate::Replace(self.complete(output, round)?));
+        }
         self.stage = if l + 1 < self.hidden.len() {
             (l + 1) as i64
         } else {
@@ -1145,6 +1266,69 @@ mod tests {
         assert_eq!(gems.round_metrics()["epsilon_scale"], 2.0);
         let w = &fused.iter().next().expect("a layer").1.data;
         assert!(w.iter().all(|&v| v > 0.0 && v < 1.0), "{w:?}");
+    }
+
+    /// A learner's last-hidden-layer reply in the joint space: two neurons of
+    /// `[w (2); b; w_out (2)]` with radius 0 (nothing merges), and its output bias.
+    fn joint_reply(client: usize, examples: u64, base: f32, output_bias: [f32; 2]) -> Reply {
+        let mut record = Record::default().with_num_examples(examples);
+        let rows: Vec<f32> = (0..10).map(|i| base + i as f32).collect();
+        record
+            .params
+            .push(CENTRES, vec![2, 5], rows)
+            .expect("fills");
+        record
+            .params
+            .push(RADII, vec![2], vec![0.0, 0.0])
+            .expect("fills");
+        record
+            .params
+            .push(OUTPUT_BIAS, vec![2], output_bias.to_vec())
+            .expect("fills");
+        Reply { client, record }
+    }
+
+    #[test]
+    fn in_the_joint_space_the_neurons_carry_the_output_layer() {
+        let settings = GemsSettings {
+            neuron_space: NeuronSpace::IncomingOutgoing,
+            ..GemsSettings::default()
+        };
+        let spec = ModelSpec::mlp(2, &[2], 2);
+        let mut gems =
+            Gems::new(settings.clone(), spec.clone(), Init::Default, 0, None).expect("valid");
+        let global = Params::new();
+        let replies = [
+            joint_reply(0, 1, 0.0, [1.0, 2.0]),
+            joint_reply(1, 3, 100.0, [5.0, -2.0]),
+        ];
+        for r in &replies {
+            gems.check_reply(&global, &r.record).expect("joint layout");
+        }
+        let mut no_bias = replies[0].record.clone();
+        no_bias.params.remove(OUTPUT_BIAS);
+        assert!(gems.check_reply(&global, &no_bias).is_err());
+        let Aggregate::Replace(model) = gems.aggregate(1, &global, &replies).expect("fuses") else {
+            panic!("the joint space completes the model in one stage");
+        };
+        assert!(gems.finished());
+        // Four lone neurons; the output layer's column u is neuron u's last two values.
+        let hidden = model.require("layers.0.weight").expect("hidden");
+        assert_eq!(hidden.shape, [4, 2]);
+        assert_eq!(
+            model.require("layers.0.bias").expect("bias").data,
+            [2.0, 7.0, 102.0, 107.0]
+        );
+        let out = model.require("layers.1.weight").expect("output");
+        assert_eq!(out.shape, [2, 4]);
+        assert_eq!(out.data, [3.0, 8.0, 103.0, 108.0, 4.0, 9.0, 104.0, 109.0]);
+        // Bias: examples 1 and 3 weigh (1, 2) and (5, -2).
+        assert_eq!(
+            model.require("layers.1.bias").expect("bias").data,
+            [4.0, -1.0]
+        );
+        // A model with no hidden layer has no neurons to shape.
+        assert!(Gems::new(settings, ModelSpec::mlp(2, &[], 2), Init::Default, 0, None).is_err());
     }
 
     #[test]

@@ -33,8 +33,8 @@ pub use fedprox::{FedProx, FedProxSettings};
 pub use fedsparse::{FedSparse, FedSparseSettings, PI_TENSOR, SparsityPreset, V_TENSOR, Z_TENSOR};
 pub use fedtrimmedavg::{FedTrimmedAvg, FedTrimmedAvgSettings};
 pub use gems::{
-    CriterionKind, Gems, GemsSettings, NeuronCriterionKind, SearchKind, Shape as GemsShape,
-    finetune_output_layer, hidden_features,
+    CriterionKind, Gems, GemsSettings, NeuronCriterionKind, NeuronSpace, SearchKind,
+    Shape as GemsShape, finetune_output_layer, hidden_features,
 };
 pub use krum::{Bulyan, BulyanSettings, Krum, KrumSettings};
 pub use pfnm::{Pfnm, PfnmSettings, default_eps_grid, put_class_counts};

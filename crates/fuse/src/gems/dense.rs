@@ -29,6 +29,14 @@ impl Layer {
         v
     }
 
+    /// Unit `j`'s outgoing weights in `next` (column `j` of its weight matrix): with
+    /// [`Layer::unit`], the paper's neuron space "incoming and outgoing weights".
+    pub fn outgoing(next: &Layer, j: usize) -> Vec<f32> {
+        (0..next.out)
+            .map(|k| next.weight[k * next.inp + j])
+            .collect()
+    }
+
     /// A layer from per-unit vectors `[w; b]` of length `inp + 1`.
     pub fn from_units(units: &[Vec<f32>], inp: usize) -> Result<Self> {
         let mut weight = Vec::with_capacity(units.len() * inp);
@@ -313,6 +321,9 @@ pub struct NeuronSearch<'a> {
     pub val: Validation<'a>,
     /// The criterion.
     pub criterion: NeuronCriterion,
+    /// Whether a candidate also carries the neuron's outgoing weights into the output layer
+    /// (`[w; b; w_out]`), the paper's neuron space; otherwise `[w; b]`.
+    outgoing: bool,
     /// `layer`'s activations on the validation inputs (`n x out`).
     activations: Vec<f32>,
     /// The first upper layer's pre-activations (`n x out_1`).
@@ -347,24 +358,57 @@ impl<'a> NeuronSearch<'a> {
             upper,
             val,
             criterion,
+            outgoing: false,
             activations,
             upper_pre,
         })
     }
 
-    /// Whether all `count` candidate vectors `[w; b]` for neuron `j` are good enough.
+    /// Candidates in the paper's neuron space: incoming weights, bias and the outgoing
+    /// weights into the output layer, so `layer` must be the last hidden layer.
+    pub fn with_outgoing(mut self) -> Result<Self> {
+        if self.upper.len() != 1 {
+            return Err(FuseError::InvalidInput(format!(
+                "outgoing weights are comparable across learners only into the output layer; \
+                 this layer has {} layers above it",
+                self.upper.len()
+            )));
+        }
+        self.outgoing = true;
+        Ok(self)
+    }
+
+    /// Values per candidate: `d + 1`, plus the output width with outgoing weights.
+    pub fn dim(&self) -> usize {
+        self.layer.inp + 1 + if self.outgoing { self.upper[0].out } else { 0 }
+    }
+
+    /// Whether all `count` candidate vectors for neuron `j` (`[w; b]`, or `[w; b; w_out]`
+    /// with outgoing weights) are good enough.
     pub fn all_good(&self, j: usize, candidates: &[f32], count: usize) -> bool {
         let n = self.val.n();
         let d = self.layer.inp;
         let h = self.layer.out;
+        let dim = self.dim();
         let (w, b): (Vec<f32>, Vec<f32>) = {
             let mut w = Vec::with_capacity(count * d);
             let mut b = Vec::with_capacity(count);
-            for c in candidates.chunks_exact(d + 1).take(count) {
+            for c in candidates.chunks_exact(dim).take(count) {
                 w.extend_from_slice(&c[..d]);
                 b.push(c[d]);
             }
             (w, b)
+        };
+        let first = &self.upper[0];
+        let o1 = first.out;
+        let old_out = Layer::outgoing(first, j);
+        // Candidate `s`'s outgoing weights: its own in the joint space, else the learner's.
+        let out_of = |s: usize| -> &[f32] {
+            if self.outgoing {
+                &candidates[s * dim + d + 1..(s + 1) * dim]
+            } else {
+                &old_out
+            }
         };
         // n x count: the candidates' activations, one column each.
         let mut acts = matmul_nt(self.val.x, &w, n, count, d);
@@ -374,25 +418,39 @@ impl<'a> NeuronSearch<'a> {
             }
         }
         match self.criterion {
-            NeuronCriterion::Activation(slack) => (0..count).all(|s| {
+            NeuronCriterion::Activation(slack) if !self.outgoing => (0..count).all(|s| {
                 let sq: f64 = (0..n)
                     .map(|r| f64::from(acts[r * count + s] - self.activations[r * h + j]).powi(2))
                     .sum();
                 sq.sqrt() / n.max(1) as f64 <= slack
             }),
+            // In the joint space the neuron's effect is what it sends on: the change of its
+            // contribution `a w_out` to the output layer, measured as above.
+            NeuronCriterion::Activation(slack) => (0..count).all(|s| {
+                let out = out_of(s);
+                let sq: f64 = (0..n)
+                    .map(|r| {
+                        let (a, a0) = (acts[r * count + s], self.activations[r * h + j]);
+                        out.iter()
+                            .zip(&old_out)
+                            .map(|(&w, &w0)| f64::from(a * w - a0 * w0).powi(2))
+                            .sum::<f64>()
+                    })
+                    .sum();
+                sq.sqrt() / n.max(1) as f64 <= slack
+            }),
             NeuronCriterion::Loss(eps) => {
-                let first = &self.upper[0];
-                let o1 = first.out;
                 let mut pre = vec![0f32; n * o1];
                 (0..count).all(|s| {
-                    // Only column j of the activations changes: a rank-one update of the
-                    // next layer's pre-activations.
+                    // Only neuron j changes: a rank-one update of the next layer's
+                    // pre-activations, `a' w_out' - a w_out`.
+                    let out = out_of(s);
                     for r in 0..n {
-                        let delta = acts[r * count + s] - self.activations[r * h + j];
+                        let (a, a0) = (acts[r * count + s], self.activations[r * h + j]);
                         let dst = &mut pre[r * o1..(r + 1) * o1];
                         let src = &self.upper_pre[r * o1..(r + 1) * o1];
                         for (k, (p, &z)) in dst.iter_mut().zip(src).enumerate() {
-                            *p = z + delta * first.weight[k * h + j];
+                            *p = z + a * out[k] - a0 * old_out[k];
                         }
                     }
                     // The output layer's pre-activations are the logits; deeper nets run on.
@@ -504,5 +562,77 @@ mod tests {
             .expect("shapes");
         assert!(just_above.all_good(1, &cand, 1));
         assert!(!just_below.all_good(1, &cand, 1));
+    }
+
+    #[test]
+    fn joint_space_update_equals_full_forward() {
+        let layer = Layer {
+            weight: vec![0.5, -1.0, 1.0, 0.25, -0.3, 0.7],
+            bias: vec![0.1, -0.2, 0.05],
+            out: 3,
+            inp: 2,
+        };
+        let top = Layer {
+            weight: vec![1.0, -0.5, 0.2, 0.3, 0.8, -1.0],
+            bias: vec![0.0, 0.1],
+            out: 2,
+            inp: 3,
+        };
+        assert_eq!(Layer::outgoing(&top, 1), vec![-0.5, 0.8]);
+        let x = [1.0f32, 2.0, -1.0, 0.5, 0.3, -0.7];
+        let y = [0u32, 1, 1];
+        let upper = [top.clone()];
+        let val = Validation { x: &x, y: &y };
+        // Unit 1 moved in both its incoming weights, bias and outgoing weights.
+        let cand = vec![0.9f32, -0.4, 0.3, 0.6, -1.2];
+        let mut changed = layer.clone();
+        changed.weight[2..4].copy_from_slice(&cand[..2]);
+        changed.bias[1] = cand[2];
+        let mut changed_top = top.clone();
+        changed_top.weight[1] = cand[3];
+        changed_top.weight[4] = cand[4];
+        let logits = forward(&[changed.clone(), changed_top], &x, 3);
+        let (loss, _) = softmax_loss_accuracy(&logits, 2, &y);
+        let at = |eps: f64| {
+            NeuronSearch::new(&layer, &upper, val, NeuronCriterion::Loss(eps))
+                .and_then(NeuronSearch::with_outgoing)
+                .expect("shapes")
+        };
+        assert_eq!(at(loss).dim(), 5);
+        assert!(at(loss + 1e-6).all_good(1, &cand, 1));
+        assert!(!at(loss - 1e-6).all_good(1, &cand, 1));
+        // The activation criterion measures the contribution `a w_out` to the logits.
+        let a_new = changed.forward(&x, 3, true);
+        let a_old = layer.forward(&x, 3, true);
+        let sq: f64 = (0..3)
+            .flat_map(|r| {
+                let (a, a0) = (a_new[r * 3 + 1], a_old[r * 3 + 1]);
+                [(a * 0.6 - a0 * -0.5), (a * -1.2 - a0 * 0.8)]
+            })
+            .map(|v| f64::from(v).powi(2))
+            .sum();
+        let change = sq.sqrt() / 3.0;
+        let by_activation = |slack: f64| {
+            NeuronSearch::new(&layer, &upper, val, NeuronCriterion::Activation(slack))
+                .and_then(NeuronSearch::with_outgoing)
+                .expect("shapes")
+        };
+        assert!(by_activation(change + 1e-6).all_good(1, &cand, 1));
+        assert!(!by_activation(change - 1e-6).all_good(1, &cand, 1));
+        // Outgoing weights into a hidden layer are not comparable across learners.
+        let two = [
+            top.clone(),
+            Layer {
+                weight: vec![1.0; 4],
+                bias: vec![0.0; 2],
+                out: 2,
+                inp: 2,
+            },
+        ];
+        assert!(
+            NeuronSearch::new(&layer, &two, val, NeuronCriterion::Loss(1.0))
+                .and_then(NeuronSearch::with_outgoing)
+                .is_err()
+        );
     }
 }

@@ -425,6 +425,13 @@ pub fn score_prediction(
     infer: &InferConfig,
 ) -> Result<PredictionScore> {
     let x = encoding.encode(test)?;
+    let known = known_units(ngm, target, hidden);
+    let inf = ngm.infer(params, &x.x, Known::Units(&known), means, infer)?;
+    score_rows(encoding, target, &inf.x, test)
+}
+
+/// Every unit known except the target's and the `hidden` features'.
+fn known_units(ngm: &Ngm, target: &str, hidden: &[String]) -> Vec<bool> {
     let mut known = vec![true; ngm.units()];
     for b in ngm
         .blocks()
@@ -433,8 +440,34 @@ pub fn score_prediction(
     {
         known[b.range()].iter_mut().for_each(|k| *k = false);
     }
-    let inf = ngm.infer(params, &x.x, Known::Units(&known), means, infer)?;
-    score_rows(encoding, target, &inf.x, test)
+    known
+}
+
+/// Like [`score_prediction`] for the uniform ensemble of `members`: each completes the rows
+/// on its own, and the completions are averaged (probabilities on categorical blocks, so the
+/// ensemble's level is the most probable on average). What FedNGM's distillation imitates.
+#[allow(clippy::too_many_arguments)]
+pub fn score_ensemble(
+    ngm: &Ngm,
+    members: &[&Params],
+    encoding: &Encoding,
+    test: &Table,
+    target: &str,
+    hidden: &[String],
+    means: &[f32],
+    infer: &InferConfig,
+) -> Result<PredictionScore> {
+    let x = encoding.encode(test)?;
+    let known = known_units(ngm, target, hidden);
+    let mut mean = vec![0f64; x.x.len()];
+    for params in members {
+        let inf = ngm.infer(params, &x.x, Known::Units(&known), means, infer)?;
+        mean.iter_mut()
+            .zip(&inf.x)
+            .for_each(|(m, &v)| *m += f64::from(v) / members.len() as f64);
+    }
+    let mean: Vec<f32> = mean.into_iter().map(|v| v as f32).collect();
+    score_rows(encoding, target, &mean, test)
 }
 
 /// The no-model baseline: every test row predicted by the training mean (real) or most

@@ -21,8 +21,8 @@ use crate::error::{Context, Result, bail};
 use fedfuse_core::Params;
 use fedfuse_data::{CdcExtra, CdcOptions, Table, conditional_mean};
 use fedfuse_fed::fedngm::{
-    FedNgmClient, FedNgmConfig, FedNgmRun, run_fedngm, score_marginal, score_prediction,
-    stitch_client,
+    FedNgmClient, FedNgmConfig, FedNgmRun, run_fedngm, score_ensemble, score_marginal,
+    score_prediction, stitch_client,
 };
 use fedfuse_fuse::{Graph, edge_precision_recall, recover_graph};
 use fedfuse_train::{InferConfig, InferMethod, Marginals, StitchConfig};
@@ -416,6 +416,20 @@ fn run_seed(
             )?;
             score(name, s);
         }
+        let members: Vec<&Params> = fed.locals.iter().collect();
+        score(
+            "client ensemble",
+            score_ensemble(
+                &fed.ngm,
+                &members,
+                &fed.encoding,
+                &test_core,
+                target,
+                &[],
+                &means,
+                &mp,
+            )?,
+        );
         score(
             "marginal",
             score_marginal(&fed.encoding, target, &means, &test_core)?,

@@ -140,6 +140,8 @@ pub struct FedNgmConfig {
     /// default noise is `residual` (each real value strays from its conditional mean by the
     /// model's residual spread), not the reference code's 5% relative noise, whose samples
     /// are far narrower than the data, so a model distilled on them extrapolates on real rows.
+    /// `gibbs_sweeps` (0 by default, as Algorithm 3) redraws every feature from its full
+    /// conditional, the spread `residual` noise describes.
     pub sample: SampleConfig,
     /// Weights of the client models in the distillation targets.
     pub weighting: ClientWeighting,

@@ -55,6 +55,13 @@ pub struct SampleConfig {
     pub infer: InferConfig,
     /// Start feature; `None` draws it uniformly.
     pub start: Option<usize>,
+    /// Gibbs sweeps after the sequential pass: each feature in turn redrawn from the model
+    /// with every other feature known. The sequential pass conditions each feature on the
+    /// earlier ones only, while `residual` noise is the spread given all the others, so its
+    /// spreads are off (too narrow or, through the unknowns' fixed point, too wide); sweeps
+    /// draw from the full conditionals that this noise describes (0: Algorithm 3 as
+    /// published).
+    pub gibbs_sweeps: usize,
 }
 
 impl Default for SampleConfig {
@@ -69,6 +76,7 @@ impl Default for SampleConfig {
                 eps: 1e-8,
             },
             start: None,
+            gibbs_sweeps: 0,
         }
     }
 }
@@ -255,7 +263,8 @@ impl Ngm {
     /// known and the rest started at their means; a real feature then gets `cfg.noise` and is
     /// kept within the data range `[min, max]` (a non-finite value becomes the mean), a
     /// categorical one has its inferred probabilities clipped at 0, normalised and sampled,
-    /// and is re-one-hot-encoded.
+    /// and is re-one-hot-encoded. Then `cfg.gibbs_sweeps` times, every feature in the same
+    /// order is drawn again the same way, with all the others known.
     pub fn sample(
         &self,
         params: &Params,
@@ -332,76 +341,100 @@ impl Ngm {
         known[first.range()].iter_mut().for_each(|k| *k = true);
 
         for &f in order.iter().skip(1) {
-            let block = &self.blocks()[f];
-            let inferred = self.infer(
-                params,
-                &x,
-                Known::Units(&known),
-                &marginals.means,
-                &cfg.infer,
-            )?;
-            match block.kind {
-                BlockKind::Real => {
-                    let gauss = match cfg.noise {
-                        SampleNoise::Gaussian(sd) => {
-                            Some(Normal::new(0.0f32, sd.max(0.0)).map_err(|e| {
-                                TrainError::InvalidConfig {
-                                    field: "sample.noise",
-                                    reason: format!("{e}"),
-                                }
-                            })?)
-                        }
-                        SampleNoise::Relative(_) | SampleNoise::Residual => None,
-                    };
-                    if cfg.noise == SampleNoise::Residual && marginals.residual_sd.len() != u {
-                        return Err(TrainError::InvalidConfig {
-                            field: "sample.noise",
-                            reason: "`residual` noise needs residual deviations; build the \
-                                     marginals with `with_residuals`"
-                                .into(),
-                        });
-                    }
-                    let std_normal =
-                        Normal::new(0.0f32, 1.0).map_err(|e| TrainError::InvalidConfig {
-                            field: "sample.noise",
-                            reason: format!("{e}"),
-                        })?;
-                    for (row, inf) in x.chunks_exact_mut(u).zip(inferred.x.chunks_exact(u)) {
-                        for k in block.range() {
-                            let v = inf[k];
-                            row[k] = match (cfg.noise, &gauss) {
-                                (_, Some(g)) => v + g.sample(rng),
-                                (SampleNoise::Relative(c), None) => {
-                                    let half = c.abs() * v.abs();
-                                    v + half * (2.0 * rng.random::<f32>() - 1.0)
-                                }
-                                (SampleNoise::Residual, None) => {
-                                    v + marginals.residual_sd[k] * std_normal.sample(rng)
-                                }
-                                (SampleNoise::Gaussian(_), None) => v,
-                            };
-                            // Within the data's range: a model iterated far from its data can
-                            // run off to huge values, and one such sample would wreck a fit.
-                            let (lo, hi) = (marginals.min[k], marginals.max[k]);
-                            row[k] = if row[k].is_finite() {
-                                row[k].clamp(lo, hi)
-                            } else {
-                                marginals.means[k]
-                            };
-                        }
-                    }
-                }
-                BlockKind::Categorical => {
-                    let probs: Vec<f32> = inferred
-                        .x
-                        .chunks_exact(u)
-                        .flat_map(|row| row[block.range()].iter().copied())
-                        .collect();
-                    draw_categories(&mut x, u, block, &probs, rng);
-                }
+            self.redraw(params, marginals, &mut x, &known, f, cfg, rng)?;
+            known[self.blocks()[f].range()]
+                .iter_mut()
+                .for_each(|k| *k = true);
+        }
+        for _ in 0..cfg.gibbs_sweeps {
+            for &f in &order {
+                let mut known = vec![true; u];
+                known[self.blocks()[f].range()]
+                    .iter_mut()
+                    .for_each(|k| *k = false);
+                self.redraw(params, marginals, &mut x, &known, f, cfg, rng)?;
             }
-            known[block.range()].iter_mut().for_each(|k| *k = true);
         }
         Ok(x)
+    }
+
+    /// Draws feature `f` of every row of `x` given the `known` units: inferred, then noised
+    /// and kept within the data range (real), or sampled from the inferred probabilities and
+    /// re-one-hot-encoded (categorical).
+    #[allow(clippy::too_many_arguments)]
+    fn redraw(
+        &self,
+        params: &Params,
+        marginals: &Marginals,
+        x: &mut [f32],
+        known: &[bool],
+        f: usize,
+        cfg: &SampleConfig,
+        rng: &mut impl Rng,
+    ) -> Result<()> {
+        let u = self.units();
+        let block = &self.blocks()[f];
+        let inferred = self.infer(params, x, Known::Units(known), &marginals.means, &cfg.infer)?;
+        match block.kind {
+            BlockKind::Real => {
+                let gauss = match cfg.noise {
+                    SampleNoise::Gaussian(sd) => {
+                        Some(Normal::new(0.0f32, sd.max(0.0)).map_err(|e| {
+                            TrainError::InvalidConfig {
+                                field: "sample.noise",
+                                reason: format!("{e}"),
+                            }
+                        })?)
+                    }
+                    SampleNoise::Relative(_) | SampleNoise::Residual => None,
+                };
+                if cfg.noise == SampleNoise::Residual && marginals.residual_sd.len() != u {
+                    return Err(TrainError::InvalidConfig {
+                        field: "sample.noise",
+                        reason: "`residual` noise needs residual deviations; build the \
+                                 marginals with `with_residuals`"
+                            .into(),
+                    });
+                }
+                let std_normal =
+                    Normal::new(0.0f32, 1.0).map_err(|e| TrainError::InvalidConfig {
+                        field: "sample.noise",
+                        reason: format!("{e}"),
+                    })?;
+                for (row, inf) in x.chunks_exact_mut(u).zip(inferred.x.chunks_exact(u)) {
+                    for k in block.range() {
+                        let v = inf[k];
+                        row[k] = match (cfg.noise, &gauss) {
+                            (_, Some(g)) => v + g.sample(rng),
+                            (SampleNoise::Relative(c), None) => {
+                                let half = c.abs() * v.abs();
+                                v + half * (2.0 * rng.random::<f32>() - 1.0)
+                            }
+                            (SampleNoise::Residual, None) => {
+                                v + marginals.residual_sd[k] * std_normal.sample(rng)
+                            }
+                            (SampleNoise::Gaussian(_), None) => v,
+                        };
+                        // Within the data's range: a model iterated far from its data can
+                        // run off to huge values, and one such sample would wreck a fit.
+                        let (lo, hi) = (marginals.min[k], marginals.max[k]);
+                        row[k] = if row[k].is_finite() {
+                            row[k].clamp(lo, hi)
+                        } else {
+                            marginals.means[k]
+                        };
+                    }
+                }
+            }
+            BlockKind::Categorical => {
+                let probs: Vec<f32> = inferred
+                    .x
+                    .chunks_exact(u)
+                    .flat_map(|row| row[block.range()].iter().copied())
+                    .collect();
+                draw_categories(x, u, block, &probs, rng);
+            }
+        }
+        Ok(())
     }
 }

@@ -141,7 +141,9 @@ pub struct FedNgmConfig {
     /// model's residual spread), not the reference code's 5% relative noise, whose samples
     /// are far narrower than the data, so a model distilled on them extrapolates on real rows.
     /// `gibbs_sweeps` (0 by default, as Algorithm 3) redraws every feature from its full
-    /// conditional, the spread `residual` noise describes.
+    /// conditional, the spread `residual` noise describes. Keys left out of a config file
+    /// take these defaults.
+    #[serde(deserialize_with = "sample_over_defaults")]
     pub sample: SampleConfig,
     /// Weights of the client models in the distillation targets.
     pub weighting: ClientWeighting,
@@ -178,16 +180,30 @@ const DERIVED_KEYS: [(&str, &str); 2] = [
     ),
 ];
 
+/// FedNGM's sampling defaults: residual noise, no Gibbs sweeps.
+fn fedngm_sample_defaults() -> SampleConfig {
+    SampleConfig {
+        noise: SampleNoise::Residual,
+        ..SampleConfig::default()
+    }
+}
+
 fn local_over_defaults<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> std::result::Result<NgmConfig, D::Error> {
-    ngm_over_defaults(deserializer, &DERIVED_KEYS[1..])
+    over_defaults(deserializer, fedngm_ngm_defaults(), &DERIVED_KEYS[1..])
 }
 
 fn global_over_defaults<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> std::result::Result<NgmConfig, D::Error> {
-    ngm_over_defaults(deserializer, &DERIVED_KEYS)
+    over_defaults(deserializer, fedngm_ngm_defaults(), &DERIVED_KEYS)
+}
+
+fn sample_over_defaults<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<SampleConfig, D::Error> {
+    over_defaults(deserializer, fedngm_sample_defaults(), &[])
 }
 
 fn serialize_local<S: serde::Serializer>(
@@ -221,12 +237,13 @@ fn serialize_without<S: serde::Serializer>(
     map.serialize(serializer)
 }
 
-/// Reads an [`NgmConfig`] whose missing keys come from [`fedngm_ngm_defaults`]; unknown keys
-/// and the `refused` ones (with why) are errors.
-fn ngm_over_defaults<'de, D: serde::Deserializer<'de>>(
+/// Reads settings whose missing keys come from FedNGM's `defaults`; unknown keys and the
+/// `refused` ones (with why) are errors.
+fn over_defaults<'de, D: serde::Deserializer<'de>, T: Serialize + serde::de::DeserializeOwned>(
     deserializer: D,
+    defaults: T,
     refused: &[(&str, &str)],
-) -> std::result::Result<NgmConfig, D::Error> {
+) -> std::result::Result<T, D::Error> {
     use serde::de::Error;
     let given = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
     if let Some((key, why)) = refused.iter().find(|(k, _)| given.contains_key(*k)) {
@@ -234,9 +251,9 @@ fn ngm_over_defaults<'de, D: serde::Deserializer<'de>>(
             "`{key}` cannot be set here: {why}"
         )));
     }
-    let mut merged = match serde_json::to_value(fedngm_ngm_defaults()) {
+    let mut merged = match serde_json::to_value(defaults) {
         Ok(serde_json::Value::Object(m)) => m,
-        _ => return Err(D::Error::custom("cannot lay out the NGM defaults")),
+        _ => return Err(D::Error::custom("cannot lay out the defaults")),
     };
     merged.extend(given);
     serde_json::from_value(serde_json::Value::Object(merged)).map_err(D::Error::custom)
@@ -253,10 +270,7 @@ impl Default for FedNgmConfig {
             rounds: 1,
             samples_per_client: 2000,
             sample_at: SampleSite::Client,
-            sample: SampleConfig {
-                noise: SampleNoise::Residual,
-                ..SampleConfig::default()
-            },
+            sample: fedngm_sample_defaults(),
             weighting: ClientWeighting::Uniform,
             gamma: None,
             ngr_sparsity: 1.0 / 3.0,
@@ -1236,6 +1250,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("lamda"), "{err}");
+        // A partial sampling table keeps FedNGM's residual noise.
+        let cfg: FedNgmConfig = serde_json::from_str(r#"{"sample": {"gibbs_sweeps": 3}}"#).unwrap();
+        assert_eq!(cfg.sample.gibbs_sweeps, 3);
+        assert_eq!(cfg.sample.noise, SampleNoise::Residual);
+        assert!(serde_json::from_str::<FedNgmConfig>(r#"{"sample": {"sweeps": 3}}"#).is_err());
     }
 
     #[test]

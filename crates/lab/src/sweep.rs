@@ -80,6 +80,9 @@ pub struct MatchingSection {
     /// Refinement passes per layer.
     #[serde(default = "five")]
     pub iters: usize,
+    /// Soft cap on each global layer's width.
+    #[serde(default = "max_global", skip_serializing_if = "is_max_global")]
+    pub max_global: usize,
     /// GPI-FNM's candidates for eps.
     #[serde(default = "default_eps_grid")]
     pub eps_grid: Vec<f64>,
@@ -95,6 +98,12 @@ fn one() -> f64 {
 fn five() -> usize {
     5
 }
+fn max_global() -> usize {
+    PfnmSettings::default().max_global
+}
+fn is_max_global(v: &usize) -> bool {
+    *v == max_global()
+}
 fn one_round() -> usize {
     1
 }
@@ -109,6 +118,7 @@ impl Default for MatchingSection {
             sigma0: 1.0,
             gamma: 1.0,
             iters: 5,
+            max_global: max_global(),
             eps_grid: default_eps_grid(),
             sigma_grid: None,
         }
@@ -225,6 +235,7 @@ impl SweepConfig {
                 sigma0: s.sigma0,
                 gamma: s.gamma,
                 iters: s.iters,
+                max_global: s.max_global,
                 sigma_grid: s.sigma_grid.clone(),
                 ..PfnmSettings::default()
             })),
@@ -233,6 +244,7 @@ impl SweepConfig {
                 sigma0: s.sigma0,
                 gamma: s.gamma,
                 iters: s.iters,
+                max_global: s.max_global,
                 eps: None,
                 eps_grid: Some(s.eps_grid.clone()),
                 sigma_grid: s.sigma_grid.clone(),

@@ -43,6 +43,10 @@ pub struct PfnmSettings {
     /// Refinement passes per layer.
     #[serde(default = "five")]
     pub iters: usize,
+    /// Soft cap on each global layer's width (the reference code's 700): past it, no new
+    /// global unit opens.
+    #[serde(default = "max_global", skip_serializing_if = "is_max_global")]
+    pub max_global: usize,
     /// GPI-FNM: a fixed coefficient of the KL cost (skips the grid search).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eps: Option<f64>,
@@ -64,6 +68,12 @@ fn one() -> f64 {
 fn five() -> usize {
     5
 }
+fn max_global() -> usize {
+    PfnmConfig::default().max_global
+}
+fn is_max_global(v: &usize) -> bool {
+    *v == max_global()
+}
 
 /// Ten values on a multiplicative grid (the paper tries "typically 10 values"), from no KL
 /// term up to a KL term that dominates the PFNM cost for unit-scale weights.
@@ -78,6 +88,7 @@ impl Default for PfnmSettings {
             sigma0: one(),
             gamma: one(),
             iters: five(),
+            max_global: max_global(),
             eps: None,
             eps_grid: None,
             sigma_grid: None,
@@ -86,7 +97,14 @@ impl Default for PfnmSettings {
 }
 
 /// PFNM's keys, for the error on a GPI-FNM key in a PFNM table.
-const PFNM_KEYS: &[&str] = &["sigma", "sigma0", "gamma", "iters", "sigma_grid"];
+const PFNM_KEYS: &[&str] = &[
+    "sigma",
+    "sigma0",
+    "gamma",
+    "iters",
+    "max_global",
+    "sigma_grid",
+];
 
 impl PfnmSettings {
     /// Reads a PFNM table: GPI-FNM's keys are unknown there, as they always were.
@@ -118,6 +136,7 @@ impl PfnmSettings {
             sigma0: self.sigma0,
             gamma: self.gamma,
             iters: self.iters,
+            max_global: self.max_global,
             eps,
             ..PfnmConfig::default()
         }
@@ -521,5 +540,22 @@ mod tests {
         assert!(e.contains("class_count.1") && e.contains("client 3"), "{e}");
         let negative = reply(&[("class_count.0", -1.0), ("class_count.1", 1.0)], 10);
         assert!(class_counts(&negative, 2).is_err());
+    }
+
+    #[test]
+    fn the_width_cap_is_a_setting_that_reaches_the_matching() {
+        let default = PfnmSettings::default();
+        assert_eq!(default.config(0.0).max_global, 700);
+        // The reference cap is left out of a written config, so old files read the same.
+        assert!(
+            !serde_json::to_string(&default)
+                .unwrap()
+                .contains("max_global")
+        );
+        let capped: PfnmSettings = serde_json::from_str(r#"{"max_global": 150}"#).unwrap();
+        assert_eq!(capped.config(0.0).max_global, 150);
+        let zero: PfnmSettings = serde_json::from_str(r#"{"max_global": 0}"#).unwrap();
+        let err = zero.config(0.0).check().unwrap_err().to_string();
+        assert!(err.contains("max_global"), "{err}");
     }
 }

@@ -91,6 +91,7 @@ fn gpi(eps: Option<f64>, eps_grid: Vec<f64>) -> MethodConfig {
         eps,
         eps_grid: Some(eps_grid),
         sigma_grid: None,
+        ..fedfuse_fed::PfnmSettings::default()
     })
 }
 

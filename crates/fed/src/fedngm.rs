@@ -424,10 +424,7 @@ pub fn score_prediction(
     means: &[f32],
     infer: &InferConfig,
 ) -> Result<PredictionScore> {
-    let x = encoding.encode(test)?;
-    let known = known_units(ngm, target, hidden);
-    let inf = ngm.infer(params, &x.x, Known::Units(&known), means, infer)?;
-    score_rows(encoding, target, &inf.x, test)
+    score_ensemble(ngm, &[params], encoding, test, target, hidden, means, infer)
 }
 
 /// Every unit known except the target's and the `hidden` features'.

@@ -172,13 +172,9 @@ fn clients_under_the_mixture_term_still_separate_the_populations() {
     let val_perm = permuted(&val_plain, &w.perm);
     let sim = sim(8);
     let trainer = Trainer::new(w.spec.clone()).unwrap();
-    let with_term = |lambda: f64| {
-        let mut mix = FedMix::new(2, config)
-            .unwrap()
-            .with_mixture_term(lambda)
-            .unwrap();
-        let last = simulate(
-            &mut mix,
+    let bytes_down = |mix: &mut FedMix| {
+        simulate(
+            mix,
             &trainer,
             &w.clients,
             &w.test_plain,
@@ -189,12 +185,20 @@ fn clients_under_the_mixture_term_still_separate_the_populations() {
         .unwrap()
         .rounds
         .pop()
-        .unwrap();
+        .unwrap()
+        .bytes_down
+    };
+    let with_term = |lambda: f64| {
+        let mut mix = FedMix::new(2, config)
+            .unwrap()
+            .with_mixture_term(lambda)
+            .unwrap();
+        let down = bytes_down(&mut mix);
         let plain = mix.assignments()[&0];
         let centres = mix.centres().unwrap();
         let val =
             (acc(&w, &centres[plain], &val_plain) + acc(&w, &centres[1 - plain], &val_perm)) / 2.0;
-        (val, mix, last.bytes_down)
+        (val, mix, down)
     };
     let mut tried: Vec<(f64, f64, FedMix, u64)> = [0.1, 1.0, 10.0]
         .into_iter()
@@ -210,20 +214,7 @@ fn clients_under_the_mixture_term_still_separate_the_populations() {
     let (lambda, _, mix, mix_down) = tried.swap_remove(best);
     eprintln!("validation accuracy by client precision: {scores:?}; chose {lambda}");
     let mut free = FedMix::new(2, config).unwrap();
-    let free_down = simulate(
-        &mut free,
-        &trainer,
-        &w.clients,
-        &w.test_plain,
-        init_params(&w.spec, Init::Default, 1),
-        &sim,
-        &|_| {},
-    )
-    .unwrap()
-    .rounds
-    .last()
-    .unwrap()
-    .bytes_down;
+    let free_down = bytes_down(&mut free);
     // The instruction carries both centres besides the start: three models down, not one.
     assert!(mix_down > 2 * free_down, "{mix_down} vs {free_down}");
     let a = mix.assignments();

@@ -531,8 +531,8 @@ mod tests {
         assert!((loss - 3f64.ln()).abs() < 1e-9);
     }
 
-    #[test]
-    fn rank_one_update_equals_full_forward() {
+    /// A 2-3-2 network: a hidden layer of three units and the layer above it.
+    fn two_layers() -> (Layer, Layer) {
         let layer = Layer {
             weight: vec![0.5, -1.0, 1.0, 0.25, -0.3, 0.7],
             bias: vec![0.1, -0.2, 0.05],
@@ -545,6 +545,12 @@ mod tests {
             out: 2,
             inp: 3,
         };
+        (layer, top)
+    }
+
+    #[test]
+    fn rank_one_update_equals_full_forward() {
+        let (layer, top) = two_layers();
         let x = [1.0f32, 2.0, -1.0, 0.5, 0.3, -0.7];
         let y = [0u32, 1, 1];
         let upper = [top.clone()];
@@ -566,18 +572,7 @@ mod tests {
 
     #[test]
     fn joint_space_update_equals_full_forward() {
-        let layer = Layer {
-            weight: vec![0.5, -1.0, 1.0, 0.25, -0.3, 0.7],
-            bias: vec![0.1, -0.2, 0.05],
-            out: 3,
-            inp: 2,
-        };
-        let top = Layer {
-            weight: vec![1.0, -0.5, 0.2, 0.3, 0.8, -1.0],
-            bias: vec![0.0, 0.1],
-            out: 2,
-            inp: 3,
-        };
+        let (layer, top) = two_layers();
         assert_eq!(Layer::outgoing(&top, 1), vec![-0.5, 0.8]);
         let x = [1.0f32, 2.0, -1.0, 0.5, 0.3, -0.7];
         let y = [0u32, 1, 1];

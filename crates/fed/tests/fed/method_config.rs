@@ -118,12 +118,13 @@ fn unknown_and_missing_keys_are_named() {
     for (input, message) in [
         (
             r#"{"eps":0.1,"name":"pfnm"}"#,
-            "unknown field `eps`, expected one of `sigma`, `sigma0`, `gamma`, `iters`, `sigma_grid`",
+            "unknown field `eps`, expected one of `sigma`, `sigma0`, `gamma`, `iters`, `max_global`, \
+             `sigma_grid`",
         ),
         (
             r#"{"eps_grid":[0.1],"name":"pfnm"}"#,
             "unknown field `eps_grid`, expected one of `sigma`, `sigma0`, `gamma`, `iters`, \
-             `sigma_grid`",
+             `max_global`, `sigma_grid`",
         ),
         (
             r#"{"name":"fedmedian","x":1}"#,

@@ -450,7 +450,9 @@ impl<'a> NeuronSearch<'a> {
                         let dst = &mut pre[r * o1..(r + 1) * o1];
                         let src = &self.upper_pre[r * o1..(r + 1) * o1];
                         for (k, (p, &z)) in dst.iter_mut().zip(src).enumerate() {
-                            *p = z + a * out[k] - a0 * old_out[k];
+                            // `(a - a0) w' + a0 (w' - w)`: no cancellation near the
+                            // centre, and the plain rank-one update when `w' = w`.
+                            *p = z + (a - a0) * out[k] + a0 * (out[k] - old_out[k]);
                         }
                     }
                     // The output layer's pre-activations are the logits; deeper nets run on.

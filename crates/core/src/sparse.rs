@@ -1,5 +1,5 @@
 //! Sparse wire encoding for tensors that are mostly zero (the pruned groups of FedSparse, FedL1
-//! and FedDrop): the non-zero values plus whichever of three position codes is smallest.
+//! and FedDrop): the non-zero values plus whichever of four position codes is smallest.
 //!
 //! A [`crate::Record`] with `sparse` set writes each tensor in whichever form is smaller: dense
 //! F32 as always, or a *blob* stored as a `U8` tensor under the tensor's own name in the same
@@ -13,7 +13,7 @@
 //!
 //! | bytes | content |
 //! |---|---|
-//! | 1 | index code: `0` bitmap, `1` varint gaps, `2` Golomb-Rice gaps |
+//! | 1 | index code: `0` bitmap, `1` varint gaps, `2` Golomb-Rice gaps, `3` runs |
 //! | 1, Rice only | Rice shift `b`, `0..=32` |
 //! | varint | rank `r` |
 //! | `r` varints | dimensions |
@@ -28,6 +28,12 @@
 //! - **Rice**: the same gaps, each as `g >> b` zero bits, a one bit, then the low `b` bits of
 //!   `g` (least significant first), packed least significant bit first; the final byte's
 //!   unused bits are zero and no byte is left over.
+//! - **runs**: pairs of varints `(z_i, s_i)`: skip `z_i` zeros, then `s_i` stored positions,
+//!   until the `s_i` add up to `k` (no pairs when `k = 0`). Runs are maximal: every `s_i >= 1`
+//!   and every `z_i >= 1` but the first, and they end at or before `n`. Pruning removes whole
+//!   units, rows of a `[out, in]` weight, so the stored positions of a FedSparse, FedL1 or
+//!   FedDrop tensor come in a few long runs, which cost a few bytes here and `n / 8` as a
+//!   bitmap.
 //!
 //! Varints must be minimal (no trailing `0x80 .. 0x00` padding) and fit in 64 bits; the
 //! blob must end exactly after the values.
@@ -61,6 +67,7 @@ const MAX_RICE_SHIFT: u8 = 32;
 const TAG_BITMAP: u8 = 0;
 const TAG_VARINT: u8 = 1;
 const TAG_RICE: u8 = 2;
+const TAG_RUNS: u8 = 3;
 
 /// Header metadata key marking a container that may hold sparse blobs; its value is the format
 /// version.
@@ -81,6 +88,8 @@ pub enum IndexCode {
         /// Number of low bits written verbatim.
         shift: u8,
     },
+    /// LEB128 varints of the lengths of alternating zero and stored runs.
+    Runs,
 }
 
 impl std::fmt::Display for IndexCode {
@@ -89,6 +98,7 @@ impl std::fmt::Display for IndexCode {
             Self::Bitmap => f.write_str("bitmap"),
             Self::Varint => f.write_str("varint"),
             Self::Rice { shift } => write!(f, "rice({shift})"),
+            Self::Runs => f.write_str("runs"),
         }
     }
 }
@@ -106,7 +116,7 @@ pub struct SparseBlob {
     pub header_len: usize,
 }
 
-/// Encodes `tensor` as a sparse blob, with the smallest of the three position codes.
+/// Encodes `tensor` as a sparse blob, with the smallest of the four position codes.
 ///
 /// This always gives a blob; [`crate::Record::encode`] keeps a tensor dense when its blob is
 /// not smaller than its 4 bytes per value.
@@ -173,10 +183,14 @@ impl Plan {
         // The shift byte sits in the header but is the Rice code's cost, so it counts here.
         let rice =
             usize::try_from(rice_bits.div_ceil(8)).map_or(usize::MAX, |b| b.saturating_add(1));
-        // Ties go to the simpler code.
+        let runs: usize = runs(&positions)
+            .map(|(z, s)| varint_len(z) + varint_len(s))
+            .sum();
+        // Ties go to the simpler code (the first).
         let (index, index_len) = [
             (IndexCode::Bitmap, bitmap),
             (IndexCode::Varint, varint),
+            (IndexCode::Runs, runs),
             (IndexCode::Rice { shift }, rice),
         ]
         .into_iter()
@@ -208,6 +222,7 @@ impl Plan {
             IndexCode::Bitmap => out.push(TAG_BITMAP),
             IndexCode::Varint => out.push(TAG_VARINT),
             IndexCode::Rice { shift } => out.extend([TAG_RICE, shift]),
+            IndexCode::Runs => out.push(TAG_RUNS),
         }
         put_varint(&mut out, tensor.shape.len() as u64);
         for &d in &tensor.shape {
@@ -237,6 +252,12 @@ impl Plan {
                 }
                 out = w.finish();
             }
+            IndexCode::Runs => {
+                for (z, s) in runs(&self.positions) {
+                    put_varint(&mut out, z);
+                    put_varint(&mut out, s);
+                }
+            }
         }
         for &p in &self.positions {
             out.extend(tensor.data[p].to_le_bytes());
@@ -257,6 +278,24 @@ fn gaps(positions: &[usize]) -> impl Iterator<Item = u64> + '_ {
         let g = p - next;
         next = p + 1;
         g as u64
+    })
+}
+
+/// Maximal runs of strictly increasing positions, as (zeros before the run, run length).
+fn runs(positions: &[usize]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let mut i = 0;
+    let mut next = 0usize;
+    std::iter::from_fn(move || {
+        let start = *positions.get(i)?;
+        let mut end = start + 1;
+        i += 1;
+        while positions.get(i) == Some(&end) {
+            end += 1;
+            i += 1;
+        }
+        let zeros = start - next;
+        next = end;
+        Some((zeros as u64, (end - start) as u64))
     })
 }
 
@@ -509,6 +548,7 @@ pub(crate) fn decode_blob(blob: &[u8], budget: usize) -> Fallible<Tensor> {
             }
             IndexCode::Rice { shift }
         }
+        TAG_RUNS => IndexCode::Runs,
         tag => return Err(format!("unknown index code {tag}")),
     };
     let rank = r.usize("rank")?;
@@ -612,6 +652,33 @@ pub(crate) fn decode_blob(blob: &[u8], budget: usize) -> Fallible<Tensor> {
                 next = p + 1;
             }
             bits.finish()?;
+        }
+        IndexCode::Runs => {
+            let mut ix = ByteReader::new(index_bytes);
+            let (mut next, mut stored) = (0u64, 0u64);
+            while stored < k as u64 {
+                let zeros = ix.varint("zero run")?;
+                let run = ix.varint("stored run")?;
+                if run == 0 || (zeros == 0 && stored > 0) {
+                    return Err("the runs are not maximal (an empty run)".into());
+                }
+                // A run is at most k values long, so a bad one fails here, before the loop.
+                let start = next
+                    .checked_add(zeros)
+                    .filter(|&p| p < n as u64)
+                    .ok_or_else(|| format!("a run starts past the {n} values"))?;
+                let end = start
+                    .checked_add(run)
+                    .filter(|&e| e <= n as u64 && stored + run <= k as u64)
+                    .ok_or_else(|| format!("a run ends past the {n} values or the {k} stored"))?;
+                for p in start..end {
+                    put(p as usize)?;
+                }
+                (next, stored) = (end, stored + run);
+            }
+            if ix.remaining() != 0 {
+                return Err("the run index has bytes left over".into());
+            }
         }
     }
     Ok(Tensor { shape, data })
@@ -925,6 +992,16 @@ mod tests {
         assert!(reason(&with_values(&[TAG_RICE, 1, 1, 64, 1, 0x80], 1)).contains("ends inside"));
         assert!(reason(&with_values(&[TAG_RICE, 0, 1, 64, 1, 0], 1)).contains("ends inside"));
         assert!(reason(&with_values(&[TAG_RICE, 0, 1, 4, 1, 0], 1)).contains("past"));
+        // Runs: empty, past the end, longer than the count, unfinished or with bytes left.
+        assert!(reason(&with_values(&[TAG_RUNS, 1, 4, 1, 0, 0], 1)).contains("not maximal"));
+        assert!(reason(&with_values(&[TAG_RUNS, 1, 4, 2, 0, 1, 0, 1], 2)).contains("not maximal"));
+        assert!(reason(&with_values(&[TAG_RUNS, 1, 4, 1, 4, 1], 1)).contains("starts past"));
+        assert!(reason(&with_values(&[TAG_RUNS, 1, 4, 2, 3, 2], 2)).contains("ends past"));
+        assert!(reason(&with_values(&[TAG_RUNS, 1, 4, 1, 0, 2], 1)).contains("ends past"));
+        assert!(reason(&with_values(&[TAG_RUNS, 1, 4, 2, 0, 1], 2)).contains("ends before"));
+        assert!(reason(&with_values(&[TAG_RUNS, 1, 4, 1, 0, 1, 0], 1)).contains("left over"));
+        let t = decode_tensor(&with_values(&[TAG_RUNS, 1, 5, 3, 0, 1, 2, 2], 3)).unwrap();
+        assert_eq!(t.data, vec![1.0, 0.0, 0.0, 1.0, 1.0]);
         // And well-formed ones decode.
         let t = decode_tensor(&with_values(&[TAG_RICE, 1, 1, 4, 1, 0b110], 1)).unwrap();
         assert_eq!(t.data, vec![0.0, 0.0, 0.0, 1.0]);

@@ -106,7 +106,7 @@ fn params(sparse: bool) -> Params {
     p
 }
 
-/// Records as `Record::encode` writes them: dense, sparse (each of the three position codes)
+/// Records as `Record::encode` writes them: dense, sparse (each of the four position codes)
 /// and empty.
 fn record_seeds() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
@@ -132,6 +132,11 @@ fn record_seeds() -> Vec<Vec<u8>> {
         .map(|i| if i % 23 == 0 { 0.5 } else { 0.0 })
         .collect();
     p.push("rice", vec![2000], rice).unwrap();
+    // Whole rows zeroed, as unit pruning leaves a weight: the run code.
+    let rows = (0..400)
+        .map(|i| if (i / 40) % 3 == 1 { 0.0 } else { 0.25 })
+        .collect();
+    p.push("runs", vec![10, 40], rows).unwrap();
     seeds.push(Record::from_params(p).with_sparse(true).encode().unwrap());
     seeds.push(Record::default().encode().unwrap());
     seeds

@@ -255,6 +255,41 @@ fn each_code_is_chosen_at_its_density() {
     assert_eq!(sparse::encode_tensor(&t).index, IndexCode::Varint);
 }
 
+/// A `[rows, cols]` weight of non-zero values with the rows `pruned` zeroed, as FedSparse,
+/// FedL1 and FedDrop send it.
+fn pruned_rows(rows: usize, cols: usize, pruned: &[usize]) -> Vec<f32> {
+    (0..rows * cols)
+        .map(|p| {
+            if pruned.contains(&(p / cols)) {
+                0.0
+            } else {
+                0.5 + p as f32
+            }
+        })
+        .collect()
+}
+
+/// Whole rows pruned (a unit's incoming weights): the run code spends a byte or two per run
+/// where a bitmap spends a bit per value, so a 200 x 784 layer with half its units pruned
+/// costs a few hundred index bytes, not 19,600.
+#[test]
+fn unit_pruned_weights_take_the_run_code_and_round_trip() {
+    let pruned: Vec<usize> = (0..200).filter(|u| u % 3 != 0 && u % 7 != 1).collect();
+    let data = pruned_rows(200, 784, &pruned);
+    let t = Tensor::new("w", vec![200, 784], data).unwrap();
+    let blob = sparse::encode_tensor(&t);
+    assert_eq!(blob.index, IndexCode::Runs);
+    let kept = 200 - pruned.len();
+    assert_eq!(blob.nonzeros, kept * 784);
+    let index = blob.bytes.len() - blob.header_len - 4 * blob.nonzeros;
+    // One (zeros, stored) pair per kept stretch of rows, each varint at most 3 bytes.
+    assert!(
+        index <= 6 * kept && index < 784 * 200 / 8 / 20,
+        "{index} index bytes"
+    );
+    assert_eq!(sparse::decode_tensor(&blob.bytes).unwrap(), t);
+}
+
 /// Captured from `Record::encode` before sparse encoding existed. Metadata key order follows a
 /// `HashMap` and varies run to run, so the header is compared as JSON, the rest byte for byte.
 #[test]
@@ -318,6 +353,7 @@ fn mixed_record() -> &'static (Record, Vec<u8>) {
             (vec![20, 30], exact_k(600, 300, &mut rng)),
             (vec![600], even),
             (vec![4000], exact_k(4000, 40, &mut rng)),
+            (vec![10, 100], pruned_rows(10, 100, &[0, 3, 4, 9])),
             (vec![3, 2], vec![1.0, -2.0, 3.0, -0.0, 5.0, 6.0]),
             (vec![2, 0], vec![]),
             (vec![50], vec![0.0; 50]),
@@ -325,11 +361,12 @@ fn mixed_record() -> &'static (Record, Vec<u8>) {
         let codes: Vec<IndexCode> = r
             .params
             .iter()
-            .take(3)
+            .take(4)
             .map(|(_, t)| sparse::encode_tensor(t).index)
             .collect();
         assert_eq!(codes[..2], [IndexCode::Bitmap, IndexCode::Varint]);
         assert!(matches!(codes[2], IndexCode::Rice { .. }));
+        assert_eq!(codes[3], IndexCode::Runs);
         let bytes = r.encode().unwrap();
         (r, bytes)
     })

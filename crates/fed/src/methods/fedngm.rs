@@ -25,8 +25,8 @@ use fedfuse_train::{
     BlockAggregate, Distill, FeatureGraph, FirstDraw, InferConfig, InferMethod, Marginals, Ngm,
     NgmConfig, PathNorm, SampleConfig, SampleNoise, ngr_graph,
 };
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -145,6 +145,12 @@ pub struct FedNgmConfig {
     /// take these defaults.
     #[serde(deserialize_with = "sample_over_defaults")]
     pub sample: SampleConfig,
+    /// Copies of each sample added to the distillation inputs, each with one feature (drawn
+    /// at random) set to the samples' mean, with the averaged outputs at the copy as its
+    /// target. Inference starts an unknown feature at its mean and moves it from there, so
+    /// the global model is then fitted where it will be read, not only on the samples.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub masked_copies: usize,
     /// Weights of the client models in the distillation targets.
     pub weighting: ClientWeighting,
     /// Weight of the reconstruction loss on public rows (1 when not given). Setting it
@@ -179,6 +185,14 @@ const DERIVED_KEYS: [(&str, &str); 2] = [
         "seeds are derived from the run's `seed` per client and round",
     ),
 ];
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// Bound on [`FedNgmConfig::masked_copies`]: the distillation holds `1 + copies` times the
+/// samples in memory.
+const MAX_MASKED_COPIES: usize = 16;
 
 /// FedNGM's sampling defaults: residual noise, no Gibbs sweeps.
 fn fedngm_sample_defaults() -> SampleConfig {
@@ -271,6 +285,7 @@ impl Default for FedNgmConfig {
             samples_per_client: 2000,
             sample_at: SampleSite::Client,
             sample: fedngm_sample_defaults(),
+            masked_copies: 0,
             weighting: ClientWeighting::Uniform,
             gamma: None,
             ngr_sparsity: 1.0 / 3.0,
@@ -290,6 +305,16 @@ impl FedNgmConfig {
             return bad(
                 "fedngm.samples_per_client",
                 "0 samples: the global model would have nothing to learn from".into(),
+            );
+        }
+        if self.masked_copies > MAX_MASKED_COPIES {
+            return bad(
+                "fedngm.masked_copies",
+                format!(
+                    "{} copies of every sample; use at most {MAX_MASKED_COPIES} (each copy \
+                     adds the whole sample set to the distillation)",
+                    self.masked_copies
+                ),
             );
         }
         if let Some(gamma) = self.gamma.filter(|g| !(g.is_finite() && *g >= 0.0)) {
@@ -837,6 +862,17 @@ impl FedNgm {
         let examples: Vec<usize> = locals.iter().map(|&(_, _, n)| n).collect();
         let members = member_weights(&params, &examples, cfg.weighting);
         let sample_means = Marginals::from_data(ngm, &samples)?.means().to_vec();
+        let drawn_rows = samples.len() / u;
+        if cfg.masked_copies > 0 {
+            let mut rng = StdRng::seed_from_u64(derive_seed(cfg.seed, round, usize::MAX - 1));
+            add_masked_copies(
+                ngm,
+                &mut samples,
+                &sample_means,
+                cfg.masked_copies,
+                &mut rng,
+            );
+        }
         let targets = match cfg.variant {
             FedNgmVariant::Ngm => ngm.average_predictions(&members, &samples)?,
             FedNgmVariant::Ngr => leak_free_average(ngm, &members, &samples, &sample_means)?,
@@ -857,7 +893,7 @@ impl FedNgm {
             FedNgmVariant::Ngr => ngm.fit_distill_ngr(start, distill, &gcfg)?,
         };
         report.insert("model_round".into(), round as f64);
-        report.insert("samples".into(), (samples.len() / u) as f64);
+        report.insert("samples".into(), drawn_rows as f64);
         report.insert(
             "distill_loss".into(),
             fit.val_loss.unwrap_or(fit.train_loss),
@@ -1166,6 +1202,29 @@ fn leak_free_average(
     Ok(avg)
 }
 
+/// Appends `copies` copies of every row of `rows`, each with the units of one feature block
+/// (uniform over blocks) replaced by `means`.
+fn add_masked_copies(
+    ngm: &Ngm,
+    rows: &mut Vec<f32>,
+    means: &[f32],
+    copies: usize,
+    rng: &mut StdRng,
+) {
+    let u = ngm.units();
+    let n = rows.len() / u;
+    let blocks = ngm.blocks();
+    rows.reserve(n * u * copies);
+    for _ in 0..copies {
+        for r in 0..n {
+            let at = rows.len();
+            rows.extend_from_within(r * u..(r + 1) * u);
+            let range = blocks[rng.random_range(0..blocks.len())].range();
+            rows[at + range.start..at + range.end].copy_from_slice(&means[range]);
+        }
+    }
+}
+
 fn bad_server(reason: String) -> FedError {
     FedError::BadMessage {
         from: "server".into(),
@@ -1271,6 +1330,45 @@ mod tests {
         let again: FedNgrConfig =
             serde_json::from_str(&serde_json::to_string(&ngr).unwrap()).unwrap();
         assert_eq!(again, ngr);
+    }
+
+    #[test]
+    fn each_masked_copy_sets_exactly_one_feature_block_to_the_means() {
+        let t = Table::new(vec![
+            ("a".into(), fedfuse_data::Column::Real(vec![0.0, 1.0])),
+            ("c".into(), fedfuse_data::Column::categorical(&["x", "y"])),
+        ])
+        .unwrap();
+        let encoding = Encoding::merge(&[t.stats()]).unwrap();
+        let graph = Graph::new(vec!["a".into(), "c".into()], vec![false; 4]).unwrap();
+        let ngm = structure(FedNgmVariant::Ngm, &encoding, &graph).unwrap();
+        assert_eq!(ngm.units(), 3, "one real unit, two one-hot units");
+        let rows = vec![1.0, 0.0, 1.0, 2.0, 1.0, 0.0, 3.0, 0.0, 1.0];
+        let means = [9.0, 0.25, 0.75];
+        let mut aug = rows.clone();
+        let mut rng = StdRng::seed_from_u64(7);
+        add_masked_copies(&ngm, &mut aug, &means, 4, &mut rng);
+        assert_eq!(aug.len(), rows.len() * 5);
+        assert_eq!(
+            aug[..rows.len()],
+            rows[..],
+            "the samples come first, untouched"
+        );
+        let mut masked = [0usize; 2];
+        for (k, copy) in aug[rows.len()..].chunks(3).enumerate() {
+            let row = &rows[(k % 3) * 3..(k % 3 + 1) * 3];
+            let block = if copy[0] == 9.0 { 0 } else { 1 };
+            masked[block] += 1;
+            let (kept, set) = if block == 0 {
+                (1..3, 0..1)
+            } else {
+                (0..1, 1..3)
+            };
+            assert_eq!(copy[kept.clone()], row[kept], "copy {k}");
+            assert_eq!(copy[set.clone()], means[set], "copy {k}");
+        }
+        // Both blocks are drawn (12 draws; each block has probability 1/2).
+        assert!(masked[0] > 0 && masked[1] > 0, "{masked:?}");
     }
 
     #[test]

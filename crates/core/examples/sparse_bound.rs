@@ -5,6 +5,10 @@
 //! values), the bound, their ratio, the index code chosen, the whole record on the wire
 //! against its dense form, and the median of 5 `Record::encode` / `Record::decode` times.
 //!
+//! A second table is for what pruning units leaves (FedSparse, FedL1): a `[units, fan_in]`
+//! weight with a fraction of its rows zero, where the positions are not random and the bound
+//! above does not apply; it shows the index the blob spends against a bitmap's `n / 8`.
+//!
 //! `cargo run --release -p fedfuse-core --example sparse_bound`
 
 use std::time::{Duration, Instant};
@@ -33,6 +37,17 @@ fn random_sparse(n: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
         order.swap(i, j);
         let u = (rng.next() >> 40) as f32 / (1u64 << 24) as f32;
         data[order[i]] = if u == 0.0 { 0.5 } else { 2.0 * u - 1.0 };
+    }
+    data
+}
+
+/// A `[rows, cols]` weight in (-1, 1), none zero, with each row zeroed with probability `p`.
+fn unit_pruned(rows: usize, cols: usize, p: f64, rng: &mut Rng) -> Vec<f32> {
+    let mut data = random_sparse(rows * cols, rows * cols, rng);
+    for row in data.chunks_exact_mut(cols) {
+        if ((rng.next() >> 11) as f64 / (1u64 << 53) as f64) < p {
+            row.fill(0.0);
+        }
     }
     data
 }
@@ -78,6 +93,34 @@ fn main() -> Result<()> {
                 blob.bytes.len() as f64 / bound,
                 blob.index,
                 bytes.len(),
+                ms(encode),
+                ms(decode),
+            );
+        }
+    }
+    println!();
+    println!(
+        "| shape | rows pruned | blob bytes | index | index bytes | bitmap bytes | encode ms | decode ms |"
+    );
+    println!("|---|---:|---:|:---|---:|---:|---:|---:|");
+    for (rows, cols) in [(200usize, 784usize), (200, 200), (120, 400)] {
+        for p in [0.1, 0.5, 0.9] {
+            let data = unit_pruned(rows, cols, p, &mut rng);
+            let t = Tensor::new("w", vec![rows, cols], data.clone())?;
+            let blob = sparse::encode_tensor(&t);
+            let pruned = data.chunks_exact(cols).filter(|r| r[0] == 0.0).count();
+            let index = blob.bytes.len() - blob.header_len - 4 * blob.nonzeros;
+            let mut params = Params::new();
+            params.push("w", vec![rows, cols], data)?;
+            let record = Record::from_params(params).with_sparse(true);
+            let bytes = record.encode()?;
+            let encode = median_of_5(|| record.encode().map(drop))?;
+            let decode = median_of_5(|| Record::decode(&bytes).map(drop))?;
+            println!(
+                "| {rows} x {cols} | {pruned} | {} | {} | {index} | {} | {} | {} |",
+                blob.bytes.len(),
+                blob.index,
+                (rows * cols).div_ceil(8),
                 ms(encode),
                 ms(decode),
             );

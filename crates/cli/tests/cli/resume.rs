@@ -404,11 +404,14 @@ fn an_ngm_experiment_killed_between_seeds_resumes_and_ends_as_an_uninterrupted_o
         .lines()
         .find(|l| l.starts_with("seeds"))
         .expect("the experiment lists its seeds");
-    // Fewer distillation samples than the experiment's, to keep the test short.
+    // Fewer distillation samples than the experiment's and no masked copies, to keep the
+    // test short.
     let short = text
         .replace(seeds, "seeds = [0, 1]")
-        .replace("samples_per_client = 8000", "samples_per_client = 2000");
+        .replace("samples_per_client = 8000", "samples_per_client = 2000")
+        .replace("masked_copies = 1", "masked_copies = 0");
     assert!(short.contains("samples_per_client = 2000"));
+    assert!(short.contains("masked_copies = 0"));
     std::fs::write(&file, short).unwrap();
     experiment_killed_after_a_seed_resumes_to_the_whole_result(
         "ngm",

@@ -31,9 +31,9 @@
 //! - **runs**: pairs of varints `(z_i, s_i)`: skip `z_i` zeros, then `s_i` stored positions,
 //!   until the `s_i` add up to `k` (no pairs when `k = 0`). Runs are maximal: every `s_i >= 1`
 //!   and every `z_i >= 1` but the first, and they end at or before `n`. Pruning removes whole
-//!   units, rows of a `[out, in]` weight, so the stored positions of a FedSparse, FedL1 or
-//!   FedDrop tensor come in a few long runs, which cost a few bytes here and `n / 8` as a
-//!   bitmap.
+//!   units, rows of a `[out, in]` weight, so the stored positions of a FedSparse or FedL1
+//!   tensor come in a few long runs, which cost a few bytes here and `n / 8` as a bitmap
+//!   (FedDrop sends its sub-model dense).
 //!
 //! Varints must be minimal (no trailing `0x80 .. 0x00` padding) and fit in 64 bits; the
 //! blob must end exactly after the values.

@@ -63,6 +63,7 @@ def fuse(
     eps: float = 0.0,
     max_global: int = 700,
     bias_mean: float = 0.1,
+    order: str = "top_down",
     seed: int = 0,
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Fuses pre-trained MLPs into one global model.
@@ -74,7 +75,10 @@ def fuse(
     the one its widths chain in). ``method`` is ``"pfnm"``, ``"gpi-fnm"`` (needs ``eps > 0``) or
     ``"fedavg"``. ``sigma`` and ``sigma0`` are variances, as in the PFNM reference code;
     ``class_counts`` (one list of per-class example counts per model) weight the output
-    layer, and weight FedAvg by each model's total. ``seed`` seeds PFNM's refinement orders.
+    layer, and weight FedAvg by each model's total. ``order`` is how a network of two or more
+    hidden layers is matched: ``"top_down"`` (the reference code's) or ``"bottom_up"`` (each
+    layer on its full fan-in; on deep MNIST networks far closer to the clients' ensemble, see
+    docs/EXPERIMENTS.md). ``seed`` seeds PFNM's refinement orders.
 
     Returns the fused arrays (under the first model's names) and the assignments: for each hidden
     layer, which global unit each client unit joined (what ``fedfuse fuse`` writes to
@@ -94,6 +98,7 @@ def fuse(
         float(eps),
         int(max_global),
         float(bias_mean),
+        str(order),
         int(seed),
     )
     return arrays_from_tensors(fused), json.loads(report)

@@ -26,8 +26,14 @@ def models_of(fixture):
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
-@pytest.mark.parametrize("method,eps", [("pfnm", 0.0), ("gpi-fnm", 0.05), ("fedavg", 0.0)])
-def test_fuse_equals_the_command_line_bit_for_bit(path, method, eps, tmp_path, fedfuse_bin):
+@pytest.mark.parametrize("method,eps,order", [
+    ("pfnm", 0.0, "top_down"),
+    ("pfnm", 0.0, "bottom_up"),
+    ("gpi-fnm", 0.05, "top_down"),
+    ("fedavg", 0.0, "top_down"),
+])
+def test_fuse_equals_the_command_line_bit_for_bit(path, method, eps, order, tmp_path,
+                                                  fedfuse_bin):
     f = json.loads(path.read_text())
     models = models_of(f)
     if method == "fedavg" and len({m["layers.0.weight"].shape for m in models}) > 1:
@@ -39,7 +45,8 @@ def test_fuse_equals_the_command_line_bit_for_bit(path, method, eps, tmp_path, f
     counts = tmp_path / "counts.json"
     counts.write_text(json.dumps(f["batch_frequencies"]))
     out = tmp_path / "fused.safetensors"
-    settings = dict(sigma=f["sigma"], sigma0=f["sigma0"], gamma=f["gamma"], iters=f["it"], seed=7)
+    settings = dict(sigma=f["sigma"], sigma0=f["sigma0"], gamma=f["gamma"], iters=f["it"], seed=7,
+                    order=order)
     args = [str(fedfuse_bin), "fuse", *map(str, files), "--out", str(out), "--method", method,
             "--class-counts", str(counts), "--eps", str(eps)]
     for key, value in settings.items():

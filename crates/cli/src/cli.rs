@@ -110,6 +110,9 @@ enum Command {
         /// GPI-FNM: weight of the global-posterior KL cost (0 is PFNM).
         #[arg(long, default_value_t = 0.0)]
         eps: f64,
+        /// PFNM: which way a deep network's hidden layers are matched.
+        #[arg(long, value_enum, default_value = "top_down")]
+        order: crate::fuse_cmd::FuseOrder,
         /// Seed of the refinement order.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -239,6 +242,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             gamma,
             iters,
             eps,
+            order,
             seed,
         } => crate::fuse_cmd::run(&crate::fuse_cmd::FuseArgs {
             method,
@@ -251,6 +255,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 gamma,
                 iters,
                 eps,
+                order: order.into(),
                 ..fedfuse_fuse::PfnmConfig::default()
             },
             seed,

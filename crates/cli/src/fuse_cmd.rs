@@ -20,6 +20,26 @@ pub enum FuseMethod {
     Fedavg,
 }
 
+/// PFNM's order over a deep network's hidden layers (spelt as in a config file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum FuseOrder {
+    /// The reference code's: the top hidden layer first, seen through its bias and outgoing
+    /// weights.
+    TopDown,
+    /// The input side first: every layer matched on its full fan-in.
+    BottomUp,
+}
+
+impl From<FuseOrder> for fedfuse_fuse::MatchOrder {
+    fn from(o: FuseOrder) -> Self {
+        match o {
+            FuseOrder::TopDown => Self::TopDown,
+            FuseOrder::BottomUp => Self::BottomUp,
+        }
+    }
+}
+
 /// What `fedfuse fuse` was asked.
 pub struct FuseArgs {
     /// The method.

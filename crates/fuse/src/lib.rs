@@ -41,8 +41,8 @@ pub use graph::{
 pub use krum::{bulyan, krum_scores, krum_select};
 pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedMlp, GlobalUnits, LayerMatch, LayerPrior, LayerSettings,
-    MatchTimings, Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig, ReplayOrder,
-    RngOrder, gpi_cost, match_layer, pfnm_fuse, pfnm_fuse_mlp, pfnm_scores,
+    MatchOrder, MatchTimings, Matrix, MlpWeights, OrderSource, POPULARITY_CAP, PfnmConfig,
+    ReplayOrder, RngOrder, gpi_cost, match_layer, pfnm_fuse, pfnm_fuse_mlp, pfnm_scores,
 };
 pub use mixture::{
     GaussianMixture, MixtureConfig, MixtureStep, responsibilities_from_sq_distances,

@@ -19,6 +19,7 @@ use fedfuse_fed::{
     Aggregate, BuildContext, ClientsPerRound, FedAvgSettings, MethodConfig, PfnmSettings,
     SimConfig, default_eps_grid, derive_seed, simulate,
 };
+use fedfuse_fuse::MatchOrder;
 use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -38,6 +39,10 @@ pub enum SweepMethod {
     Pfnm,
     /// GPI-FNM, eps chosen on the validation split.
     GpiFnm,
+    /// PFNM with deep networks matched from the input up ([`MatchOrder::BottomUp`]).
+    PfnmBottomUp,
+    /// GPI-FNM with deep networks matched from the input up.
+    GpiFnmBottomUp,
     /// FedAvg of clients trained from their own initialisations.
     FedavgSeparate,
     /// FedAvg of clients trained from one common initialisation.
@@ -55,6 +60,8 @@ impl SweepMethod {
         match self {
             Self::Pfnm => "PFNM",
             Self::GpiFnm => "GPI-FNM",
+            Self::PfnmBottomUp => "PFNM (bottom-up)",
+            Self::GpiFnmBottomUp => "GPI-FNM (bottom-up)",
             Self::FedavgSeparate => "FedAvg (separate inits)",
             Self::FedavgCommon => "FedAvg (common init)",
             Self::Local => "local (mean)",
@@ -206,7 +213,7 @@ impl SweepConfig {
         {
             bail!(
                 "`methods`: `{}` is a one-round reference; with rounds > 1 use pfnm, gpi-fnm, \
-                 fedavg-separate, fedavg-common",
+                 pfnm-bottom-up, gpi-fnm-bottom-up, fedavg-separate, fedavg-common",
                 method_key(*m)
             );
         }
@@ -227,28 +234,35 @@ impl SweepConfig {
         Ok(())
     }
 
-    fn method_config(&self, m: SweepMethod) -> Option<MethodConfig> {
+    fn pfnm(&self, order: MatchOrder) -> PfnmSettings {
         let s = &self.matching;
+        PfnmSettings {
+            sigma: s.sigma,
+            sigma0: s.sigma0,
+            gamma: s.gamma,
+            iters: s.iters,
+            max_global: s.max_global,
+            sigma_grid: s.sigma_grid.clone(),
+            order,
+            ..PfnmSettings::default()
+        }
+    }
+
+    fn gpi_fnm(&self, order: MatchOrder) -> PfnmSettings {
+        PfnmSettings {
+            eps_grid: Some(self.matching.eps_grid.clone()),
+            ..self.pfnm(order)
+        }
+    }
+
+    fn method_config(&self, m: SweepMethod) -> Option<MethodConfig> {
         match m {
-            SweepMethod::Pfnm => Some(MethodConfig::Pfnm(PfnmSettings {
-                sigma: s.sigma,
-                sigma0: s.sigma0,
-                gamma: s.gamma,
-                iters: s.iters,
-                max_global: s.max_global,
-                sigma_grid: s.sigma_grid.clone(),
-                ..PfnmSettings::default()
-            })),
-            SweepMethod::GpiFnm => Some(MethodConfig::GpiFnm(PfnmSettings {
-                sigma: s.sigma,
-                sigma0: s.sigma0,
-                gamma: s.gamma,
-                iters: s.iters,
-                max_global: s.max_global,
-                eps: None,
-                eps_grid: Some(s.eps_grid.clone()),
-                sigma_grid: s.sigma_grid.clone(),
-            })),
+            SweepMethod::Pfnm => Some(MethodConfig::Pfnm(self.pfnm(MatchOrder::TopDown))),
+            SweepMethod::PfnmBottomUp => Some(MethodConfig::Pfnm(self.pfnm(MatchOrder::BottomUp))),
+            SweepMethod::GpiFnm => Some(MethodConfig::GpiFnm(self.gpi_fnm(MatchOrder::TopDown))),
+            SweepMethod::GpiFnmBottomUp => {
+                Some(MethodConfig::GpiFnm(self.gpi_fnm(MatchOrder::BottomUp)))
+            }
             SweepMethod::FedavgSeparate => Some(MethodConfig::FedAvg(FedAvgSettings {
                 separate_inits: true,
             })),
@@ -443,6 +457,8 @@ impl Sweep<'_> {
                 m,
                 SweepMethod::Pfnm
                     | SweepMethod::GpiFnm
+                    | SweepMethod::PfnmBottomUp
+                    | SweepMethod::GpiFnmBottomUp
                     | SweepMethod::FedavgSeparate
                     | SweepMethod::Local
                     | SweepMethod::Ensemble
@@ -467,7 +483,11 @@ impl Sweep<'_> {
             let started = Instant::now();
             let mut row = self.row(s, m, 1);
             match m {
-                SweepMethod::Pfnm | SweepMethod::GpiFnm | SweepMethod::FedavgSeparate => {
+                SweepMethod::Pfnm
+                | SweepMethod::GpiFnm
+                | SweepMethod::PfnmBottomUp
+                | SweepMethod::GpiFnmBottomUp
+                | SweepMethod::FedavgSeparate => {
                     let Some(mut method) = self.build(m, &spec, s.seed)? else {
                         continue;
                     };

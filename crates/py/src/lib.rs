@@ -168,7 +168,7 @@ fn params_to_py<'py>(py: Python<'py>, p: &Params) -> PyTensors<'py> {
 /// Fuses pre-trained MLPs; returns the fused tensors and the assignments as JSON (the
 /// `.assignments.json` that `fedfuse fuse` writes).
 #[pyfunction]
-#[pyo3(signature = (models, method, class_counts, sigma, sigma0, gamma, iters, eps, max_global, bias_mean, seed))]
+#[pyo3(signature = (models, method, class_counts, sigma, sigma0, gamma, iters, eps, max_global, bias_mean, order, seed))]
 #[allow(clippy::too_many_arguments)]
 fn fuse<'py>(
     py: Python<'py>,
@@ -182,9 +182,11 @@ fn fuse<'py>(
     eps: f64,
     max_global: usize,
     bias_mean: f64,
+    order: &str,
     seed: u64,
 ) -> PyResult<(PyTensors<'py>, String)> {
     let method = FuseMethod::parse(method).map_err(err)?;
+    let order = order.parse().map_err(err)?;
     let models = models
         .into_iter()
         .enumerate()
@@ -198,6 +200,7 @@ fn fuse<'py>(
         max_global,
         bias_mean,
         eps,
+        order,
     };
     let fused = py
         .detach(|| {

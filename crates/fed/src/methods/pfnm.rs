@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
 use fedfuse_data::Dataset;
-use fedfuse_fuse::{Fused, PfnmConfig, pfnm_fuse, sub_model};
+use fedfuse_fuse::{Fused, MatchOrder, PfnmConfig, pfnm_fuse, sub_model};
 use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -60,6 +60,14 @@ pub struct PfnmSettings {
     /// held-out data, never on the test set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sigma_grid: Option<Vec<f64>>,
+    /// Which way a deep network's hidden layers are matched: `"top_down"` (the reference
+    /// code's) or `"bottom_up"` (every layer on its full fan-in).
+    #[serde(default, skip_serializing_if = "is_top_down")]
+    pub order: MatchOrder,
+}
+
+fn is_top_down(order: &MatchOrder) -> bool {
+    *order == MatchOrder::TopDown
 }
 
 fn one() -> f64 {
@@ -92,6 +100,7 @@ impl Default for PfnmSettings {
             eps: None,
             eps_grid: None,
             sigma_grid: None,
+            order: MatchOrder::TopDown,
         }
     }
 }
@@ -104,6 +113,7 @@ const PFNM_KEYS: &[&str] = &[
     "iters",
     "max_global",
     "sigma_grid",
+    "order",
 ];
 
 impl PfnmSettings {
@@ -138,6 +148,7 @@ impl PfnmSettings {
             iters: self.iters,
             max_global: self.max_global,
             eps,
+            order: self.order,
             ..PfnmConfig::default()
         }
     }

@@ -81,6 +81,16 @@ fn settings_write_back_in_the_recorded_form() {
             r#"{"gamma":3.0,"iters":2,"name":"pfnm"}"#,
             r#"{"name":"pfnm","sigma":1.0,"sigma0":1.0,"gamma":3.0,"iters":2}"#.into(),
         ),
+        // The matching order is written only when it is not the reference's.
+        (
+            r#"{"name":"pfnm","order":"bottom_up"}"#,
+            r#"{"name":"pfnm","sigma":1.0,"sigma0":1.0,"gamma":1.0,"iters":5,"order":"bottom_up"}"#
+                .into(),
+        ),
+        (
+            r#"{"name":"pfnm","order":"top_down"}"#,
+            r#"{"name":"pfnm","sigma":1.0,"sigma0":1.0,"gamma":1.0,"iters":5}"#.into(),
+        ),
         // GPI-FNM records the grid it searches, the default one included.
         (
             r#"{"name":"gpi-fnm"}"#,
@@ -119,12 +129,12 @@ fn unknown_and_missing_keys_are_named() {
         (
             r#"{"eps":0.1,"name":"pfnm"}"#,
             "unknown field `eps`, expected one of `sigma`, `sigma0`, `gamma`, `iters`, `max_global`, \
-             `sigma_grid`",
+             `sigma_grid`, `order`",
         ),
         (
             r#"{"eps_grid":[0.1],"name":"pfnm"}"#,
             "unknown field `eps_grid`, expected one of `sigma`, `sigma0`, `gamma`, `iters`, \
-             `max_global`, `sigma_grid`",
+             `max_global`, `sigma_grid`, `order`",
         ),
         (
             r#"{"name":"fedmedian","x":1}"#,

@@ -1,5 +1,5 @@
 //! PFNM for MLPs: layers matched from the top hidden layer down (`layer_group_descent` of the
-//! reference code), absent outgoing connections zero-filled with full precision, output-layer
+//! reference code) or, as an option, from the input up; absent outgoing connections zero-filled with full precision, output-layer
 //! precisions weighted by each client's share of every class.
 
 use std::time::Instant;
@@ -39,6 +39,40 @@ pub struct PfnmConfig {
     /// on the planted network of the tests `eps <= 0.5` changes nothing, `eps = 1` widens the
     /// layer and `eps >= 2` collapses it.
     pub eps: f64,
+    /// Order in which the hidden layers of a deep network are matched (one hidden layer: the
+    /// same either way).
+    pub order: MatchOrder,
+}
+
+/// Which way [`pfnm_fuse_mlp`] walks a network of two or more hidden layers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchOrder {
+    /// The reference code's `layer_group_descent`: the top hidden layer first, each unit as
+    /// `[bias, outgoing weights]` (the first layer adds its incoming weights). The top layer's
+    /// units are then seen through `1 + classes` numbers alone.
+    #[default]
+    TopDown,
+    /// The input layer first, each unit as `[incoming weights, bias]` over the global units
+    /// below it (the top layer adds its outgoing weights into the classes), so every layer is
+    /// matched on its full fan-in.
+    BottomUp,
+}
+
+impl std::str::FromStr for MatchOrder {
+    type Err = FuseError;
+
+    /// `"top_down"` or `"bottom_up"`, as written in a config file.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "top_down" => Ok(Self::TopDown),
+            "bottom_up" => Ok(Self::BottomUp),
+            other => Err(FuseError::InvalidSetting {
+                field: "order",
+                reason: format!("`{other}` is not `top_down` or `bottom_up`"),
+            }),
+        }
+    }
 }
 
 impl Default for PfnmConfig {
@@ -51,6 +85,7 @@ impl Default for PfnmConfig {
             max_global: 700,
             bias_mean: 0.1,
             eps: 0.0,
+            order: MatchOrder::TopDown,
         }
     }
 }
@@ -253,7 +288,8 @@ pub fn pfnm_fuse<R: Rng + ?Sized>(
 }
 
 /// PFNM of MLPs on f64 matrices, with refinement orders from `orders` (one per layer and pass,
-/// top hidden layer first).
+/// in the order the layers are matched: top hidden layer first unless `cfg.order` is
+/// [`MatchOrder::BottomUp`]).
 pub fn pfnm_fuse_mlp(
     nets: &[MlpWeights],
     class_counts: Option<&[Vec<f64>]>,
@@ -322,17 +358,30 @@ pub fn pfnm_fuse_mlp(
         eps: cfg.eps,
     };
 
-    // Layers top-down; `c` is the 0-based hidden layer, its units are rows of layers[c] and
-    // columns of layers[c + 1].
-    let mut assignments_all: Vec<Vec<Vec<usize>>> = Vec::with_capacity(c_hidden);
-    let mut timings = Vec::with_capacity(c_hidden);
-    let mut upper: Option<(usize, Vec<Vec<usize>>)> = None; // (L_{c+1}, assignment of c+1)
-    let mut out_layers: Vec<DenseLayer> = Vec::with_capacity(n_layers);
-    for c in (0..c_hidden).rev() {
+    // `c` is the 0-based hidden layer: its units are rows of layers[c] and columns of
+    // layers[c + 1]. A unit's vector is `[incoming, bias, outgoing]`, where a side is present
+    // only once the units it connects to have global indices (the input and the classes always
+    // do): top-down, a unit carries its outgoing weights scattered to the layer above's global
+    // units; bottom-up, its incoming weights scattered to the layer below's.
+    let layer_order: Vec<usize> = match cfg.order {
+        MatchOrder::TopDown => (0..c_hidden).rev().collect(),
+        MatchOrder::BottomUp => (0..c_hidden).collect(),
+    };
+    let mut weights: Vec<Option<Matrix>> = vec![None; n_layers];
+    let mut biases: Vec<Vec<f64>> = vec![Vec::new(); n_layers];
+    biases[n_layers - 1] = output_bias(nets, &shares, cfg);
+    let mut assignments_all: Vec<Vec<Vec<usize>>> = vec![Vec::new(); c_hidden];
+    let mut timings: Vec<Option<MatchTimings>> = vec![None; c_hidden];
+    // Width and assignment of the neighbouring layer matched just before this one.
+    let mut matched: Option<(usize, Vec<Vec<usize>>)> = None;
+    for c in layer_order {
         let top = c + 1 == c_hidden;
-        let incoming = if c == 0 { d } else { 0 };
-        let out_dim = upper.as_ref().map_or(k, |(l, _)| *l);
-        let p = incoming + 1 + out_dim;
+        let neighbour = matched.as_ref().map(|(l, asg)| (*l, asg.as_slice()));
+        let (incoming, outgoing_dim) = match cfg.order {
+            MatchOrder::TopDown => (if c == 0 { d } else { 0 }, neighbour.map_or(k, |n| n.0)),
+            MatchOrder::BottomUp => (neighbour.map_or(d, |n| n.0), if top { k } else { 0 }),
+        };
+        let p = incoming + 1 + outgoing_dim;
 
         let started = Instant::now();
         let precisions: Vec<Vec<f64>> = shares
@@ -357,8 +406,8 @@ pub fn pfnm_fuse_mlp(
             let slices: Vec<&[f64]> = precisions.iter().map(Vec::as_slice).collect();
             score::precision_runs(&prior, &slices)
         };
-        // Each client's unit vectors `[incoming, bias, outgoing]` (outgoing weights scattered
-        // to the global units of the layer above, absent ones 0), times the precisions.
+        // Each client's unit vectors, absent connections 0 (observed zeros, as in the
+        // reference), times the precisions.
         let rows: Vec<ClientRows> = nets
             .par_iter()
             .zip(&precisions)
@@ -372,23 +421,32 @@ pub fn pfnm_fuse_mlp(
                     &runs,
                     cfg.eps,
                     |u, x| {
-                        if c == 0 {
-                            x[..d].copy_from_slice(own.weight.row(u));
+                        x.fill(0.0);
+                        match (c, cfg.order, neighbour) {
+                            (0, _, _) if incoming > 0 => {
+                                x[..d].copy_from_slice(own.weight.row(u));
+                            }
+                            (_, MatchOrder::BottomUp, Some((_, below))) => {
+                                for (v, &g) in below[j].iter().enumerate() {
+                                    x[g] = own.weight.get(u, v);
+                                }
+                            }
+                            _ => {}
                         }
                         x[incoming] = own.bias[u];
                         let outgoing = &mut x[incoming + 1..];
-                        match &upper {
-                            None => {
+                        match (top, cfg.order, neighbour) {
+                            (_, MatchOrder::TopDown, Some((_, above))) => {
+                                for (v, &g) in above[j].iter().enumerate() {
+                                    outgoing[g] = next.weight.get(v, u);
+                                }
+                            }
+                            (true, _, _) => {
                                 for (o, kk) in outgoing.iter_mut().zip(0..k) {
                                     *o = next.weight.get(kk, u);
                                 }
                             }
-                            Some((_, asg)) => {
-                                outgoing.fill(0.0);
-                                for (v, &g) in asg[j].iter().enumerate() {
-                                    outgoing[g] = next.weight.get(v, u);
-                                }
-                            }
+                            _ => {}
                         }
                         for (xv, s) in x.iter_mut().zip(precision) {
                             *xv *= s;
@@ -401,34 +459,32 @@ pub fn pfnm_fuse_mlp(
         let post = m.posterior_mean();
         let l_c = m.width();
 
-        if top {
-            out_layers.push(DenseLayer {
-                weight: post.columns(incoming + 1, p).transpose(),
-                bias: output_bias(nets, &shares, cfg),
-            });
-        } else if let Some(prev) = out_layers.last_mut() {
-            // Layer c+1's incoming weights come from this match.
-            prev.weight = post.columns(incoming + 1, p).transpose();
+        // Every weight matrix is estimated once: by the match that carries it.
+        if incoming > 0 {
+            weights[c] = Some(post.columns(0, incoming));
         }
-        let bias: Vec<f64> = (0..l_c).map(|i| post.get(i, incoming)).collect();
-        let weight = if c == 0 {
-            post.columns(0, d)
-        } else {
-            // Filled in by the match of the layer below.
-            Matrix::zeros(l_c, 0)
-        };
-        out_layers.push(DenseLayer { weight, bias });
-        upper = Some((l_c, m.assignments.clone()));
-        assignments_all.push(m.assignments);
-        timings.push(m.timings);
+        if outgoing_dim > 0 {
+            weights[c + 1] = Some(post.columns(incoming + 1, p).transpose());
+        }
+        biases[c] = (0..l_c).map(|i| post.get(i, incoming)).collect();
+        matched = Some((l_c, m.assignments.clone()));
+        assignments_all[c] = m.assignments;
+        timings[c] = Some(m.timings);
     }
-    out_layers.reverse();
-    assignments_all.reverse();
-    timings.reverse();
+    let layers = weights
+        .into_iter()
+        .zip(biases)
+        .enumerate()
+        .map(|(i, (weight, bias))| {
+            weight
+                .map(|weight| DenseLayer { weight, bias })
+                .ok_or_else(|| FuseError::InvalidInput(format!("layer {i} was never estimated")))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(FusedMlp {
-        net: MlpWeights { layers: out_layers },
+        net: MlpWeights { layers },
         assignments: assignments_all,
-        timings,
+        timings: timings.into_iter().flatten().collect(),
     })
 }
 

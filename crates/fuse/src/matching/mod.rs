@@ -14,6 +14,8 @@ mod types;
 pub use layer::{
     ClientUnits, LayerMatch, MatchTimings, OrderSource, ReplayOrder, RngOrder, match_layer,
 };
-pub use mlp::{DenseLayer, Fused, FusedMlp, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp};
+pub use mlp::{
+    DenseLayer, Fused, FusedMlp, MatchOrder, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp,
+};
 pub use score::{gpi_cost, pfnm_scores};
 pub use types::{GlobalUnits, LayerPrior, LayerSettings, Matrix, POPULARITY_CAP};

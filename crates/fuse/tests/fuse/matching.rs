@@ -3,8 +3,8 @@
 
 use fedfuse_core::Params;
 use fedfuse_fuse::{
-    DenseLayer, FuseError, FusedMlp, Matrix, MlpWeights, PfnmConfig, ReplayOrder, RngOrder,
-    pfnm_fuse, pfnm_fuse_mlp,
+    DenseLayer, FuseError, FusedMlp, MatchOrder, Matrix, MlpWeights, PfnmConfig, ReplayOrder,
+    RngOrder, pfnm_fuse, pfnm_fuse_mlp,
 };
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -391,6 +391,164 @@ mod recovery {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f64::max);
         assert!(max_bias_err < 0.05, "output bias error {max_bias_err}");
+    }
+}
+
+/// Deep networks: the order in which hidden layers are matched.
+mod order {
+    use super::*;
+
+    /// The sub-network of `net` made of hidden units `units[c]` (in that order) of every
+    /// hidden layer `c`, plus noise uniform in ±`noise` on every weight and bias.
+    fn sub_net(net: &MlpWeights, units: &[Vec<usize>], noise: f64, rng: &mut StdRng) -> MlpWeights {
+        let n = net.layers.len();
+        let d = net.layers[0].weight.cols();
+        let all_inputs: Vec<usize> = (0..d).collect();
+        let all_classes: Vec<usize> = (0..net.layers[n - 1].weight.rows()).collect();
+        let layers = (0..n)
+            .map(|i| {
+                let rows = units.get(i).unwrap_or(&all_classes);
+                let cols = if i == 0 { &all_inputs } else { &units[i - 1] };
+                let l = &net.layers[i];
+                let w: Vec<f64> = rows
+                    .iter()
+                    .flat_map(|&r| cols.iter().map(move |&c| (r, c)))
+                    .map(|(r, c)| l.weight.get(r, c) + rng.random_range(-noise..noise))
+                    .collect();
+                DenseLayer {
+                    weight: Matrix::new(rows.len(), cols.len(), w).unwrap(),
+                    bias: rows
+                        .iter()
+                        .map(|&r| l.bias[r] + rng.random_range(-noise..noise))
+                        .collect(),
+                }
+            })
+            .collect();
+        MlpWeights { layers }
+    }
+
+    /// Largest error of the recovered incoming weights and bias of each planted unit of
+    /// hidden layer 1, reading the fused layer-0 units through their nearest planted unit.
+    fn worst_layer1_unit(planted: &MlpWeights, fused: &MlpWeights) -> f64 {
+        let nearest = |a: &[f64], rows: &Matrix| -> usize {
+            (0..rows.rows())
+                .min_by(|&x, &y| {
+                    let dist = |r: usize| -> f64 {
+                        rows.row(r)
+                            .iter()
+                            .zip(a)
+                            .map(|(p, q)| (p - q).powi(2))
+                            .sum()
+                    };
+                    dist(x).total_cmp(&dist(y))
+                })
+                .unwrap()
+        };
+        let (p0, p1, f0, f1) = (
+            &planted.layers[0],
+            &planted.layers[1],
+            &fused.layers[0],
+            &fused.layers[1],
+        );
+        // planted layer-0 unit -> fused layer-0 unit
+        let map0: Vec<usize> = (0..p0.weight.rows())
+            .map(|u| nearest(p0.weight.row(u), &f0.weight))
+            .collect();
+        (0..p1.weight.rows())
+            .map(|u| {
+                (0..f1.weight.rows())
+                    .map(|g| {
+                        map0.iter()
+                            .enumerate()
+                            .map(|(v, &gv)| (p1.weight.get(u, v) - f1.weight.get(g, gv)).abs())
+                            .fold((p1.bias[u] - f1.bias[g]).abs(), f64::max)
+                    })
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn bottom_up_tells_top_units_apart_by_their_fan_in() {
+        // Planted 12-10-6-2 network whose top hidden units 0 and 1 have the same bias and
+        // outgoing weights but different incoming weights: seen through `[bias, outgoing]`
+        // (top-down) they are one unit; seen through their fan-in (bottom-up) they are two.
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut planted = random_net(&mut rng, &[12, 10, 6, 2], 1.0);
+        planted.layers[1].bias[1] = planted.layers[1].bias[0];
+        for k in 0..2 {
+            let w = planted.layers[2].weight.get(k, 0);
+            let mut out = planted.layers[2].weight.data().to_vec();
+            out[k * 6 + 1] = w;
+            planted.layers[2].weight = Matrix::new(2, 6, out).unwrap();
+        }
+        let nets: Vec<MlpWeights> = (0..8)
+            .map(|_| {
+                let mut units: Vec<Vec<usize>> = vec![(0..10).collect(), (0..6).collect()];
+                for u in &mut units {
+                    rand::seq::SliceRandom::shuffle(u.as_mut_slice(), &mut rng);
+                }
+                sub_net(&planted, &units, 0.02, &mut rng)
+            })
+            .collect();
+        let fuse = |order| {
+            let cfg = PfnmConfig {
+                sigma: 0.01,
+                order,
+                ..PfnmConfig::default()
+            };
+            pfnm_fuse_mlp(
+                &nets,
+                None,
+                &cfg,
+                &mut RngOrder(&mut StdRng::seed_from_u64(3)),
+            )
+            .unwrap()
+        };
+        let bottom_up = fuse(MatchOrder::BottomUp);
+        assert_eq!(bottom_up.net.hidden(), vec![10, 6]);
+        let err = worst_layer1_unit(&planted, &bottom_up.net);
+        assert!(
+            err < 0.05,
+            "bottom-up: a top unit recovered with error {err}"
+        );
+        for layer in &bottom_up.assignments {
+            assert!(
+                layer
+                    .iter()
+                    .all(|a| a.len() == a.iter().collect::<std::collections::BTreeSet<_>>().len())
+            );
+        }
+
+        let top_down = fuse(MatchOrder::TopDown);
+        let err = worst_layer1_unit(&planted, &top_down.net);
+        assert!(err > 0.2, "top-down recovered the twin units (error {err})");
+    }
+
+    #[test]
+    fn one_hidden_layer_is_the_same_either_way() {
+        let mut rng = StdRng::seed_from_u64(8);
+        let nets: Vec<MlpWeights> = [5usize, 4, 6]
+            .iter()
+            .map(|&h| random_net(&mut rng, &[7, h, 3], 0.5))
+            .collect();
+        let fuse = |order| {
+            let cfg = PfnmConfig {
+                sigma: 0.1,
+                order,
+                ..PfnmConfig::default()
+            };
+            pfnm_fuse_mlp(
+                &nets,
+                None,
+                &cfg,
+                &mut RngOrder(&mut StdRng::seed_from_u64(1)),
+            )
+            .unwrap()
+        };
+        let (a, b) = (fuse(MatchOrder::TopDown), fuse(MatchOrder::BottomUp));
+        assert_eq!(a.net, b.net);
+        assert_eq!(a.assignments, b.assignments);
     }
 }
 

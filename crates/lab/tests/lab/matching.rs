@@ -1,5 +1,6 @@
-//! Matching methods in the federation on real data (the bundled UCI digits): GPI-FNM's eps
-//! choice, extra communication rounds, FedAvg from separate initialisations.
+//! Matching methods in the federation on real data (the bundled UCI digits; MNIST for deep
+//! PFNM): GPI-FNM's eps choice, extra communication rounds, FedAvg from separate
+//! initialisations, the matching order of deep networks.
 
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use fedfuse_data::{
     ClientData, Dataset, PartitionSpec, client_splits, holdout, load_dataset, partition,
 };
 use fedfuse_fed::{Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, simulate};
+use fedfuse_fuse::MatchOrder;
 use fedfuse_lab::oneshot::{Start, replies, train_locals};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -244,6 +246,86 @@ fn fedavg_of_separate_inits_sends_nothing_first_and_trails_a_common_init() {
         separate.global_accuracy, common.global_accuracy
     );
     assert!(separate.global_accuracy + 0.05 < common.global_accuracy);
+}
+
+/// MNIST, J = 10, Dirichlet(0.5), 784-100-100-10 trained with the paper's local recipe; sigma
+/// chosen on the server's validation split. Matched bottom-up, the top hidden layer grows and
+/// the one fused network keeps up with the ten clients' ensemble. Matched top-down (the
+/// reference's order) the top layer is seen through its bias and ten outgoing weights only,
+/// every unit finds a partner, the layer stays at one client's 100 units and accuracy falls
+/// far behind (docs/EXPERIMENTS.md, Fig. 3).
+#[test]
+fn deep_pfnm_matched_bottom_up_keeps_up_with_the_ensemble() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/mnist");
+    let data = load_dataset("mnist", Some(std::path::Path::new(dir))).unwrap();
+    let mut rng = StdRng::seed_from_u64(0);
+    let (pool, validation) = holdout(&data.train, 0.1, &mut rng).unwrap();
+    let split = PartitionSpec::Dirichlet {
+        alpha: 0.5,
+        min_partition_size: 10,
+        self_balancing: true,
+    };
+    let parts = partition(&pool.y, 10, 10, &split, &mut rng).unwrap();
+    let clients = client_splits(&pool, &parts, 0.0, &mut rng).unwrap();
+    let spec = ModelSpec::mlp(784, &[100, 100], 10);
+    let trainer = Trainer::new(spec.clone()).unwrap();
+    let recipe = TrainConfig {
+        optimizer: OptimizerConfig::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 1e-6,
+            amsgrad: true,
+        },
+        lr: 0.01,
+        epochs: 10,
+        batch_size: 32,
+    };
+    let locals = train_locals(&trainer, &clients, &recipe, Init::Pfnm, Start::Separate, 0).unwrap();
+    let sent = replies(&locals);
+    let members: Vec<&Params> = locals.iter().map(|m| &m.params).collect();
+    let ensemble = trainer
+        .evaluate_ensemble(&members, &data.test)
+        .unwrap()
+        .accuracy;
+    let validation = Arc::new(validation);
+    let fuse = |order| {
+        let method = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
+            sigma_grid: Some(vec![0.1, 0.3, 1.0]),
+            order,
+            ..Default::default()
+        });
+        let mut m = method
+            .build_with(BuildContext {
+                init: Init::Pfnm,
+                seed: 0,
+                spec: Some(spec.clone()),
+                validation: Some(Arc::clone(&validation)),
+            })
+            .unwrap();
+        let init = init_params(&spec, Init::Pfnm, 0);
+        let Aggregate::Replace(p) = m.aggregate(1, &init, &sent).unwrap() else {
+            panic!("kept");
+        };
+        let top_width = p.get("layers.1.bias").unwrap().data.len();
+        (accuracy(&p, &data.test), top_width)
+    };
+    let (bottom_up, bottom_up_top) = fuse(MatchOrder::BottomUp);
+    let (top_down, top_down_top) = fuse(MatchOrder::TopDown);
+    eprintln!(
+        "deep PFNM: bottom-up {bottom_up:.4} (top layer {bottom_up_top}), top-down \
+         {top_down:.4} (top layer {top_down_top}), ensemble {ensemble:.4}"
+    );
+    assert!(bottom_up_top > 100, "top layer {bottom_up_top}");
+    assert!(
+        bottom_up >= ensemble - 0.01,
+        "bottom-up {bottom_up} vs ensemble {ensemble}"
+    );
+    assert_eq!(top_down_top, 100);
+    assert!(
+        top_down < bottom_up - 0.03,
+        "top-down {top_down} vs bottom-up {bottom_up}"
+    );
 }
 
 #[test]

@@ -468,6 +468,21 @@ mod order {
             .fold(0.0, f64::max)
     }
 
+    fn fuse_in_order(nets: &[MlpWeights], sigma: f64, order: MatchOrder) -> FusedMlp {
+        let cfg = PfnmConfig {
+            sigma,
+            order,
+            ..PfnmConfig::default()
+        };
+        pfnm_fuse_mlp(
+            nets,
+            None,
+            &cfg,
+            &mut RngOrder(&mut StdRng::seed_from_u64(3)),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn bottom_up_tells_top_units_apart_by_their_fan_in() {
         // Planted 12-10-6-2 network whose top hidden units 0 and 1 have the same bias and
@@ -491,20 +506,7 @@ mod order {
                 sub_net(&planted, &units, 0.02, &mut rng)
             })
             .collect();
-        let fuse = |order| {
-            let cfg = PfnmConfig {
-                sigma: 0.01,
-                order,
-                ..PfnmConfig::default()
-            };
-            pfnm_fuse_mlp(
-                &nets,
-                None,
-                &cfg,
-                &mut RngOrder(&mut StdRng::seed_from_u64(3)),
-            )
-            .unwrap()
-        };
+        let fuse = |order| fuse_in_order(&nets, 0.01, order);
         let bottom_up = fuse(MatchOrder::BottomUp);
         assert_eq!(bottom_up.net.hidden(), vec![10, 6]);
         let err = worst_layer1_unit(&planted, &bottom_up.net);
@@ -532,20 +534,7 @@ mod order {
             .iter()
             .map(|&h| random_net(&mut rng, &[7, h, 3], 0.5))
             .collect();
-        let fuse = |order| {
-            let cfg = PfnmConfig {
-                sigma: 0.1,
-                order,
-                ..PfnmConfig::default()
-            };
-            pfnm_fuse_mlp(
-                &nets,
-                None,
-                &cfg,
-                &mut RngOrder(&mut StdRng::seed_from_u64(1)),
-            )
-            .unwrap()
-        };
+        let fuse = |order| fuse_in_order(&nets, 0.1, order);
         let (a, b) = (fuse(MatchOrder::TopDown), fuse(MatchOrder::BottomUp));
         assert_eq!(a.net, b.net);
         assert_eq!(a.assignments, b.assignments);

@@ -1,6 +1,6 @@
 //! PFNM for MLPs: layers matched from the top hidden layer down (`layer_group_descent` of the
-//! reference code) or, as an option, from the input up; absent outgoing connections zero-filled with full precision, output-layer
-//! precisions weighted by each client's share of every class.
+//! reference code) or, as an option, from the input up; absent connections zero-filled with
+//! full precision, output-layer precisions weighted by each client's share of every class.
 
 use std::time::Instant;
 

@@ -1,7 +1,8 @@
 //! Probabilistic federated neural matching (PFNM, Yurochkin et al. 2019).
 //!
 //! [`match_layer`] matches one layer's hidden units on plain matrices; [`pfnm_fuse`] and
-//! [`pfnm_fuse_mlp`] run it over an MLP from the top hidden layer down. Behaviour follows the
+//! [`pfnm_fuse_mlp`] run it over an MLP from the top hidden layer down (or, with
+//! [`MatchOrder::BottomUp`], from the input up). Behaviour follows the
 //! reference code (IBM/probabilistic-federated-neural-matching `matching/pfnm.py` @ f44cf42)
 //! and is checked against fixtures recorded from it. `PfnmConfig::eps > 0` adds the GPI-FNM
 //! term of Xiao & Cheng ([`gpi_cost`]) to every layer's score.

@@ -94,6 +94,23 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The PFNM paper's local recipe (its Table 1 and reference code): AMSGrad at lr 0.01,
+    /// 10 epochs, weight decay 1e-6, batches of 32.
+    pub fn pfnm_paper() -> Self {
+        Self {
+            optimizer: OptimizerConfig::Adam {
+                beta1: beta1(),
+                beta2: beta2(),
+                eps: eps(),
+                weight_decay: 1e-6,
+                amsgrad: true,
+            },
+            lr: 0.01,
+            epochs: 10,
+            batch_size: 32,
+        }
+    }
+
     /// Checks every setting once; training trusts them afterwards.
     pub fn check(&self) -> Result<()> {
         let bad = |field, reason: String| Err(TrainError::InvalidConfig { field, reason });

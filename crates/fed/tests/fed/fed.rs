@@ -383,24 +383,11 @@ fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
             .unwrap(),
         seen: std::sync::Mutex::new(Vec::new()),
     };
-    // The paper's local recipe (Table 1 and the reference code): AMSGrad at 0.01, 10 epochs,
-    // weight decay 1e-6, batches of 32.
     let cfg = SimConfig {
         rounds: 1,
         seed: 1,
         local_eval: false,
-        train: TrainConfig {
-            optimizer: fedfuse_train::OptimizerConfig::Adam {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 1e-6,
-                amsgrad: true,
-            },
-            lr: 0.01,
-            epochs: 10,
-            batch_size: 32,
-        },
+        train: TrainConfig::pfnm_paper(),
         ..SimConfig::default()
     };
     // The initial global model only fixes the architecture: PFNM clients start from their own.

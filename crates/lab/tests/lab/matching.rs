@@ -269,18 +269,7 @@ fn deep_pfnm_matched_bottom_up_keeps_up_with_the_ensemble() {
     let clients = client_splits(&pool, &parts, 0.0, &mut rng).unwrap();
     let spec = ModelSpec::mlp(784, &[100, 100], 10);
     let trainer = Trainer::new(spec.clone()).unwrap();
-    let recipe = TrainConfig {
-        optimizer: OptimizerConfig::Adam {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 1e-6,
-            amsgrad: true,
-        },
-        lr: 0.01,
-        epochs: 10,
-        batch_size: 32,
-    };
+    let recipe = TrainConfig::pfnm_paper();
     let locals = train_locals(&trainer, &clients, &recipe, Init::Pfnm, Start::Separate, 0).unwrap();
     let sent = replies(&locals);
     let members: Vec<&Params> = locals.iter().map(|m| &m.params).collect();

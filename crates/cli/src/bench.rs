@@ -55,6 +55,8 @@ fn time_epochs(
         lr: 0.01,
         epochs: 1,
         batch_size,
+
+        dropout: 0.0,
     };
     let mut secs = Vec::with_capacity(repeats);
     for r in 0..repeats {

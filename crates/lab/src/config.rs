@@ -283,6 +283,9 @@ pub struct TrainSection {
     /// Adam epsilon.
     #[serde(default = "eps")]
     pub eps: f64,
+    /// Dropout probability on the fully connected hidden layers, 0 for none.
+    #[serde(default)]
+    pub dropout: f64,
 }
 
 fn lr() -> f64 {
@@ -316,6 +319,7 @@ impl Default for TrainSection {
             beta1: b1(),
             beta2: b2(),
             eps: eps(),
+            dropout: 0.0,
         }
     }
 }
@@ -373,6 +377,7 @@ impl TrainSection {
             lr: self.lr,
             epochs: self.epochs,
             batch_size: self.batch_size,
+            dropout: self.dropout,
         }
     }
 }
@@ -782,6 +787,8 @@ hidden = [16]
     fn ranges_are_checked() {
         assert!(Config::parse(BASE, &["rounds=0".into()]).is_err());
         assert!(Config::parse(BASE, &["train.lr=-1".into()]).is_err());
+        let err = Config::parse(BASE, &["train.dropout=1".into()]).unwrap_err();
+        assert!(format!("{err:#}").contains("train.dropout"), "{err:#}");
         assert!(
             Config::parse(
                 BASE,

@@ -70,6 +70,10 @@ pub struct TrainConfig {
     /// Mini-batch size (the last batch of an epoch may be smaller).
     #[serde(default = "batch_size")]
     pub batch_size: usize,
+    /// Probability of dropping each unit of the fully connected hidden layers in a training
+    /// step (inverted dropout: kept units are scaled by `1/(1 - dropout)`); 0 for none.
+    #[serde(default)]
+    pub dropout: f64,
 }
 
 fn lr() -> f64 {
@@ -89,6 +93,7 @@ impl Default for TrainConfig {
             lr: lr(),
             epochs: epochs(),
             batch_size: batch_size(),
+            dropout: 0.0,
         }
     }
 }
@@ -108,6 +113,7 @@ impl TrainConfig {
             lr: 0.01,
             epochs: 10,
             batch_size: 32,
+            dropout: 0.0,
         }
     }
 
@@ -119,6 +125,12 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return bad("train.batch_size", "must be at least 1".into());
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad(
+                "train.dropout",
+                format!("{} is not a probability in [0, 1)", self.dropout),
+            );
         }
         match &self.optimizer {
             OptimizerConfig::Sgd {

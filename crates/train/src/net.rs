@@ -53,16 +53,25 @@ fn conv_units(layer: &Conv2d) -> (Tensor<2>, Tensor<1>) {
     (w.reshape([out, c * k1 * k2]), b)
 }
 
+/// Multiplies `[batch, units]` activations by a per-sample dropout mask, when there is one.
+fn drop2(x: Tensor<2>, mask: Option<&Tensor<2>>) -> Tensor<2> {
+    match mask {
+        Some(m) => x * m.clone(),
+        None => x,
+    }
+}
+
 impl Mlp {
     /// Logits; `gates[i]`, where present, multiplies the outputs of layer `i` (before the
-    /// ReLU, which is the same as after it for gates in [0, 1]).
-    fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
+    /// ReLU, which is the same as after it for gates in [0, 1]), and `drop[i]` the activations
+    /// of hidden layer `i` sample by sample.
+    fn forward_train(&self, x: Tensor<2>, gates: &[Tensor<1>], drop: &[Tensor<2>]) -> Tensor<2> {
         let last = self.layers.len().saturating_sub(1);
         let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
             x = gate2(layer.forward(x), gates.get(i));
             if i < last {
-                x = relu(x);
+                x = drop2(relu(x), drop.get(i));
             }
         }
         x
@@ -87,7 +96,9 @@ impl LeNet5 {
     /// Logits of flattened images `[batch, channels * side * side]`; `gates`, where present,
     /// multiply conv1's and conv2's filters and fc1's and fc2's units, in that order (gates in
     /// [0, 1] commute with ReLU and max-pooling).
-    fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
+    /// `drop[0]` and `drop[1]`, where present, multiply fc1's and fc2's activations sample
+    /// by sample (dropout acts on the fully connected layers only, as usual for LeNet-5).
+    fn forward_train(&self, x: Tensor<2>, gates: &[Tensor<1>], drop: &[Tensor<2>]) -> Tensor<2> {
         let [batch, _] = x.dims();
         let channels = self.conv1.weight.val().dims()[1];
         let x: Tensor<4> = x.reshape([batch, channels, self.side, self.side]);
@@ -98,8 +109,8 @@ impl LeNet5 {
             .pool
             .forward(relu(gate4(self.conv2.forward(x), gates.get(1))));
         let x: Tensor<2> = x.flatten(1, 3);
-        let x = relu(gate2(self.fc1.forward(x), gates.get(2)));
-        let x = relu(gate2(self.fc2.forward(x), gates.get(3)));
+        let x = drop2(relu(gate2(self.fc1.forward(x), gates.get(2))), drop.first());
+        let x = drop2(relu(gate2(self.fc2.forward(x), gates.get(3))), drop.get(1));
         self.fc3.forward(x)
     }
 }
@@ -123,9 +134,33 @@ impl Net {
     /// multiplied by `gates`, one tensor per grouped layer; missing entries leave their layers
     /// ungated.
     pub(crate) fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
+        self.forward_train(x, gates, &[])
+    }
+
+    /// [`Self::forward_gated`] with the activations of the fully connected hidden layers (see
+    /// [`Self::dropout_widths`]) multiplied by per-sample masks `[batch, units]`, one per layer.
+    pub(crate) fn forward_train(
+        &self,
+        x: Tensor<2>,
+        gates: &[Tensor<1>],
+        drop: &[Tensor<2>],
+    ) -> Tensor<2> {
         match self {
-            Self::Mlp(m) => m.forward_gated(x, gates),
-            Self::LeNet5(m) => m.forward_gated(x, gates),
+            Self::Mlp(m) => m.forward_train(x, gates, drop),
+            Self::LeNet5(m) => m.forward_train(x, gates, drop),
+        }
+    }
+
+    /// Widths of the layers that dropout acts on: every hidden layer of an MLP, fc1 and fc2
+    /// of LeNet-5.
+    pub(crate) fn dropout_widths(&self) -> Vec<usize> {
+        let out = |l: &Linear| l.weight.val().dims()[1];
+        match self {
+            Self::Mlp(m) => {
+                let hidden = m.layers.len().saturating_sub(1);
+                m.layers.iter().take(hidden).map(out).collect()
+            }
+            Self::LeNet5(m) => vec![out(&m.fc1), out(&m.fc2)],
         }
     }
 

@@ -374,7 +374,9 @@ impl Trainer {
                     })
                     .collect();
                 let (x, targets) = self.batch(data, batch, &device);
-                let nll = trainer::cross_entropy(net.forward_gated(x, &gates), targets);
+                let drop =
+                    trainer::dropout_masks(&net, cfg.dropout, batch.len(), &mut rng, &device);
+                let nll = trainer::cross_entropy(net.forward_train(x, &gates, &drop), targets);
                 let pen = penalty(&logit_pi, &units, anchor.as_deref(), &prior, &sizes, sparse);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
                 let loss = match pen {

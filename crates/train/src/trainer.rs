@@ -7,6 +7,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use fedfuse_core::{GroupLayout, ModelSpec, Params};
 use fedfuse_data::Dataset;
 use rand::SeedableRng;
+use rand::distr::{Distribution, StandardUniform};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
@@ -264,7 +265,8 @@ impl Trainer {
             let mut loss_sum = 0.0;
             for batch in order.chunks(cfg.batch_size) {
                 let (x, targets) = self.batch(data, batch, &device);
-                let nll = cross_entropy(net.forward_gated(x, &gates), targets);
+                let drop = dropout_masks(&net, cfg.dropout, batch.len(), &mut rng, &device);
+                let nll = cross_entropy(net.forward_train(x, &gates, &drop), targets);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
                 let mut loss = match &prox {
                     Some((a, mu)) => nll + params::sq_distance(&net, a).mul_scalar(mu / 2.0),
@@ -379,6 +381,34 @@ impl Trainer {
         }
         Ok(())
     }
+}
+
+/// Inverted-dropout masks `[batch, units]` for the layers of [`Net::dropout_widths`]: each
+/// entry `1/(1 - p)` with probability `1 - p`, else 0. None when `p` is 0, so that training
+/// without dropout draws nothing from `rng`.
+pub(crate) fn dropout_masks(
+    net: &Net,
+    p: f64,
+    batch: usize,
+    rng: &mut StdRng,
+    device: &Device,
+) -> Vec<Tensor<2>> {
+    if p <= 0.0 {
+        return Vec::new();
+    }
+    let scale = (1.0 / (1.0 - p)) as f32;
+    net.dropout_widths()
+        .into_iter()
+        .map(|units| {
+            let mask: Vec<f32> = (0..batch * units)
+                .map(|_| {
+                    let u: f64 = StandardUniform.sample(rng);
+                    if u < p { 0.0 } else { scale }
+                })
+                .collect();
+            Tensor::from_data(TensorData::new(mask, [batch, units]), device)
+        })
+        .collect()
 }
 
 /// Running accuracy and cross-entropy.
@@ -506,5 +536,58 @@ pub(crate) fn optimizer(cfg: &OptimizerConfig) -> ModuleOptimizer {
             .with_amsgrad(*amsgrad)
             .with_weight_decay(decay(*weight_decay))
             .init(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests fail loudly by design
+mod tests {
+    use fedfuse_core::ModelSpec;
+
+    use super::*;
+    use crate::{Init, init_params};
+
+    fn values(t: Tensor<2>) -> Vec<f32> {
+        t.into_data().try_into_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn dropout_masks_drop_p_and_keep_the_expectation() {
+        let device = Device::flex();
+        let spec = ModelSpec::mlp(8, &[300, 200], 3);
+        let net = params::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
+        let mut rng = StdRng::seed_from_u64(4);
+        for p in [0.2, 0.5, 0.8] {
+            let masks = dropout_masks(&net, p, 64, &mut rng, &device);
+            assert_eq!(masks.len(), 2);
+            for (mask, units) in masks.into_iter().zip([300, 200]) {
+                assert_eq!(mask.dims(), [64, units]);
+                let v = values(mask);
+                let scale = (1.0 / (1.0 - p)) as f32;
+                assert!(v.iter().all(|&m| m == 0.0 || m == scale), "p {p}");
+                let dropped = v.iter().filter(|&&m| m == 0.0).count() as f64 / v.len() as f64;
+                // 12,800 draws or more: the share is within 0.015 of p with room to spare.
+                assert!((dropped - p).abs() < 0.015, "p {p}: dropped {dropped}");
+                let mean = v.iter().map(|&m| f64::from(m)).sum::<f64>() / v.len() as f64;
+                assert!((mean - 1.0).abs() < 0.05, "p {p}: mean mask {mean}");
+            }
+        }
+        // No dropout draws nothing, so runs without it keep their random stream.
+        let (mut used, mut fresh) = (StdRng::seed_from_u64(5), StdRng::seed_from_u64(5));
+        assert!(dropout_masks(&net, 0.0, 64, &mut used, &device).is_empty());
+        let next = |r: &mut StdRng| -> f64 { StandardUniform.sample(r) };
+        assert_eq!(next(&mut used), next(&mut fresh));
+    }
+
+    #[test]
+    fn lenet5_drops_its_fully_connected_units_only() {
+        let device = Device::flex();
+        let spec = ModelSpec::LeNet5 {
+            channels: 1,
+            side: 28,
+            classes: 10,
+        };
+        let net = params::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
+        assert_eq!(net.dropout_widths(), vec![120, 84]);
     }
 }

@@ -39,6 +39,8 @@ fn train_clients(dir: &Path) -> (Vec<PathBuf>, Vec<Vec<f64>>, Vec<Params>) {
         lr: 0.05,
         epochs: 30,
         batch_size: 16,
+
+        dropout: 0.0,
     };
     let (mut files, mut counts, mut models) = (Vec::new(), Vec::new(), Vec::new());
     for (j, idx) in parts.iter().enumerate() {

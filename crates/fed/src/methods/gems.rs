@@ -815,6 +815,7 @@ pub fn finetune_output_layer(
         lr,
         epochs,
         batch_size: 32,
+        dropout: 0.0,
     };
     let fitted = trainer.fit_with(&start, &features, &cfg, None, seed)?;
     layers.push(mlp_layers(&fitted.params)?.remove(0));

@@ -44,6 +44,7 @@ pub fn sgd(momentum: f64, epochs: usize) -> TrainConfig {
         lr: 0.05,
         epochs,
         batch_size: 32,
+        dropout: 0.0,
     }
 }
 

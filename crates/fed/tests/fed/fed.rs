@@ -52,6 +52,7 @@ fn sim(rounds: usize) -> SimConfig {
             lr: 0.05,
             epochs: 2,
             batch_size: 16,
+            dropout: 0.0,
             optimizer: fedfuse_train::OptimizerConfig::Sgd {
                 momentum: 0.9,
                 weight_decay: 0.0,

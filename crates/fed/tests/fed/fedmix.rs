@@ -67,6 +67,7 @@ fn sim(rounds: usize) -> SimConfig {
             lr: 0.05,
             epochs: 2,
             batch_size: 32,
+            dropout: 0.0,
         },
         ..SimConfig::default()
     }

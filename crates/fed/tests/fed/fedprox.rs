@@ -80,6 +80,7 @@ fn run<M: Method>(method: M, seed: u64) -> (f64, f64) {
         lr: 0.1,
         epochs: 10,
         batch_size: 32,
+        dropout: 0.0,
     };
     let mut m = Drift::new(method);
     let r = common::run(&mut m, &d, &spec, 20, seed, train);

@@ -34,6 +34,7 @@ fn with_one_client_its_upload_is_the_global_model() {
                 lr: 0.05,
                 epochs: 1,
                 batch_size: 32,
+                dropout: 0.0,
             },
             ..SimConfig::default()
         };

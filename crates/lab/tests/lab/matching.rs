@@ -54,6 +54,7 @@ fn train(epochs: usize) -> TrainConfig {
         lr: 0.05,
         epochs,
         batch_size: 32,
+        dropout: 0.0,
     }
 }
 

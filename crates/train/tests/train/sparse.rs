@@ -110,6 +110,7 @@ fn sgd(epochs: usize) -> TrainConfig {
         lr: 0.05,
         epochs,
         batch_size: 32,
+        dropout: 0.0,
     }
 }
 

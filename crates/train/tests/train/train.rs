@@ -134,6 +134,7 @@ fn one_sgd_step_matches_reference() {
         lr,
         epochs: 1,
         batch_size: data.len(),
+        dropout: 0.0,
     };
     let fitted = trainer.fit_with(&start, &data, &cfg, None, 0).unwrap();
     let p = as_f64(&start);
@@ -291,6 +292,7 @@ fn mlp_learns_digits_with_sgd_and_amsgrad() {
             lr,
             epochs: 10,
             batch_size: 32,
+            dropout: 0.0,
         };
         let fitted = trainer
             .fit_with(&start, &data.train, &cfg, None, 9)
@@ -305,6 +307,66 @@ fn mlp_learns_digits_with_sgd_and_amsgrad() {
         let before = trainer.evaluate(&start, &data.test).unwrap();
         assert!(eval.loss < before.loss / 3.0);
     }
+}
+
+#[test]
+fn dropout_trains_reproducibly_and_leaves_a_model_without_hidden_units_alone() {
+    let data = load_dataset("digits", None).unwrap();
+    let cfg = |dropout| TrainConfig {
+        optimizer: OptimizerConfig::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+        },
+        lr: 0.003,
+        epochs: 10,
+        batch_size: 32,
+        dropout,
+    };
+    let spec = ModelSpec::mlp(64, &[64], 10);
+    let trainer = Trainer::new(spec.clone()).unwrap();
+    let start = init_params(&spec, Init::Default, 5);
+    let fit = |dropout| {
+        trainer
+            .fit_with(&start, &data.train, &cfg(dropout), None, 9)
+            .unwrap()
+    };
+    let (plain, dropped, again) = (fit(0.0), fit(0.5), fit(0.5));
+    assert_eq!(dropped.params, again.params, "same seed, same masks");
+    assert_ne!(dropped.params, plain.params, "dropout 0.5 changed nothing");
+    // The reported loss is the training loss under the masks: half the units gone costs more
+    // than the same network's loss with all of them.
+    let full = trainer.evaluate(&dropped.params, &data.train).unwrap();
+    assert!(
+        dropped.loss > 1.5 * full.loss,
+        "{} vs {}",
+        dropped.loss,
+        full.loss
+    );
+    let eval = trainer.evaluate(&dropped.params, &data.test).unwrap();
+    assert!(
+        eval.accuracy > 0.93,
+        "accuracy with dropout {}",
+        eval.accuracy
+    );
+
+    // Logistic regression has no hidden layer: nothing to drop, bit for bit.
+    let spec = ModelSpec::mlp(64, &[], 10);
+    let trainer = Trainer::new(spec.clone()).unwrap();
+    let start = init_params(&spec, Init::Default, 5);
+    let a = trainer
+        .fit_with(&start, &data.train, &cfg(0.0), None, 9)
+        .unwrap();
+    let b = trainer
+        .fit_with(&start, &data.train, &cfg(0.5), None, 9)
+        .unwrap();
+    assert_eq!(a.params, b.params);
+
+    let err = cfg(1.0).check().unwrap_err().to_string();
+    assert!(err.contains("train.dropout"), "{err}");
+    assert!(cfg(-0.1).check().is_err());
 }
 
 #[test]
@@ -328,6 +390,7 @@ fn lenet5_learns_mnist_subset() {
         lr: 0.05,
         epochs: 4,
         batch_size: 32,
+        dropout: 0.0,
     };
     let fitted = trainer.fit_with(&start, &train, &cfg, None, 1).unwrap();
     let eval = trainer.evaluate(&fitted.params, &test).unwrap();

@@ -45,6 +45,19 @@ fn eps() -> f64 {
     1e-8
 }
 
+impl OptimizerConfig {
+    /// Adam with the usual defaults (0.9, 0.999, 1e-8), no weight decay.
+    pub fn adam() -> Self {
+        Self::Adam {
+            beta1: beta1(),
+            beta2: beta2(),
+            eps: eps(),
+            weight_decay: 0.0,
+            amsgrad: false,
+        }
+    }
+}
+
 impl Default for OptimizerConfig {
     fn default() -> Self {
         Self::Sgd {

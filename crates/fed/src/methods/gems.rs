@@ -805,13 +805,7 @@ pub fn finetune_output_layer(
     let trainer = Trainer::new(ModelSpec::mlp(output.inp, &[], output.out))?;
     let start = layers_to_params(std::slice::from_ref(&output))?;
     let cfg = TrainConfig {
-        optimizer: OptimizerConfig::Adam {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            amsgrad: false,
-        },
+        optimizer: OptimizerConfig::adam(),
         lr,
         epochs,
         batch_size: 32,

@@ -313,13 +313,7 @@ fn mlp_learns_digits_with_sgd_and_amsgrad() {
 fn dropout_trains_reproducibly_and_leaves_a_model_without_hidden_units_alone() {
     let data = load_dataset("digits", None).unwrap();
     let cfg = |dropout| TrainConfig {
-        optimizer: OptimizerConfig::Adam {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            amsgrad: false,
-        },
+        optimizer: OptimizerConfig::adam(),
         lr: 0.003,
         epochs: 10,
         batch_size: 32,

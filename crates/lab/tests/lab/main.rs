@@ -9,3 +9,4 @@ mod golden;
 mod matching;
 mod naming;
 mod privacy;
+mod shipped;

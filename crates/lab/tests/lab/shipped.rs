@@ -1,0 +1,58 @@
+//! Every experiment and example file in the repository loads with the command its name belongs
+//! to, so a renamed key or a tightened check cannot leave a shipped file broken until someone
+//! runs it for an hour.
+
+use std::path::{Path, PathBuf};
+
+use fedfuse_lab::Config;
+use fedfuse_lab::compare::CompareConfig;
+use fedfuse_lab::gems::GemsExperiment;
+use fedfuse_lab::ngm::NgmExperiment;
+use fedfuse_lab::sweep::SweepConfig;
+
+fn tomls(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_experiment_file_loads_with_its_command() {
+    let files = tomls("experiments");
+    assert!(files.len() >= 15, "{files:?}");
+    for path in files {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        // The command each file's header names: fedsparse-* `compare`, gems-* `gems`, ngm-*
+        // `ngm`, the rest (pfnm-*, digits-smoke) `sweep`.
+        let loaded = if name.starts_with("fedsparse-") {
+            CompareConfig::load(&path).map(drop)
+        } else if name.starts_with("gems-") {
+            GemsExperiment::load(&path).map(drop)
+        } else if name.starts_with("ngm-") {
+            NgmExperiment::load(&path).map(drop)
+        } else {
+            SweepConfig::load(&path).map(drop)
+        };
+        if let Err(e) = loaded {
+            panic!("{name}: {e:#}");
+        }
+    }
+}
+
+#[test]
+fn every_example_loads_as_a_run_config() {
+    let files = tomls("examples");
+    assert!(files.len() >= 5, "{files:?}");
+    for path in files {
+        if let Err(e) = Config::load(&path, &[]) {
+            panic!("{}: {e:#}", path.display());
+        }
+    }
+}

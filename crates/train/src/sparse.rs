@@ -350,6 +350,7 @@ impl Trainer {
         let mut v_s = thresholds.to_vec();
         let mut adamax = Adamax::new(v_s.len());
         let mut optim = trainer::optimizer(&cfg.optimizer);
+        let widths = net.dropout_widths();
         let mut rng = StdRng::seed_from_u64(seed);
         let mut order: Vec<usize> = (0..data.len()).collect();
         let mut steps = 0;
@@ -375,7 +376,7 @@ impl Trainer {
                     .collect();
                 let (x, targets) = self.batch(data, batch, &device);
                 let drop =
-                    trainer::dropout_masks(&net, cfg.dropout, batch.len(), &mut rng, &device);
+                    trainer::dropout_masks(&widths, cfg.dropout, batch.len(), &mut rng, &device);
                 let nll = trainer::cross_entropy(net.forward_train(x, &gates, &drop), targets);
                 let pen = penalty(&logit_pi, &units, anchor.as_deref(), &prior, &sizes, sparse);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;

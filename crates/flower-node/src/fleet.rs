@@ -333,15 +333,17 @@ mod tests {
     const CRYPTOGRAPHY_P384: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAiAAAABNl\nY2RzYS1zaGEyLW5pc3RwMzg0AAAACG5pc3RwMzg0AAAAYQTLQdl1nfyJz7VFhTvn\n1D7qS2acVsEeP6Tv39UmWI5WV129qOtso7/gc0g44SSRmrSMm9Lb149BzK7zD7Au\nQWGGDT/F1scKKTGeMOSlGJb2Zz5vioMUh7lskO2ewcljaBoAAADQ+QR3NPkEdzQA\nAAATZWNkc2Etc2hhMi1uaXN0cDM4NAAAAAhuaXN0cDM4NAAAAGEEy0HZdZ38ic+1\nRYU759Q+6ktmnFbBHj+k79/VJliOVlddvajrbKO/4HNIOOEkkZq0jJvS29ePQcyu\n8w+wLkFhhg0/xdbHCikxnjDkpRiW9mc+b4qDFIe5bJDtnsHJY2gaAAAAMElfdtDC\nFMnM6VaISDmq9+gsrdN77SL1avz3IB09/f85GmvbdjHzVjMzOZnWoPsFUQAAAAAB\nAgMEBQYHCA==\n-----END OPENSSH PRIVATE KEY-----\n";
     const CRYPTOGRAPHY_P384_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----\nMHYwEAYHKoZIzj0CAQYFK4EEACIDYgAEy0HZdZ38ic+1RYU759Q+6ktmnFbBHj+k\n79/VJliOVlddvajrbKO/4HNIOOEkkZq0jJvS29ePQcyu8w+wLkFhhg0/xdbHCikx\nnjDkpRiW9mc+b4qDFIe5bJDtnsHJY2ga\n-----END PUBLIC KEY-----\n";
 
-    fn key_file(name: &str, text: &str) -> std::path::PathBuf {
-        let path = std::env::temp_dir().join(format!("fedfuse-{}-{name}", std::process::id()));
+    /// Writes `text` to `fedfuse-NAME` in `dir`, which the test holds and removes.
+    fn key_file(dir: &tempfile::TempDir, name: &str, text: &str) -> std::path::PathBuf {
+        let path = dir.path().join(format!("fedfuse-{name}"));
         std::fs::write(&path, text).unwrap();
         path
     }
 
     #[test]
     fn openssh_keys_are_read_with_the_public_half_ssh_keygen_derives() {
-        let key = NodeKey::from_file(&key_file("p384", OPENSSH_P384)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let key = NodeKey::from_file(&key_file(&dir, "p384", OPENSSH_P384)).unwrap();
         assert_eq!(
             std::str::from_utf8(key.public_pem()).unwrap(),
             OPENSSH_P384_PUBLIC
@@ -357,17 +359,17 @@ mod tests {
             .map(|c| std::str::from_utf8(c).unwrap())
             .collect();
         let rewrapped = format!("{OPENSSH_BEGIN}\n{}\n{OPENSSH_END}\n", wrapped.join("\n"));
-        let key = NodeKey::from_file(&key_file("p384-64", &rewrapped)).unwrap();
+        let key = NodeKey::from_file(&key_file(&dir, "p384-64", &rewrapped)).unwrap();
         assert_eq!(
             std::str::from_utf8(key.public_pem()).unwrap(),
             OPENSSH_P384_PUBLIC
         );
-        let key = NodeKey::from_file(&key_file("cryptography", CRYPTOGRAPHY_P384)).unwrap();
+        let key = NodeKey::from_file(&key_file(&dir, "cryptography", CRYPTOGRAPHY_P384)).unwrap();
         assert_eq!(
             std::str::from_utf8(key.public_pem()).unwrap(),
             CRYPTOGRAPHY_P384_PUBLIC
         );
-        let e = NodeKey::from_file(&key_file("p256", OPENSSH_P256))
+        let e = NodeKey::from_file(&key_file(&dir, "p256", OPENSSH_P256))
             .err()
             .unwrap()
             .to_string();
@@ -375,7 +377,7 @@ mod tests {
             e.contains("ecdsa-sha2-nistp256") && e.contains("P-384"),
             "{e}"
         );
-        let e = NodeKey::from_file(&key_file("junk", "not a key"))
+        let e = NodeKey::from_file(&key_file(&dir, "junk", "not a key"))
             .err()
             .unwrap()
             .to_string();

@@ -1,5 +1,6 @@
 //! The experiment config: TOML with `deny_unknown_fields`, `--set` overrides, one `check()`.
 
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Result, bail};
@@ -49,6 +50,11 @@ pub struct Config {
     /// methods).
     #[serde(default = "yes")]
     pub local_eval: bool,
+    /// Evaluate the global model after every `eval_every`-th round and after the last (1:
+    /// every round); the rounds between report NaN accuracies. For long runs, where the
+    /// evaluation costs more than the clients' training.
+    #[serde(default = "every_round", skip_serializing_if = "is_every_round")]
+    pub eval_every: NonZeroUsize,
     /// The dataset of labelled samples (classifier methods); tabular methods take `table`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<DatasetSection>,
@@ -89,6 +95,12 @@ fn is_fixed(s: &Sampling) -> bool {
 }
 fn yes() -> bool {
     true
+}
+fn every_round() -> NonZeroUsize {
+    NonZeroUsize::MIN
+}
+fn is_every_round(n: &NonZeroUsize) -> bool {
+    *n == NonZeroUsize::MIN
 }
 fn iid() -> PartitionSpec {
     PartitionSpec::Iid {}
@@ -854,6 +866,16 @@ hidden = [16]
             err(&["partition.kind=dirichlet", "partition.alpha=-1"]).contains("partition.alpha")
         );
         assert!(err(&["rounds=1000000000000000"]).contains("rounds"));
+        assert!(
+            err(&["eval_every=0"]).contains("eval_every"),
+            "{}",
+            err(&["eval_every=0"])
+        );
+        let every = Config::parse(BASE, &["eval_every=10".into()]).unwrap();
+        assert_eq!(every.eval_every.get(), 10);
+        // The default is left out of a resolved config, so older checkpoints still resume.
+        let resolved = toml::to_string(&Config::parse(BASE, &[]).unwrap()).unwrap();
+        assert!(!resolved.contains("eval_every"));
         assert!(err(&["model.hidden=[400000000]"]).contains("model.hidden[0]"));
         assert!(err(&["train.beta1=0.5"]).contains("train.beta1"));
         assert!(err(&["replies.max_examples=0"]).contains("replies.max_examples"));

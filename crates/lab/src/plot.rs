@@ -153,7 +153,8 @@ pub fn write_sweep_plots(out: &Path, _title: &str, charts: &[Chart]) -> Result<(
     Ok(())
 }
 
-/// Writes `accuracy_vs_round.{png,svg}` and `accuracy_vs_bytes.{png,svg}` into `out`.
+/// Writes `accuracy_vs_round.{png,svg}` and `accuracy_vs_bytes.{png,svg}` into `out`, through
+/// the rounds that evaluated the global model (`eval_every`).
 pub fn write_plots(out: &Path, rounds: &[RoundMetrics]) -> Result<()> {
     let mut cumulative = 0u64;
     let by_bytes: Vec<(f64, f64, f64)> = rounds
@@ -162,10 +163,12 @@ pub fn write_plots(out: &Path, rounds: &[RoundMetrics]) -> Result<()> {
             cumulative += r.bytes_up + r.bytes_down;
             (cumulative as f64 / 1e6, r.global_accuracy, 0.0)
         })
+        .filter(|p| p.1.is_finite())
         .collect();
     let by_round: Vec<(f64, f64, f64)> = rounds
         .iter()
         .map(|r| (r.round as f64, r.global_accuracy, 0.0))
+        .filter(|p| p.1.is_finite())
         .collect();
     let single = |title: &str, x_label: &str, points| Chart {
         title: title.into(),

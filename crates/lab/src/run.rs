@@ -240,6 +240,7 @@ impl Federation {
             local_eval: cfg.local_eval,
             bounds: cfg.replies,
             sampling: cfg.sampling,
+            eval_every: cfg.eval_every,
         };
         let summary = format!(
             "{} on {} ({} train / {} test samples), {} clients, {} rounds, model {} params",
@@ -476,6 +477,7 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
         local_eval: false,
         bounds: cfg.replies,
         sampling: cfg.sampling,
+        eval_every: cfg.eval_every,
         ..SimConfig::default()
     };
     let rows: usize = tables.train.iter().map(Table::n_rows).sum();

@@ -10,6 +10,7 @@ use rand::SeedableRng;
 use rand::distr::{Distribution, StandardUniform};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
+use rayon::prelude::*;
 
 use crate::net::Net;
 use crate::{OptimizerConfig, Result, TrainConfig, TrainError, params};
@@ -355,7 +356,9 @@ impl Trainer {
         Ok(score.finish())
     }
 
-    /// Calls `f(logits, label)` for every sample of `data`, in order.
+    /// Calls `f(logits, label)` for every sample of `data`, in order. The batches run in
+    /// parallel (one forward pass uses one core); they, and so every logit, are the same at
+    /// any thread count.
     fn for_each_logits(
         &self,
         params: &Params,
@@ -363,20 +366,24 @@ impl Trainer {
         mut f: impl FnMut(&[f32], u32),
     ) -> Result<()> {
         self.check_data(data)?;
-        let device = Device::flex();
-        let net = params::build(&self.spec, params, &device)?;
         let classes = self.spec.classes();
         let dim = data.dim();
-        for start in (0..data.len()).step_by(EVAL_BATCH) {
-            let end = (start + EVAL_BATCH).min(data.len());
-            let b = end - start;
-            let x = data.x[start * dim..end * dim].to_vec();
-            let logits = self
-                .logits(&net, x, b, &device)
-                .into_data()
-                .try_into_vec::<f32>()
-                .map_err(|e| TrainError::Backend(format!("{e:?}")))?;
-            for (row, &label) in logits.chunks_exact(classes).zip(&data.y[start..end]) {
+        let device = Device::flex();
+        let net = params::build(&self.spec, params, &device)?;
+        let starts: Vec<usize> = (0..data.len()).step_by(EVAL_BATCH).collect();
+        let logits = starts
+            .par_iter()
+            .map(|&start| {
+                let end = (start + EVAL_BATCH).min(data.len());
+                let x = data.x[start * dim..end * dim].to_vec();
+                self.logits(&net, x, end - start, &device)
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .map_err(|e| TrainError::Backend(format!("{e:?}")))
+            })
+            .collect::<Result<Vec<Vec<f32>>>>()?;
+        for (batch, start) in logits.iter().zip(starts) {
+            for (row, &label) in batch.chunks_exact(classes).zip(&data.y[start..]) {
                 f(row, label);
             }
         }

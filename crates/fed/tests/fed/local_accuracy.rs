@@ -26,16 +26,7 @@ fn with_one_client_its_upload_is_the_global_model() {
             rounds: 2,
             seed: 2,
             local_eval,
-            train: TrainConfig {
-                optimizer: OptimizerConfig::Sgd {
-                    momentum: 0.9,
-                    weight_decay: 0.0,
-                },
-                lr: 0.05,
-                epochs: 1,
-                batch_size: 32,
-                dropout: 0.0,
-            },
+            train: sgd(),
             ..SimConfig::default()
         };
         simulate(
@@ -59,4 +50,81 @@ fn with_one_client_its_upload_is_the_global_model() {
     assert!(off.rounds[1].client_accuracy_mean.is_nan());
     // The metric travels in the reply but does not change the model.
     assert_eq!(on.params, off.params);
+}
+
+#[test]
+fn eval_every_evaluates_every_kth_round_and_the_last_and_changes_nothing_else() {
+    let data = load_dataset("digits", None).unwrap();
+    let mut rng = StdRng::seed_from_u64(4);
+    let parts = partition(&data.train.y, 10, 4, &PartitionSpec::Iid {}, &mut rng).unwrap();
+    let clients = client_splits(&data.train, &parts, 0.2, &mut rng).unwrap();
+    let spec = ModelSpec::mlp(64, &[16], 10);
+    let run = |every: usize| {
+        let mut m = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
+            separate_inits: false,
+        })
+        .build()
+        .unwrap();
+        let cfg = SimConfig {
+            rounds: 7,
+            seed: 4,
+            clients_per_round: fedfuse_fed::ClientsPerRound::Count(2),
+            eval_every: std::num::NonZeroUsize::new(every).unwrap(),
+            train: sgd(),
+            ..SimConfig::default()
+        };
+        simulate(
+            m.as_mut(),
+            &Trainer::new(spec.clone()).unwrap(),
+            &clients,
+            &data.test,
+            init_params(&spec, Init::Default, 4),
+            &cfg,
+            &|_| {},
+        )
+        .unwrap()
+    };
+    let every = run(1);
+    let third = run(3);
+    let evaluated: Vec<usize> = third
+        .rounds
+        .iter()
+        .filter(|r| !r.global_accuracy.is_nan())
+        .map(|r| r.round)
+        .collect();
+    assert_eq!(evaluated, [3, 6, 7]);
+    for (a, b) in every.rounds.iter().zip(&third.rounds) {
+        if evaluated.contains(&a.round) {
+            assert_eq!(a.global_accuracy, b.global_accuracy);
+            assert_eq!(a.global_loss, b.global_loss);
+            assert_eq!(a.local_accuracy_mean, b.local_accuracy_mean);
+        } else {
+            assert!(b.global_loss.is_nan() && b.local_accuracy_mean.is_nan());
+        }
+        // The clients measure their own uploads every round.
+        assert_eq!(a.client_accuracy_mean, b.client_accuracy_mean);
+        assert!(b.client_accuracy_mean.is_finite());
+        assert_eq!((a.bytes_up, a.bytes_down), (b.bytes_up, b.bytes_down));
+    }
+    assert!(every.rounds.iter().all(|r| r.global_accuracy.is_finite()));
+    assert!(
+        third.rounds[6].global_accuracy > 0.6,
+        "{}",
+        third.rounds[6].global_accuracy
+    );
+    assert_eq!(every.params, third.params);
+}
+
+/// SGD with momentum 0.9, lr 0.05, batch 32, one epoch.
+fn sgd() -> TrainConfig {
+    TrainConfig {
+        optimizer: OptimizerConfig::Sgd {
+            momentum: 0.9,
+            weight_decay: 0.0,
+        },
+        lr: 0.05,
+        epochs: 1,
+        batch_size: 32,
+        dropout: 0.0,
+    }
 }

@@ -254,6 +254,72 @@ fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
     Stats::of_finite(values).pair()
 }
 
+/// Cumulative traffic in GB after each round of `rounds`.
+fn cumulative_gb(rounds: &[RoundMetrics]) -> impl Iterator<Item = (f64, &RoundMetrics)> {
+    rounds.iter().scan(0u64, |total, r| {
+        *total += r.bytes_up + r.bytes_down;
+        Some((*total as f64 / 1e9, r))
+    })
+}
+
+/// The figure `f` of a run at `gb` of its cumulative traffic: linear in GB between the rounds
+/// that measured it (`eval_every`). None before its first measurement or past its last.
+fn at_traffic(rounds: &[RoundMetrics], gb: f64, f: impl Fn(&RoundMetrics) -> f64) -> Option<f64> {
+    let mut before: Option<(f64, f64)> = None;
+    for (x, r) in cumulative_gb(rounds) {
+        let y = f(r);
+        if !y.is_finite() {
+            continue;
+        }
+        if x >= gb {
+            return match before {
+                _ if x == gb => Some(y),
+                Some((x0, y0)) => Some(y0 + (y - y0) * (gb - x0) / (x - x0)),
+                None => None,
+            };
+        }
+        before = Some((x, y));
+    }
+    None
+}
+
+/// An arm against the reference (the first arm) at equal traffic, per seed both ran: the
+/// paper's Figure 3 reading. `(seed, reference's global, arm minus reference: global,
+/// reference's local, arm minus reference: local)`, accuracies as fractions; a seed whose
+/// reference never sent the arm's traffic is left out.
+struct EqualTraffic {
+    seeds: Vec<(u64, f64, f64, f64, f64)>,
+}
+
+impl EqualTraffic {
+    fn of(runs: &[Run], arm: usize) -> Self {
+        let seeds = runs
+            .iter()
+            .filter(|r| r.arm == arm)
+            .filter_map(|run| {
+                let reference = runs.iter().find(|r| r.arm == 0 && r.seed == run.seed)?;
+                let (gb, last) = cumulative_gb(&run.rounds).last()?;
+                let global = at_traffic(&reference.rounds, gb, |r| r.global_accuracy)?;
+                let local = at_traffic(&reference.rounds, gb, |r| r.client_accuracy_mean)
+                    .unwrap_or(f64::NAN);
+                Some((
+                    run.seed,
+                    global,
+                    last.global_accuracy - global,
+                    local,
+                    last.client_accuracy_mean - local,
+                ))
+            })
+            .collect();
+        Self { seeds }
+    }
+
+    /// Mean and std over seeds of column `i` (1-4 as in `seeds`).
+    fn stat(&self, i: usize) -> (f64, f64) {
+        mean_std(self.seeds.iter().map(|s| [s.1, s.2, s.3, s.4][i - 1]))
+    }
+}
+
 /// Final figures of one arm over its seeds.
 struct ArmSummary {
     seeds: usize,
@@ -286,13 +352,16 @@ fn summarise(runs: &[Run], arm: usize) -> Option<ArmSummary> {
 fn summary_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
     let mut s = String::from(
         "arm,seeds,global_accuracy,global_accuracy_std,local_accuracy,local_accuracy_std,\
-         gb,gb_std,weights_zero\n",
+         gb,gb_std,weights_zero,reference_global_at_gb,global_minus_reference_at_gb,\
+         global_minus_reference_at_gb_std,reference_local_at_gb,local_minus_reference_at_gb,\
+         local_minus_reference_at_gb_std\n",
     );
     for (a, arm) in cfg.arms.iter().enumerate() {
         if let Some(m) = summarise(runs, a) {
+            let eq = EqualTraffic::of(runs, a);
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 csv_field(&arm.label),
                 m.seeds,
                 m.global.0,
@@ -301,7 +370,13 @@ fn summary_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
                 m.local.1,
                 m.gb.0,
                 m.gb.1,
-                m.weights_zero.0
+                m.weights_zero.0,
+                eq.stat(1).0,
+                eq.stat(2).0,
+                eq.stat(2).1,
+                eq.stat(3).0,
+                eq.stat(4).0,
+                eq.stat(4).1,
             );
         }
     }
@@ -309,11 +384,15 @@ fn summary_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
 }
 
 fn summary_markdown(cfg: &CompareConfig, runs: &[Run]) -> String {
+    let reference_label = &cfg.arms[0].label;
     let mut s = format!(
-        "## {}\n\n| method | seeds | global acc. (%) | local acc. (%) | GB comm. | traffic vs {} | \
-         sparsity (%) |\n|---|---|---|---|---|---|---|\n",
-        cfg.title, cfg.arms[0].label
+        "## {}\n\n| method | seeds | global acc. (%) | local acc. (%) | GB comm. | traffic vs \
+         {reference_label} | sparsity (%) | {reference_label} at the same GB: global / local (%) \
+         | minus {reference_label} there: global / local (points) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+        cfg.title
     );
+    let mut per_seed = String::new();
     let reference = summarise(runs, 0).map(|m| m.gb.0);
     for (a, arm) in cfg.arms.iter().enumerate() {
         let Some(m) = summarise(runs, a) else {
@@ -328,14 +407,61 @@ fn summary_markdown(cfg: &CompareConfig, runs: &[Run]) -> String {
         } else {
             format!("{:.1}", 100.0 * m.weights_zero.0)
         };
+        let eq = EqualTraffic::of(runs, a);
+        let (at, minus) = if a == 0 || eq.seeds.is_empty() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            let signed = |v: (f64, f64)| {
+                if v.0.is_nan() {
+                    "-".into()
+                } else {
+                    format!("{:+.1} ± {:.1}", 100.0 * v.0, 100.0 * v.1)
+                }
+            };
+            (
+                format!(
+                    "{} / {}",
+                    pm(eq.stat(1), 100.0, 1),
+                    pm(eq.stat(3), 100.0, 1)
+                ),
+                format!("{} / {}", signed(eq.stat(2)), signed(eq.stat(4))),
+            )
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {saving} | {sparsity} |",
+            "| {} | {} | {} | {} | {} | {saving} | {sparsity} | {at} | {minus} |",
             arm.label,
             m.seeds,
             pm(m.global, 100.0, 1),
             pm(m.local, 100.0, 1),
             pm(m.gb, 1.0, 3),
+        );
+        if a > 0 && !eq.seeds.is_empty() {
+            let list = |i: usize| {
+                eq.seeds
+                    .iter()
+                    .map(|v| format!("{:+.1}", 100.0 * [v.2, v.4][i]))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let seeds: Vec<String> = eq.seeds.iter().map(|v| v.0.to_string()).collect();
+            let _ = writeln!(
+                per_seed,
+                "- {} minus {reference_label} at the same traffic, seeds {}: global {} points, \
+                 local {}",
+                arm.label,
+                seeds.join(", "),
+                list(0),
+                list(1)
+            );
+        }
+    }
+    if !per_seed.is_empty() {
+        let _ = write!(
+            s,
+            "\nAt the same traffic: {reference_label}'s accuracy where its cumulative traffic \
+             reaches the arm's total (linear between the rounds it was evaluated), on the same \
+             seed.\n\n{per_seed}"
         );
     }
     s
@@ -501,6 +627,84 @@ set = ["train.lr=0.1"]
         let md = summary_markdown(&cfg, &runs);
         assert!(md.contains("| FedAvg | 1 | 90.0 ± 0.0 |"), "{md}");
         assert!(md.contains("| FedSparse, mid | 2 | 85.0 ± 7.1 |"), "{md}");
-        assert!(md.contains("-50.0% | 50.0 |"), "{md}");
+        // FedAvg measured nothing below 1 GB: no reading at the arm's 0.5 GB.
+        assert!(md.contains("-50.0% | 50.0 | - | - |"), "{md}");
+    }
+
+    /// A round sending `gb` in all, with the global and the clients' own accuracy.
+    fn sent(round: usize, gb: f64, global: f64, local: f64) -> RoundMetrics {
+        RoundMetrics {
+            round,
+            global_accuracy: global,
+            global_loss: 0.0,
+            local_accuracy_mean: f64::NAN,
+            client_accuracy_mean: local,
+            train_loss: 0.0,
+            bytes_up: (gb * 0.5e9) as u64,
+            bytes_down: (gb * 0.5e9) as u64,
+            global_params: 0,
+            clients: 1,
+            rejected: Vec::new(),
+            method: BTreeMap::new(),
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn equal_traffic_reads_the_reference_between_its_evaluated_rounds() {
+        let nan = f64::NAN;
+        // The reference evaluated its global model every other round (eval_every = 2).
+        let reference: Vec<RoundMetrics> = [(nan, 0.5), (0.6, 0.6), (nan, 0.7), (0.8, 0.8)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(g, l))| sent(i + 1, 0.25, g, l))
+            .collect();
+        let global = |r: &RoundMetrics| r.global_accuracy;
+        assert_eq!(at_traffic(&reference, 0.5, global), Some(0.6));
+        // 0.6 GB lies a fifth of the way from 0.5 GB (0.6) to 1.0 GB (0.8).
+        let mid = at_traffic(&reference, 0.6, global).unwrap();
+        assert!((mid - 0.64).abs() < 1e-12, "{mid}");
+        assert_eq!(at_traffic(&reference, 0.4, global), None);
+        assert_eq!(at_traffic(&reference, 1.1, global), None);
+
+        // Three rounds of 0.2 GB: 0.6 GB in all.
+        let arm = |seed: u64| Run {
+            arm: 1,
+            seed,
+            rounds: (1..=3).map(|i| sent(i, 0.2, 0.75, 0.65)).collect(),
+        };
+        let runs = vec![
+            Run {
+                arm: 0,
+                seed: 1,
+                rounds: reference,
+            },
+            arm(1),
+            // No reference run on seed 2: left out.
+            arm(2),
+        ];
+        let eq = EqualTraffic::of(&runs, 1);
+        assert_eq!(eq.seeds.len(), 1);
+        let (seed, g, dg, l, dl) = eq.seeds[0];
+        assert_eq!(seed, 1);
+        assert!(
+            (g - 0.64).abs() < 1e-9 && (dg - 0.11).abs() < 1e-9,
+            "{g} {dg}"
+        );
+        // The clients' accuracy is measured every round: 0.6 at 0.5 GB, 0.7 at 0.75 GB.
+        assert!(
+            (l - 0.64).abs() < 1e-9 && (dl - 0.01).abs() < 1e-9,
+            "{l} {dl}"
+        );
+        let cfg = CompareConfig::parse(TEXT).unwrap();
+        let md = summary_markdown(&cfg, &runs);
+        assert!(
+            md.contains("| 64.0 ± 0.0 / 64.0 ± 0.0 | +11.0 ± 0.0 / +1.0 ± 0.0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("seeds 1: global +11.0 points, local +1.0"),
+            "{md}"
+        );
     }
 }

@@ -41,7 +41,8 @@ pub use methods::{
 };
 pub use seed::derive_seed;
 pub use simulator::{
-    AfterRound, ClientsPerRound, Population, Progress, Rejection, ReplyBounds, RoundMetrics,
-    RoundState, RoundTally, RunResult, Sampler, Sampling, Session, SimConfig, client_step,
-    evaluate_classifier, simulate, simulate_session, simulate_tables, simulate_tables_session,
+    AfterRound, ClientsPerRound, LastUploads, Population, Progress, Rejection, ReplyBounds,
+    RoundMetrics, RoundState, RoundTally, RunResult, Sampler, Sampling, Session, SimConfig,
+    client_step, evaluate_classifier, simulate, simulate_session, simulate_tables,
+    simulate_tables_session,
 };

@@ -208,6 +208,15 @@ pub struct RoundMetrics {
     /// methods).
     #[serde(default = "nan")]
     pub client_accuracy_mean: f64,
+    /// Mean over every client that has had an upload accepted of its last one's accuracy on
+    /// its own test split: the FedSparse paper's "local accuracy" ("the model configuration
+    /// that the shard last communicated"), over all shards, not only this round's. NaN until
+    /// some client measured one, and in records written before it was kept.
+    #[serde(default = "nan")]
+    pub client_accuracy_last_mean: f64,
+    /// This round's accepted uploads' accuracies on their own test split, by client.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_accuracies: Vec<(usize, f64)>,
     /// Mean training loss reported by the accepted clients, weighted by examples.
     pub train_loss: f64,
     /// Bytes of encoded replies (client to server).
@@ -230,6 +239,39 @@ pub struct RoundMetrics {
 
 fn nan() -> f64 {
     f64::NAN
+}
+
+/// Each client's accuracy of its last accepted upload, kept across rounds for
+/// [`RoundMetrics::client_accuracy_last_mean`]; rebuilt from the rounds on resume.
+#[derive(Clone, Debug, Default)]
+pub struct LastUploads {
+    accuracy: BTreeMap<usize, f64>,
+}
+
+impl LastUploads {
+    /// The table after `rounds`.
+    pub fn replay(rounds: &[RoundMetrics]) -> Self {
+        let mut last = Self::default();
+        for r in rounds {
+            last.note(r);
+        }
+        last
+    }
+
+    fn note(&mut self, round: &RoundMetrics) {
+        self.accuracy
+            .extend(round.client_accuracies.iter().copied());
+    }
+
+    /// Takes in `round`'s uploads and sets its `client_accuracy_last_mean`.
+    pub fn update(&mut self, round: &mut RoundMetrics) {
+        self.note(round);
+        round.client_accuracy_last_mean = if self.accuracy.is_empty() {
+            f64::NAN
+        } else {
+            self.accuracy.values().sum::<f64>() / self.accuracy.len() as f64
+        };
+    }
 }
 
 /// A finished simulation.
@@ -634,6 +676,7 @@ fn run_rounds(
     for _ in &rounds {
         sampler.next_round();
     }
+    let mut last_uploads = LastUploads::replay(&rounds);
     let first = rounds.len() + 1;
     for round in first..=cfg.rounds {
         let started = Instant::now();
@@ -684,7 +727,8 @@ fn run_rounds(
         } else {
             ((f64::NAN, f64::NAN, f64::NAN), method.round_metrics())
         };
-        let metrics = tally.metrics(&global, figures, method_metrics, started);
+        let mut metrics = tally.metrics(&global, figures, method_metrics, started);
+        last_uploads.update(&mut metrics);
         progress(Progress::RoundEnd(&metrics));
         rounds.push(metrics);
         if let Some(after) = session.after_round {
@@ -714,8 +758,7 @@ pub struct RoundState {
     loss_sum: f64,
     examples: f64,
     accepted: usize,
-    own_sum: f64,
-    own_count: usize,
+    own: Vec<(usize, f64)>,
     rejected: Vec<Rejection>,
 }
 
@@ -757,8 +800,7 @@ impl RoundState {
             loss_sum: 0.0,
             examples: 0.0,
             accepted: 0,
-            own_sum: 0.0,
-            own_count: 0,
+            own: Vec::new(),
             rejected: Vec::new(),
         }
     }
@@ -808,9 +850,8 @@ impl RoundState {
                 return Ok(());
             }
         };
-        if let Some(acc) = record.metrics.get(LOCAL_ACCURACY) {
-            self.own_sum += acc;
-            self.own_count += 1;
+        if let Some(&acc) = record.metrics.get(LOCAL_ACCURACY) {
+            self.own.push((client, acc));
         }
         let n = record.num_examples as f64;
         if let Some(loss) = record.metrics.get("train_loss") {
@@ -848,11 +889,12 @@ impl RoundState {
             round: self.round,
             clients: self.clients,
             train_loss: self.loss_sum / self.examples.max(1.0),
-            client_accuracy_mean: if self.own_count > 0 {
-                self.own_sum / self.own_count as f64
-            } else {
+            client_accuracy_mean: if self.own.is_empty() {
                 f64::NAN
+            } else {
+                self.own.iter().map(|o| o.1).sum::<f64>() / self.own.len() as f64
             },
+            client_accuracies: self.own,
             bytes_up: self.bytes_up,
             bytes_down: self.bytes_down,
             rejected: self.rejected,
@@ -867,6 +909,7 @@ pub struct RoundTally {
     clients: usize,
     train_loss: f64,
     client_accuracy_mean: f64,
+    client_accuracies: Vec<(usize, f64)>,
     bytes_up: u64,
     bytes_down: u64,
     rejected: Vec<Rejection>,
@@ -888,6 +931,8 @@ impl RoundTally {
             global_loss,
             local_accuracy_mean,
             client_accuracy_mean: self.client_accuracy_mean,
+            client_accuracy_last_mean: f64::NAN,
+            client_accuracies: self.client_accuracies,
             train_loss: self.train_loss,
             bytes_up: self.bytes_up,
             bytes_down: self.bytes_down,

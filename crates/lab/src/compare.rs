@@ -220,7 +220,8 @@ fn figure(r: &RoundMetrics, key: &str) -> f64 {
 
 fn results_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
     let mut s = String::from(
-        "arm,seed,round,global_accuracy,global_loss,client_accuracy_mean,local_accuracy_mean,\
+        "arm,seed,round,global_accuracy,global_loss,client_accuracy_mean,client_accuracy_last_mean,\
+         local_accuracy_mean,\
          bytes_up,bytes_down,cumulative_gb,weights_zero,groups_pruned,tv_mean\n",
     );
     for run in runs {
@@ -229,13 +230,14 @@ fn results_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
             total += r.bytes_up + r.bytes_down;
             let _ = writeln!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 csv_field(&cfg.arms[run.arm].label),
                 run.seed,
                 r.round,
                 r.global_accuracy,
                 r.global_loss,
                 r.client_accuracy_mean,
+                r.client_accuracy_last_mean,
                 r.local_accuracy_mean,
                 r.bytes_up,
                 r.bytes_down,
@@ -252,6 +254,17 @@ fn results_csv(cfg: &CompareConfig, runs: &[Run]) -> String {
 /// Mean and sample standard deviation (0 for one value); NaNs are skipped.
 fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
     Stats::of_finite(values).pair()
+}
+
+/// A round's "local accuracy" as the paper defines it: the mean over every client of its last
+/// upload on its own test split; for runs recorded before fedfuse kept that, the mean over the
+/// round's uploads.
+fn local_accuracy(r: &RoundMetrics) -> f64 {
+    if r.client_accuracy_last_mean.is_finite() {
+        r.client_accuracy_last_mean
+    } else {
+        r.client_accuracy_mean
+    }
 }
 
 /// Cumulative traffic in GB after each round of `rounds`.
@@ -300,14 +313,13 @@ impl EqualTraffic {
                 let reference = runs.iter().find(|r| r.arm == 0 && r.seed == run.seed)?;
                 let (gb, last) = cumulative_gb(&run.rounds).last()?;
                 let global = at_traffic(&reference.rounds, gb, |r| r.global_accuracy)?;
-                let local = at_traffic(&reference.rounds, gb, |r| r.client_accuracy_mean)
-                    .unwrap_or(f64::NAN);
+                let local = at_traffic(&reference.rounds, gb, local_accuracy).unwrap_or(f64::NAN);
                 Some((
                     run.seed,
                     global,
                     last.global_accuracy - global,
                     local,
-                    last.client_accuracy_mean - local,
+                    local_accuracy(last) - local,
                 ))
             })
             .collect();
@@ -337,7 +349,7 @@ fn summarise(runs: &[Run], arm: usize) -> Option<ArmSummary> {
     (!mine.is_empty()).then(|| ArmSummary {
         seeds: mine.len(),
         global: last(&|r| r.global_accuracy),
-        local: last(&|r| r.client_accuracy_mean),
+        local: last(&local_accuracy),
         gb: mean_std(mine.iter().map(|r| {
             r.rounds
                 .iter()
@@ -481,7 +493,7 @@ fn curves(cfg: &CompareConfig, runs: &[Run], local: bool) -> Vec<Line> {
                 for r in run.rounds.iter().take(rounds) {
                     total += r.bytes_up + r.bytes_down;
                     let acc = if local {
-                        r.client_accuracy_mean
+                        local_accuracy(r)
                     } else {
                         r.global_accuracy
                     };
@@ -596,6 +608,8 @@ set = ["train.lr=0.1"]
             global_loss: 0.0,
             local_accuracy_mean: f64::NAN,
             client_accuracy_mean: acc,
+            client_accuracy_last_mean: f64::NAN,
+            client_accuracies: Vec::new(),
             train_loss: 0.0,
             bytes_up: up,
             bytes_down: up,
@@ -639,6 +653,8 @@ set = ["train.lr=0.1"]
             global_loss: 0.0,
             local_accuracy_mean: f64::NAN,
             client_accuracy_mean: local,
+            client_accuracy_last_mean: f64::NAN,
+            client_accuracies: Vec::new(),
             train_loss: 0.0,
             bytes_up: (gb * 0.5e9) as u64,
             bytes_down: (gb * 0.5e9) as u64,

@@ -56,8 +56,9 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
         .flat_map(|r| r.method.keys().map(String::as_str))
         .collect();
     let mut csv = String::from(
-        "round,global_accuracy,global_loss,local_accuracy_mean,client_accuracy_mean,train_loss,\
-         bytes_up,bytes_down,global_params,clients,rejected,seconds",
+        "round,global_accuracy,global_loss,local_accuracy_mean,client_accuracy_mean,\
+         client_accuracy_last_mean,train_loss,bytes_up,bytes_down,global_params,clients,rejected,\
+         seconds",
     );
     for k in &extra {
         let _ = write!(csv, ",{k}");
@@ -66,12 +67,13 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
     for r in &run.rounds {
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.round,
             r.global_accuracy,
             r.global_loss,
             r.local_accuracy_mean,
             r.client_accuracy_mean,
+            r.client_accuracy_last_mean,
             r.train_loss,
             r.bytes_up,
             r.bytes_down,

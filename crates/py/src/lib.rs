@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
 use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_fed::{ReplyBounds, RoundMetrics, RoundState, RunResult, Sampler};
+use fedfuse_fed::{LastUploads, ReplyBounds, RoundMetrics, RoundState, RunResult, Sampler};
 use fedfuse_fuse::PfnmConfig;
 use fedfuse_lab::Config;
 use fedfuse_lab::fusion::{FuseMethod, fuse as fuse_models};
@@ -274,6 +274,8 @@ struct ServerState {
     sampler: Sampler,
     open: Option<OpenRound>,
     rounds: Vec<RoundMetrics>,
+    /// Each client's last upload accuracy, for the rounds' `client_accuracy_last_mean`.
+    last_uploads: LastUploads,
     /// Bounds on replies: the config's `[replies]`, with the strategy's `max_examples` over
     /// it when given.
     bounds: ReplyBounds,
@@ -322,6 +324,7 @@ impl Server {
             sampler,
             open: None,
             rounds: Vec::new(),
+            last_uploads: LastUploads::default(),
             bounds,
         })))
     }
@@ -446,7 +449,8 @@ impl Server {
                 let metrics = tally.metrics(global, figures, scores, open.started);
                 Ok((metrics, aggregate_seconds, evaluate_seconds))
             });
-            let (metrics, aggregate_seconds, evaluate_seconds) = metrics.map_err(err)?;
+            let (mut metrics, aggregate_seconds, evaluate_seconds) = metrics.map_err(err)?;
+            s.last_uploads.update(&mut metrics);
             // Timings of the server step for the Flower Result and benchmarks; results.json
             // keeps the simulator's format.
             let mut json = serde_json::to_value(&metrics).map_err(err)?;

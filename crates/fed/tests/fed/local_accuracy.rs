@@ -107,6 +107,21 @@ fn eval_every_evaluates_every_kth_round_and_the_last_and_changes_nothing_else() 
         assert_eq!((a.bytes_up, a.bytes_down), (b.bytes_up, b.bytes_down));
     }
     assert!(every.rounds.iter().all(|r| r.global_accuracy.is_finite()));
+    // The paper's local accuracy: every client's last upload, not only this round's.
+    let mut last = std::collections::BTreeMap::new();
+    for r in &third.rounds {
+        assert_eq!(r.client_accuracies.len(), 2);
+        let mean = r.client_accuracies.iter().map(|a| a.1).sum::<f64>() / 2.0;
+        assert!((mean - r.client_accuracy_mean).abs() < 1e-12);
+        last.extend(r.client_accuracies.iter().copied());
+        let want = last.values().sum::<f64>() / last.len() as f64;
+        assert!(
+            (r.client_accuracy_last_mean - want).abs() < 1e-12,
+            "round {}",
+            r.round
+        );
+    }
+    assert_eq!(last.len(), 4, "every client took part");
     assert!(
         third.rounds[6].global_accuracy > 0.6,
         "{}",

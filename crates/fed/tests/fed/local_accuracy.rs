@@ -9,36 +9,45 @@ use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-#[test]
-fn with_one_client_its_upload_is_the_global_model() {
+/// FedAvg with `sgd()` on the digits split IID among `clients` (a fifth of each share kept
+/// as its test split), under `cfg` with `train` and `seed` filled in.
+fn fedavg_on_digits(clients: usize, seed: u64, cfg: SimConfig) -> fedfuse_fed::RunResult {
     let data = load_dataset("digits", None).unwrap();
-    let mut rng = StdRng::seed_from_u64(2);
-    let parts = partition(&data.train.y, 10, 1, &PartitionSpec::Iid {}, &mut rng).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let parts = partition(&data.train.y, 10, clients, &PartitionSpec::Iid {}, &mut rng).unwrap();
     let clients = client_splits(&data.train, &parts, 0.2, &mut rng).unwrap();
     let spec = ModelSpec::mlp(64, &[16], 10);
+    let mut m = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
+        separate_inits: false,
+    })
+    .build()
+    .unwrap();
+    let cfg = SimConfig {
+        seed,
+        train: sgd(),
+        ..cfg
+    };
+    simulate(
+        m.as_mut(),
+        &Trainer::new(spec.clone()).unwrap(),
+        &clients,
+        &data.test,
+        init_params(&spec, Init::Default, seed),
+        &cfg,
+        &|_| {},
+    )
+    .unwrap()
+}
+
+#[test]
+fn with_one_client_its_upload_is_the_global_model() {
     let run = |local_eval: bool| {
-        let mut m = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
-            separate_inits: false,
-        })
-        .build()
-        .unwrap();
         let cfg = SimConfig {
             rounds: 2,
-            seed: 2,
             local_eval,
-            train: sgd(),
             ..SimConfig::default()
         };
-        simulate(
-            m.as_mut(),
-            &Trainer::new(spec.clone()).unwrap(),
-            &clients,
-            &data.test,
-            init_params(&spec, Init::Default, 2),
-            &cfg,
-            &|_| {},
-        )
-        .unwrap()
+        fedavg_on_digits(1, 2, cfg)
     };
     let on = run(true);
     for r in &on.rounds {
@@ -54,35 +63,14 @@ fn with_one_client_its_upload_is_the_global_model() {
 
 #[test]
 fn eval_every_evaluates_every_kth_round_and_the_last_and_changes_nothing_else() {
-    let data = load_dataset("digits", None).unwrap();
-    let mut rng = StdRng::seed_from_u64(4);
-    let parts = partition(&data.train.y, 10, 4, &PartitionSpec::Iid {}, &mut rng).unwrap();
-    let clients = client_splits(&data.train, &parts, 0.2, &mut rng).unwrap();
-    let spec = ModelSpec::mlp(64, &[16], 10);
     let run = |every: usize| {
-        let mut m = MethodConfig::FedAvg(fedfuse_fed::FedAvgSettings {
-            separate_inits: false,
-        })
-        .build()
-        .unwrap();
         let cfg = SimConfig {
             rounds: 7,
-            seed: 4,
             clients_per_round: fedfuse_fed::ClientsPerRound::Count(2),
             eval_every: std::num::NonZeroUsize::new(every).unwrap(),
-            train: sgd(),
             ..SimConfig::default()
         };
-        simulate(
-            m.as_mut(),
-            &Trainer::new(spec.clone()).unwrap(),
-            &clients,
-            &data.test,
-            init_params(&spec, Init::Default, 4),
-            &cfg,
-            &|_| {},
-        )
-        .unwrap()
+        fedavg_on_digits(4, 4, cfg)
     };
     let every = run(1);
     let third = run(3);

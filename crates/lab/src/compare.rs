@@ -256,14 +256,19 @@ fn mean_std(values: impl Iterator<Item = f64>) -> (f64, f64) {
     Stats::of_finite(values).pair()
 }
 
-/// A round's "local accuracy" as the paper defines it: the mean over every client of its last
-/// upload on its own test split; for runs recorded before fedfuse kept that, the mean over the
-/// round's uploads.
-fn local_accuracy(r: &RoundMetrics) -> f64 {
-    if r.client_accuracy_last_mean.is_finite() {
-        r.client_accuracy_last_mean
+/// The figure a comparison reports as "local accuracy": the paper's, the mean over every
+/// client of its last upload on its own test split, when every run recorded it; else (runs
+/// recorded before fedfuse kept it) the mean over the round's uploads, for every arm alike.
+fn local_measure(runs: &[Run]) -> fn(&RoundMetrics) -> f64 {
+    let recorded = runs.iter().all(|run| {
+        run.rounds
+            .last()
+            .is_some_and(|r| r.client_accuracy_last_mean.is_finite())
+    });
+    if recorded {
+        |r| r.client_accuracy_last_mean
     } else {
-        r.client_accuracy_mean
+        |r| r.client_accuracy_mean
     }
 }
 
@@ -306,6 +311,7 @@ struct EqualTraffic {
 
 impl EqualTraffic {
     fn of(runs: &[Run], arm: usize) -> Self {
+        let local_accuracy = local_measure(runs);
         let seeds = runs
             .iter()
             .filter(|r| r.arm == arm)
@@ -342,6 +348,7 @@ struct ArmSummary {
 }
 
 fn summarise(runs: &[Run], arm: usize) -> Option<ArmSummary> {
+    let local_accuracy = local_measure(runs);
     let mine: Vec<&Run> = runs.iter().filter(|r| r.arm == arm).collect();
     let last = |f: &dyn Fn(&RoundMetrics) -> f64| {
         mean_std(mine.iter().filter_map(|r| r.rounds.last()).map(f))
@@ -481,6 +488,7 @@ fn summary_markdown(cfg: &CompareConfig, runs: &[Run]) -> String {
 
 /// Accuracy against cumulative GB per arm: per round, the mean over seeds of both.
 fn curves(cfg: &CompareConfig, runs: &[Run], local: bool) -> Vec<Line> {
+    let local_accuracy = local_measure(runs);
     cfg.arms
         .iter()
         .enumerate()
@@ -664,6 +672,27 @@ set = ["train.lr=0.1"]
             method: BTreeMap::new(),
             seconds: 0.0,
         }
+    }
+
+    #[test]
+    fn local_accuracy_is_the_papers_only_when_every_run_recorded_it() {
+        let cfg = CompareConfig::parse(TEXT).unwrap();
+        let run = |arm: usize, last: f64| {
+            let mut r = sent(1, 1.0, 0.9, 0.8);
+            r.client_accuracy_last_mean = last;
+            Run {
+                arm,
+                seed: 1,
+                rounds: vec![r],
+            }
+        };
+        let both = summary_markdown(&cfg, &[run(0, 0.7), run(1, 0.6)]);
+        assert!(both.contains("| FedAvg | 1 | 90.0 ± 0.0 | 70.0 ± 0.0 |"), "{both}");
+        assert!(both.contains("| FedSparse, mid | 1 | 90.0 ± 0.0 | 60.0 ± 0.0 |"), "{both}");
+        // One run recorded before the paper's figure was kept: the round's uploads for all.
+        let mixed = summary_markdown(&cfg, &[run(0, 0.7), run(1, f64::NAN)]);
+        assert!(mixed.contains("| FedAvg | 1 | 90.0 ± 0.0 | 80.0 ± 0.0 |"), "{mixed}");
+        assert!(mixed.contains("| FedSparse, mid | 1 | 90.0 ± 0.0 | 80.0 ± 0.0 |"), "{mixed}");
     }
 
     #[test]

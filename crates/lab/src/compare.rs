@@ -687,12 +687,24 @@ set = ["train.lr=0.1"]
             }
         };
         let both = summary_markdown(&cfg, &[run(0, 0.7), run(1, 0.6)]);
-        assert!(both.contains("| FedAvg | 1 | 90.0 ± 0.0 | 70.0 ± 0.0 |"), "{both}");
-        assert!(both.contains("| FedSparse, mid | 1 | 90.0 ± 0.0 | 60.0 ± 0.0 |"), "{both}");
+        assert!(
+            both.contains("| FedAvg | 1 | 90.0 ± 0.0 | 70.0 ± 0.0 |"),
+            "{both}"
+        );
+        assert!(
+            both.contains("| FedSparse, mid | 1 | 90.0 ± 0.0 | 60.0 ± 0.0 |"),
+            "{both}"
+        );
         // One run recorded before the paper's figure was kept: the round's uploads for all.
         let mixed = summary_markdown(&cfg, &[run(0, 0.7), run(1, f64::NAN)]);
-        assert!(mixed.contains("| FedAvg | 1 | 90.0 ± 0.0 | 80.0 ± 0.0 |"), "{mixed}");
-        assert!(mixed.contains("| FedSparse, mid | 1 | 90.0 ± 0.0 | 80.0 ± 0.0 |"), "{mixed}");
+        assert!(
+            mixed.contains("| FedAvg | 1 | 90.0 ± 0.0 | 80.0 ± 0.0 |"),
+            "{mixed}"
+        );
+        assert!(
+            mixed.contains("| FedSparse, mid | 1 | 90.0 ± 0.0 | 80.0 ± 0.0 |"),
+            "{mixed}"
+        );
     }
 
     #[test]

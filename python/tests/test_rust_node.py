@@ -13,7 +13,7 @@ import fedfuse._core
 import numpy_digits
 from conftest import ROOT
 from fedfuse.flwr import to_recorddict
-from flower_harness import deployment, mint_tls, node_key
+from flower_harness import Deployment, deployment, mint_tls, node_key
 
 pytest.importorskip("flwr")
 NUMPY_APP = ROOT / "python" / "tests" / "apps" / "numpy_mlp"
@@ -54,6 +54,27 @@ def test_rust_nodes_with_flowers_fedavg_give_the_weighted_mean_step(tmp_path):
     for m in evaluated.values():
         assert m["loss"] == pytest.approx(want_loss, abs=1e-9), m
     assert all(log.count("train") >= 3 for log in logs), logs
+
+
+def test_nodes_started_before_the_superlink_join_once_it_listens(tmp_path):
+    # As docs/FLOWER.md's recipes do: `flower-superlink ... &` and the nodes at once, while
+    # the SuperLink needs a second or two to listen.
+    steps = [(1.0, 10), (0.5, 10)]
+    out = tmp_path / "out"
+    d = Deployment(tmp_path / "flower", nodes=0)
+    try:
+        for i, (c, n) in enumerate(steps):
+            d._spawn(f"rust{i}", [str(ADDER), "--superlink", f"127.0.0.1:{d.port}", "--add", str(c), "--examples", str(n)])
+        nodes = [f"rust{i}" for i in range(len(steps))]
+        d._wait(lambda: all("no SuperLink answers" in d.log(n) for n in nodes), 30, "the nodes to try")
+        d.start_superlink()
+        d._wait(lambda: all("joined" in d.log(n) for n in nodes), 60, "the nodes to join")
+        d.run(NUMPY_APP, f'strategy="flower-fedavg" rounds=1 out="{out}"')
+        logs = [d.log(n) for n in nodes]
+    finally:
+        d.stop()
+    assert not any("panicked" in log for log in logs), logs
+    assert_stepped(out, steps, rounds=1)
 
 
 APP = ROOT / "examples" / "flower"

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use fedfuse_data::{
     DownloadEvent, VerifyStatus, dataset_info, default_dataset_dir, known_datasets,
@@ -129,6 +129,9 @@ fn partition(
             "--plot {}: the plot is SVG; name the file *.svg",
             p.display()
         );
+    }
+    if let Some(p) = plot {
+        fedfuse_lab::table::prepare_output_path(p).context("--plot")?;
     }
     let mut cfg = Config::load(config, overrides)?;
     if data_dir.is_some() {

@@ -72,6 +72,7 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
     if args.inputs.is_empty() {
         bail!("no client files given");
     }
+    fedfuse_lab::table::prepare_output_path(&args.out).context("--out")?;
     let mut models = Vec::with_capacity(args.inputs.len());
     for file in &args.inputs {
         let p = load_params(file).with_context(|| format!("client model {}", file.display()))?;

@@ -18,8 +18,12 @@ use fedfuse_lab::run::Federation;
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
     /// The SuperLink's Fleet API, HOST:PORT.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_superlink)]
     pub superlink: String,
+    /// Seconds to keep trying a SuperLink that does not answer yet on first contact (one
+    /// started just before the node needs a second or two); 0 gives up at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub wait_for_superlink: u64,
     /// A `fedfuse run` config: dataset, partition, model and local training.
     #[arg(long)]
     pub config: PathBuf,
@@ -48,6 +52,24 @@ pub struct NodeArgs {
     /// Plain HTTP, no TLS (loopback and tests).
     #[arg(long)]
     pub insecure: bool,
+}
+
+/// `--superlink` as HOST:PORT with a port Flower could listen on (1-65535), so a mistyped
+/// address is named as such rather than reported as a refused connection.
+fn parse_superlink(text: &str) -> std::result::Result<String, String> {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!(
+            "`{text}` is not HOST:PORT (for example 127.0.0.1:9092, the SuperLink's Fleet API)"
+        ));
+    };
+    let host_ok = !host.is_empty() && !host.contains(['/', ' ']);
+    if !host_ok {
+        return Err(format!("`{text}`: `{host}` is not a host name or address"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(text.to_string()),
+        _ => Err(format!("`{text}`: `{port}` is not a port (1 to 65535)")),
+    }
 }
 
 /// Flower's node-config key for the client slot, which fedfuse's strategy asks for.
@@ -138,11 +160,14 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
         Some(path) => Some(NodeKey::from_file(path)?),
         None => None,
     };
-    let opts = NodeOptions::new(Connection {
-        superlink: args.superlink.clone(),
-        insecure: args.insecure,
-        root_certificates: args.root_certificates.clone(),
-    });
+    let opts = NodeOptions {
+        first_contact_wait: std::time::Duration::from_secs(args.wait_for_superlink),
+        ..NodeOptions::new(Connection {
+            superlink: args.superlink.clone(),
+            insecure: args.insecure,
+            root_certificates: args.root_certificates.clone(),
+        })
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))

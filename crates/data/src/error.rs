@@ -57,10 +57,7 @@ pub enum DataError {
     },
 
     /// The files of a downloadable dataset are not on disk.
-    #[error(
-        "dataset {name:?}: {missing} not found in {dir}; run `fedfuse data get {name}` to \
-         download it (or pass --data-dir pointing at a folder that holds the files)"
-    )]
+    #[error("dataset {name:?}: {missing} not found in {dir}; {next}")]
     MissingFiles {
         /// Dataset name.
         name: String,
@@ -68,6 +65,8 @@ pub enum DataError {
         dir: PathBuf,
         /// The missing files, comma separated.
         missing: String,
+        /// What to do next: download it, or the `--data-dir` that would hold it.
+        next: String,
     },
 
     /// A file could not be downloaded with the right checksum from any mirror.

@@ -264,7 +264,76 @@ fn find_dir(info: &DatasetInfo, data_dir: Option<&Path>, probe: &[&str]) -> Resu
         } else {
             missing.join(", ")
         },
+        next: next_step(info, data_dir, probe),
     })
+}
+
+/// What a newcomer whose dataset was not found should do next: download it when no folder
+/// was given; otherwise name the folder below the given one that holds the files, or the
+/// dataset the given folder holds instead.
+fn next_step(info: &DatasetInfo, data_dir: Option<&Path>, probe: &[&str]) -> String {
+    let get = format!("`fedfuse data get {}`", info.name);
+    let Some(given) = data_dir else {
+        return format!(
+            "it is not downloaded yet: run {get} (into {}), or pass --data-dir with a folder \
+             that holds the files",
+            default_dataset_dir(info.name).display()
+        );
+    };
+    if !given.is_dir() {
+        return format!(
+            "the --data-dir folder {} does not exist: give the folder that holds the files, or \
+             run {get} and leave --data-dir out",
+            given.display()
+        );
+    }
+    let holds = |d: &Path, files: &[&str]| files.iter().all(|f| locate(d, f).is_file());
+    // Two levels down covers `--data-dir ..` for `../data/mnist`.
+    let below = std::fs::read_dir(given)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .flat_map(|p| {
+            let inner: Vec<PathBuf> = std::fs::read_dir(&p)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|q| q.is_dir())
+                .collect();
+            std::iter::once(p).chain(inner)
+        })
+        .filter(|d| holds(d, probe))
+        .min();
+    if let Some(d) = below {
+        return format!(
+            "{} holds them: pass --data-dir {}",
+            d.display(),
+            d.display()
+        );
+    }
+    let other = DATASETS.iter().find(|o| {
+        o.name != info.name
+            && o.files.first().is_some_and(|f| f.name != probe[0])
+            && [given.to_path_buf(), given.join(o.name)]
+                .iter()
+                .any(|d| o.files.iter().all(|f| locate(d, f.name).is_file()))
+    });
+    match other {
+        Some(o) => format!(
+            "{} holds the {} dataset, not {}: check `dataset.name` in the config and the \
+             --data-dir folder",
+            given.display(),
+            o.name,
+            info.name
+        ),
+        None => format!(
+            "give --data-dir the folder that holds the files, or run {get} and leave \
+             --data-dir out"
+        ),
+    }
 }
 
 /// Reads an IDX image file and its label file into a dataset with pixels in `[0, 1]`.
@@ -323,6 +392,7 @@ fn load_cifar10(info: &DatasetInfo, data_dir: Option<&Path>) -> Result<TrainTest
                 "{CIFAR10_ARCHIVE} (or {sub}/{})",
                 CIFAR10_BATCHES.join(", ")
             ),
+            next: next_step(info, data_dir, &[CIFAR10_ARCHIVE]),
         });
     };
     let mut train = read_cifar10_batch(&dir.join(CIFAR10_BATCHES[0]))?;

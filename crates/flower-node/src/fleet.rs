@@ -245,9 +245,14 @@ impl Fleet {
             .header("flwr-timestamp", &stamp)
             .header("flwr-signature", B64.encode(signature))
             .send(&request.encode_to_vec()[..])
-            .map_err(|e| NodeError::Transport {
-                rpc: rpc.to_string(),
-                reason: e.to_string(),
+            .map_err(|e| {
+                let rpc = rpc.to_string();
+                let reason = e.to_string();
+                if is_unreachable(&e) {
+                    NodeError::Unreachable { rpc, reason }
+                } else {
+                    NodeError::Transport { rpc, reason }
+                }
             })?;
         let status = response.status().as_u16();
         let body = response
@@ -272,6 +277,20 @@ impl Fleet {
             rpc: rpc.to_string(),
             reason: format!("undecodable reply: {e}"),
         })
+    }
+}
+
+/// Whether `e` says nothing answered at the address, as opposed to a broken exchange: a
+/// SuperLink that is still starting (or a wrong port) refuses the connection.
+fn is_unreachable(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            ErrorKind::ConnectionRefused | ErrorKind::ConnectionReset | ErrorKind::NotConnected
+        ),
+        ureq::Error::ConnectionFailed | ureq::Error::Timeout(ureq::Timeout::Connect) => true,
+        _ => false,
     }
 }
 

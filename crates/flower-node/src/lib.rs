@@ -14,7 +14,16 @@ pub mod objects;
 /// What can go wrong on a node.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    /// The SuperLink could not be reached, or its reply could not be read.
+    /// Nothing answered at the SuperLink's address (connection refused or timed out): not
+    /// listening yet, or the wrong address.
+    #[error("{rpc}: {reason}")]
+    Unreachable {
+        /// The Fleet call.
+        rpc: String,
+        /// Why.
+        reason: String,
+    },
+    /// The SuperLink's reply could not be read, or the exchange broke off.
     #[error("{rpc}: {reason}")]
     Transport {
         /// The Fleet call.

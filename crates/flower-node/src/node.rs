@@ -41,6 +41,9 @@ pub struct NodeOptions {
     pub object_wait: Duration,
     /// Longest pause between reconnection attempts.
     pub max_backoff: Duration,
+    /// How long the first contact keeps trying a SuperLink that does not answer yet (one
+    /// started a moment before the node needs a second or two to listen).
+    pub first_contact_wait: Duration,
 }
 
 impl NodeOptions {
@@ -52,6 +55,7 @@ impl NodeOptions {
             poll: Duration::from_secs(1),
             object_wait: Duration::from_secs(60),
             max_backoff: Duration::from_secs(30),
+            first_contact_wait: Duration::from_secs(60),
         }
     }
 }
@@ -351,8 +355,11 @@ fn heartbeats(
 
 /// A failed first contact, with what to check: the address, the transport, the CA.
 fn first_contact(e: NodeError, conn: &Connection) -> NodeError {
-    let NodeError::Transport { rpc, reason } = e else {
-        return e;
+    let (rpc, reason) = match e {
+        NodeError::Transport { rpc, reason } | NodeError::Unreachable { rpc, reason } => {
+            (rpc, reason)
+        }
+        other => return other,
     };
     let hint = if reason.to_lowercase().contains("certificate") {
         "the SuperLink's TLS certificate was not accepted: --root-certificates must name the CA \
@@ -367,6 +374,41 @@ fn first_contact(e: NodeError, conn: &Connection) -> NodeError {
     NodeError::Transport {
         rpc,
         reason: format!("{reason}; {hint}"),
+    }
+}
+
+/// The first contact: a SuperLink that does not answer yet is tried again with back-off for
+/// up to `opts.first_contact_wait`, as Flower's own SuperNode keeps trying; any other failure
+/// (a refused key, a certificate, a wrong protocol) ends it at once. `None` when `stop` was
+/// set while waiting.
+fn open_first<'f>(
+    fleet: &'f Fleet,
+    self_registered: bool,
+    opts: &NodeOptions,
+    stop: &AtomicBool,
+    log: Log<'_>,
+) -> Result<Option<Session<'f>>> {
+    let give_up = Instant::now() + opts.first_contact_wait;
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match Session::open(fleet, self_registered, opts.heartbeat) {
+            Ok(session) => return Ok(Some(session)),
+            Err(NodeError::Unreachable { rpc, reason }) if Instant::now() < give_up => {
+                let left = give_up.saturating_duration_since(Instant::now());
+                log(&format!(
+                    "no SuperLink answers at {} yet ({rpc}: {reason}); trying again in \
+                     {backoff:?}, for up to {}s more",
+                    opts.connection.superlink,
+                    left.as_secs()
+                ));
+                nap(backoff.min(left), stop);
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                backoff = (backoff * 2).min(opts.max_backoff);
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -387,8 +429,11 @@ pub fn run(
         None => NodeKey::generate()?,
     };
     let fleet = Fleet::new(&opts.connection, key)?;
-    let mut session = Session::open(&fleet, self_registered, opts.heartbeat)
-        .map_err(|e| first_contact(e, &opts.connection))?;
+    let Some(mut session) = open_first(&fleet, self_registered, opts, stop, log)
+        .map_err(|e| first_contact(e, &opts.connection))?
+    else {
+        return Ok(());
+    };
     log(&format!(
         "joined {} as node {}",
         opts.connection.superlink, session.node.node_id

@@ -53,8 +53,7 @@ pub struct Arm {
 impl CompareConfig {
     /// Reads and checks `path`: every arm must make a valid run config.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read comparison {}", path.display()))?;
+        let text = crate::config::read_settings_file(path, "comparison")?;
         Self::parse(&text).with_context(|| format!("comparison {}", path.display()))
     }
 

@@ -434,8 +434,7 @@ impl ModelSection {
 impl Config {
     /// Reads `path`, applies `--set key.path=value` overrides, and checks the result.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config {}", path.display()))?;
+        let text = read_settings_file(path, "config")?;
         Self::parse(&text, overrides).with_context(|| format!("config {}", path.display()))
     }
 
@@ -729,6 +728,22 @@ fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
     Ok(())
 }
 
+/// The text of the settings file `path` (a `what`: "config", "comparison"); a missing file
+/// is named with where the shipped ones are, since a newcomer's first mistake is a path typed
+/// from another folder.
+pub fn read_settings_file(path: &Path, what: &str) -> Result<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{what} {} does not exist (looked from {}); the shipped ones are in the \
+             repository's examples/ and experiments/ folders",
+            path.display(),
+            std::env::current_dir().map_or_else(|_| "here".into(), |d| d.display().to_string())
+        ),
+        Err(e) => Err(e).with_context(|| format!("cannot read {what} {}", path.display())),
+    }
+}
+
 /// Reads the TOML file `path` as a `what` (e.g. "sweep config") and checks it with `check`;
 /// every error names the file.
 pub fn load_checked<T: serde::de::DeserializeOwned>(
@@ -736,8 +751,7 @@ pub fn load_checked<T: serde::de::DeserializeOwned>(
     what: &str,
     check: impl FnOnce(&T) -> Result<()>,
 ) -> Result<T> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let text = read_settings_file(path, what)?;
     let cfg: T = toml::from_str(&text).with_context(|| format!("{what} {}", path.display()))?;
     check(&cfg).with_context(|| format!("{what} {}", path.display()))?;
     Ok(cfg)

@@ -115,7 +115,7 @@ fn federate_with(
     saved: Option<(&Path, bool)>,
 ) -> Result<RunResult> {
     let mut fed = Federation::prepare(cfg)?;
-    observer.note(&fed.summary);
+    observer.note(&fed.run_summary());
     let mut session = Session::default();
     let mut init = std::mem::take(&mut fed.init);
     let target = saved.map(|(path, _)| path);
@@ -198,11 +198,22 @@ pub struct Federation {
     pub init: Params,
     /// Rounds, sampling, seeds and local training.
     pub sim: SimConfig,
-    /// One line saying what runs, for the person running it.
+    /// One line saying what runs, for the person running it, without the rounds (over Flower
+    /// the ServerApp decides them, not the config a node reads): see [`Self::run_summary`].
     pub summary: String,
 }
 
 impl Federation {
+    /// [`Self::summary`] with the config's rounds, for a run that follows them (the
+    /// simulator, fedfuse's strategy).
+    pub fn run_summary(&self) -> String {
+        let upto = match self.data {
+            FederationData::Labelled { .. } => "",
+            FederationData::Tables { .. } => "up to ",
+        };
+        format!("{}, {upto}{} rounds", self.summary, self.sim.rounds)
+    }
+
     /// Loads the data of `cfg`, splits it among clients and builds the method.
     pub fn prepare(cfg: &Config) -> Result<Self> {
         if let Some(table) = &cfg.table {
@@ -243,13 +254,12 @@ impl Federation {
             eval_every: cfg.eval_every,
         };
         let summary = format!(
-            "{} on {} ({} train / {} test samples), {} clients, {} rounds, model {} params",
+            "{} on {} ({} train / {} test samples), {} clients, model {} params",
             method.name(),
             dataset.name,
             data.train.len(),
             data.test.len(),
             cfg.clients,
-            cfg.rounds,
             spec.num_params()
         );
         Ok(Self {
@@ -482,7 +492,7 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
     };
     let rows: usize = tables.train.iter().map(Table::n_rows).sum();
     let summary = format!(
-        "{} on {} tables ({rows} rows, {} held out), {} clients, up to {} rounds",
+        "{} on {} tables ({rows} rows, {} held out), {} clients",
         method.name(),
         match table {
             TableSection::Synthetic { .. } => "synthetic",
@@ -490,7 +500,6 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
         },
         test.n_rows(),
         tables.train.len(),
-        cfg.rounds,
     );
     Ok(Federation {
         method,

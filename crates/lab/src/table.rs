@@ -107,11 +107,61 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     tmp_name.push(name);
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
+    create_parent(path)?;
     std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| {
         let _ = std::fs::remove_file(&tmp);
         format!("cannot write {}", path.display())
     })
+}
+
+/// The folder `path` is written into (`.` for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Creates the folders above `path` that do not exist yet (`--out runs/new/a` in a fresh
+/// clone), with an error naming the folder that could not be made.
+fn create_parent(path: &Path) -> Result<()> {
+    let parent = parent_of(path);
+    std::fs::create_dir_all(parent).with_context(|| {
+        let in_the_way = parent.ancestors().find(|a| a.is_file());
+        let why = in_the_way.map_or(String::new(), |f| {
+            format!(" ({} is a file, not a folder)", f.display())
+        });
+        format!(
+            "cannot create folder {}{why} to write {} into",
+            parent.display(),
+            path.display()
+        )
+    })
+}
+
+/// Makes sure, before any work starts, that an output can be written at `path` when the work
+/// ends: creates its missing parent folders and checks that a file can be made there (no
+/// permission, a read-only disk and a file in the way are refused now, naming the folder,
+/// rather than after an hour of training).
+pub fn prepare_output_path(path: &Path) -> Result<()> {
+    create_parent(path)?;
+    let parent = parent_of(path);
+    let probe = parent.join(format!(".fedfuse-probe.{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .with_context(|| {
+            format!(
+                "cannot write into folder {} (for {}); give an output path you can write",
+                parent.display(),
+                path.display()
+            )
+        })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }
 
 /// Creates the output folder `out` and records the settings that produced it as `file` (TOML),
@@ -153,8 +203,8 @@ pub fn is_experiment_file(name: &str) -> bool {
 }
 
 /// Checks, before a run starts, that its output folder can be replaced when it ends: `out`
-/// is new, or holds only files named in `allowed` (an earlier run's). Errors name the files
-/// that would be lost.
+/// is new, or holds only files named in `allowed` (an earlier run's), and the folder above it
+/// exists (it is created) and can be written. Errors name the files that would be lost.
 pub fn check_replaceable(out: &Path, allowed: &[&str]) -> Result<()> {
     check_replaceable_by(out, |name| allowed.contains(&name))
 }
@@ -163,12 +213,17 @@ pub fn check_replaceable(out: &Path, allowed: &[&str]) -> Result<()> {
 pub fn check_replaceable_by(out: &Path, allowed: impl Fn(&str) -> bool) -> Result<()> {
     let entries = match std::fs::read_dir(out) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return prepare_output_path(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory && out.is_file() => {
             bail!("{} is a file; give a folder for the outputs", out.display())
+        }
+        // A file where a folder above `out` should be: named by the attempt to create it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            return prepare_output_path(out);
         }
         Err(e) => bail!("cannot read output folder {}: {e}", out.display()),
     };
+    prepare_output_path(out)?;
     let mut foreign = Vec::new();
     for entry in entries {
         let entry =
@@ -199,12 +254,8 @@ pub fn replace_folder(out: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Re
         .with_context(|| format!("{} is not a folder path", out.display()))?
         .to_string_lossy()
         .into_owned();
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent)
-        .with_context(|| format!("cannot create folder {}", parent.display()))?;
+    create_parent(out)?;
+    let parent = parent_of(out);
     let pid = std::process::id();
     let staging = parent.join(format!(".{name}.new-{pid}"));
     let old = parent.join(format!(".{name}.old-{pid}"));

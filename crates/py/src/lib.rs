@@ -341,7 +341,7 @@ impl Server {
 
     /// What the run does, in one line.
     fn summary(&self) -> PyResult<String> {
-        self.with(|s| Ok(s.fed.summary.clone()))
+        self.with(|s| Ok(s.fed.run_summary()))
     }
 
     /// Whether the method has built its final model (one-shot methods stop early).

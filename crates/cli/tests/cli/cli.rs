@@ -46,8 +46,11 @@ fn final_accuracy(results: &Value) -> f64 {
 
 #[test]
 fn quickstart_on_bundled_digits() {
-    let dir = tempfile::tempdir().unwrap();
-    let results = run_ok("examples/quickstart.toml", dir.path(), &[]);
+    let root = tempfile::tempdir().unwrap();
+    // Three folders that do not exist yet, as `--out runs/quickstart` in a fresh clone.
+    let out = root.path().join("runs/new/quickstart");
+    let results = run_ok("examples/quickstart.toml", &out, &[]);
+    let dir = &out;
     let acc = final_accuracy(&results);
     assert!(acc >= 0.90, "quickstart accuracy {acc}");
     for f in [
@@ -60,7 +63,7 @@ fn quickstart_on_bundled_digits() {
         "accuracy_vs_bytes.png",
         "accuracy_vs_bytes.svg",
     ] {
-        let meta = std::fs::metadata(dir.path().join(f)).unwrap();
+        let meta = std::fs::metadata(dir.join(f)).unwrap();
         assert!(meta.len() > 0, "{f} is empty");
     }
     let rounds = results["rounds"].as_array().unwrap();
@@ -92,10 +95,10 @@ fn quickstart_on_bundled_digits() {
     // chance by far.
     let own = rounds[19]["client_accuracy_mean"].as_f64().unwrap();
     assert!(own > 0.8 && own <= 1.0, "client accuracy {own}");
-    let csv = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     assert_eq!(csv.lines().count(), 21);
     // The saved model is the final global model and loads back.
-    let params = fedfuse_core::load_safetensors(&dir.path().join("model.safetensors")).unwrap();
+    let params = fedfuse_core::load_safetensors(&dir.join("model.safetensors")).unwrap();
     assert_eq!(params.names()[0], "layers.0.weight");
     assert_eq!(params.tensor_at(0).unwrap().shape, vec![64, 64]);
 }
@@ -248,6 +251,155 @@ fn bad_input_is_named() {
         &["data", "verify", "mnist", "--dir", out],
         &["fedfuse data get mnist"],
     );
+}
+
+#[test]
+fn an_output_path_that_cannot_be_made_is_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, "a file where a folder should be").unwrap();
+    let out = blocker.join("runs/quickstart");
+    let o = fedfuse(&[
+        "run",
+        "examples/quickstart.toml",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cannot create folder") && stderr.contains("blocker"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("round 1/"),
+        "refused only after training:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // Nothing lost: the file in the way is as it was.
+    assert_eq!(
+        std::fs::read_to_string(&blocker).unwrap(),
+        "a file where a folder should be"
+    );
+}
+
+#[test]
+fn newcomer_mistakes_say_what_to_do_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    let shared = repo().join("../shared");
+    let fails = |args: &[&str], needles: &[&str]| {
+        let o = fedfuse(args);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} should fail:\n{stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "{args:?}: `{n}` not in:\n{stderr}");
+        }
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    };
+    // A config path typed from another folder.
+    fails(
+        &["run", "quickstart.toml", "--out", out],
+        &["quickstart.toml does not exist", "examples/"],
+    );
+    // MNIST not downloaded yet (the tests' cache is empty).
+    fails(
+        &["run", "examples/mnist-fedavg.toml", "--out", out],
+        &["not downloaded yet", "fedfuse data get mnist"],
+    );
+    // --data-dir: a folder that does not exist, one above the data, one holding other files.
+    fails(
+        &[
+            "run",
+            "examples/mnist-fedavg.toml",
+            "--out",
+            out,
+            "--data-dir",
+            "no/such/folder",
+        ],
+        &["--data-dir folder no/such/folder does not exist"],
+    );
+    let above = shared.to_str().unwrap();
+    let expected = format!("pass --data-dir {}", shared.join("data/mnist").display());
+    fails(
+        &[
+            "run",
+            "examples/mnist-fedavg.toml",
+            "--out",
+            out,
+            "--data-dir",
+            above,
+        ],
+        &[expected.as_str()],
+    );
+    let elsewhere = shared.join("data/uci-small");
+    fails(
+        &[
+            "run",
+            "examples/mnist-fedavg.toml",
+            "--out",
+            out,
+            "--data-dir",
+            elsewhere.to_str().unwrap(),
+        ],
+        &["give --data-dir the folder that holds the files"],
+    );
+    // A port no SuperLink can listen on is named as such, not tried.
+    fails(
+        &[
+            "flower-node",
+            "--superlink",
+            "127.0.0.1:181142",
+            "--insecure",
+            "--config",
+            "examples/quickstart.toml",
+            "--partition-id",
+            "0",
+        ],
+        &["`181142` is not a port"],
+    );
+    assert!(
+        !Path::new(out).exists(),
+        "a refused run must leave no output"
+    );
+}
+
+#[test]
+fn a_node_keeps_trying_a_superlink_that_is_not_listening_yet_then_says_what_to_check() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let superlink = format!("127.0.0.1:{port}");
+    let started = std::time::Instant::now();
+    let o = fedfuse(&[
+        "flower-node",
+        "--superlink",
+        &superlink,
+        "--insecure",
+        "--wait-for-superlink",
+        "2",
+        "--config",
+        "examples/quickstart.toml",
+        "--partition-id",
+        "0",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no SuperLink answers"),
+        "no retry:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("is a SuperLink listening at this address"),
+        "{stderr}"
+    );
+    // Bounded: 2 s of retries, not the default minute.
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]

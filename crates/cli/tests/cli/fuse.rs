@@ -128,7 +128,8 @@ fn pfnm_fuse_files_round_trip_and_beat_averaging() {
     }
 
     // Matching beats coordinate-wise averaging of separately initialised networks.
-    let avg_out = dir.path().join("avg.safetensors");
+    // Into folders that do not exist yet: `fuse` makes them.
+    let avg_out = dir.path().join("new/fused/avg.safetensors");
     let mut avg_args = vec!["fuse", "--method", "fedavg"];
     avg_args.extend(&file_args);
     avg_args.extend(["--out", avg_out.to_str().unwrap()]);

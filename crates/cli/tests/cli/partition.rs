@@ -64,7 +64,8 @@ fn rows(table: &str) -> (Vec<Row>, Vec<usize>) {
 #[test]
 fn partition_of_quickstart_histogram_rows_sum_to_sizes() {
     let dir = tempfile::tempdir().unwrap();
-    let svg = dir.path().join("split.svg");
+    // Into folders that do not exist yet.
+    let svg = dir.path().join("plots/new/split.svg");
     let out = partition_ok(&["examples/quickstart.toml", "--plot", svg.to_str().unwrap()]);
     let (clients, total) = rows(&out);
     assert_eq!(clients.len(), 10, "{out}");

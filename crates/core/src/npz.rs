@@ -20,6 +20,14 @@ const NPY_MAGIC: &[u8] = b"\x93NUMPY";
 /// numpy's own reader refuses longer headers (`max_header_size`); ours leaves ample room.
 const MAX_HEADER_LEN: usize = 1 << 20;
 
+/// The most array data one archive may declare over all its members: 1G float32 values, far
+/// above any model fedfuse fuses. A deflated member can expand about a thousandfold, so this
+/// bound, not the file's size, is what bounds the memory an archive can take.
+pub const MAX_NPZ_DATA: usize = 4 << 30;
+
+/// The `.npy` preamble: magic, version and the header's length (4 bytes from version 2).
+const NPY_PREAMBLE: usize = 12;
+
 /// Decodes the bytes of an `.npz` archive into [`Params`].
 ///
 /// Members named `NAME.npy` become tensors `NAME`, ordered by name with numbers compared as
@@ -32,7 +40,9 @@ pub fn params_from_npz(bytes: &[u8]) -> Result<Params> {
         what: "npz archive".into(),
         reason: e.to_string(),
     })?;
+    refuse_overlaps(&mut archive)?;
     let mut arrays = Vec::with_capacity(archive.len());
+    let mut budget = MAX_NPZ_DATA;
     for index in 0..archive.len() {
         let mut member = archive.by_index(index).map_err(|e| CoreError::Decode {
             what: format!("npz member #{index}"),
@@ -54,10 +64,7 @@ pub fn params_from_npz(bytes: &[u8]) -> Result<Params> {
                 "not a `.npy` array: an npz archive holds only `NAME.npy` members".into(),
             ));
         };
-        let mut npy = Vec::new();
-        member
-            .read_to_end(&mut npy)
-            .map_err(|e| decode_err(e.to_string()))?;
+        let npy = read_member(&mut member, &mut budget).map_err(decode_err)?;
         let (shape, data) = decode_npy(&npy).map_err(decode_err)?;
         arrays.push((name.to_string(), shape, data));
     }
@@ -67,6 +74,107 @@ pub fn params_from_npz(bytes: &[u8]) -> Result<Params> {
         params.push(name, shape, data)?;
     }
     Ok(params)
+}
+
+/// Refuses an archive two of whose members share bytes, before anything is inflated: numpy
+/// never writes one, and it is how a small file makes one compressed stream count many times
+/// over (an overlapping-member zip bomb).
+fn refuse_overlaps(archive: &mut zip::ZipArchive<Cursor<&[u8]>>) -> Result<()> {
+    let mut spans = Vec::with_capacity(archive.len());
+    for index in 0..archive.len() {
+        let member = archive.by_index_raw(index).map_err(|e| CoreError::Decode {
+            what: format!("npz member #{index}"),
+            reason: e.to_string(),
+        })?;
+        let start = member.header_start();
+        let end = member
+            .data_start()
+            .unwrap_or(start)
+            .saturating_add(member.compressed_size());
+        spans.push((start, end, index));
+    }
+    spans.sort_unstable();
+    match spans.windows(2).find(|w| w[1].0 < w[0].1) {
+        Some(w) => Err(CoreError::Decode {
+            what: format!("npz member #{}", w[1].2),
+            reason: format!(
+                "its bytes overlap those of member #{}; numpy never writes such an archive",
+                w[0].2
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Reads one member's `.npy` bytes, never more than its header declares: the preamble and
+/// header first (at most [`MAX_HEADER_LEN`]), then the data the header's shape and dtype call
+/// for and one byte more, to tell a member that holds more. Each member's data is taken from
+/// `budget`, the bytes left for the whole archive. So a member that inflates to gigabytes
+/// behind a small header (a zip bomb) costs a few bytes more than its header says.
+fn read_member(member: &mut impl Read, budget: &mut usize) -> std::result::Result<Vec<u8>, String> {
+    let read_err = |e: std::io::Error| e.to_string();
+    let mut npy = Vec::new();
+    member
+        .by_ref()
+        .take(NPY_PREAMBLE as u64)
+        .read_to_end(&mut npy)
+        .map_err(read_err)?;
+    // Version 1 keeps its header length in 2 bytes: the 2 read beyond are the header's.
+    let header_end = match npy.get(6) {
+        Some(1) if npy.len() >= 10 => 10 + usize::from(u16::from_le_bytes([npy[8], npy[9]])),
+        Some(2 | 3) if npy.len() == NPY_PREAMBLE => {
+            let len = u32::from_le_bytes([npy[8], npy[9], npy[10], npy[11]]);
+            NPY_PREAMBLE.saturating_add(usize::try_from(len).unwrap_or(usize::MAX))
+        }
+        // Too short or not `.npy`: decode_npy says which.
+        _ => return Ok(npy),
+    };
+    if header_end > NPY_PREAMBLE + MAX_HEADER_LEN {
+        return Err(format!(
+            "header of {} bytes is implausibly long",
+            header_end - NPY_PREAMBLE
+        ));
+    }
+    member
+        .by_ref()
+        .take(header_end.saturating_sub(npy.len()) as u64)
+        .read_to_end(&mut npy)
+        .map_err(read_err)?;
+    let (text_start, data_start) = header_bounds(&npy)?;
+    let text = &npy[text_start..data_start];
+    let needed = match canonical_f4_shape(text) {
+        Some(shape) => shape.iter().try_fold(4usize, |acc, &d| acc.checked_mul(d)),
+        None => {
+            let checked = check_header(text)?;
+            checked.len.checked_mul(checked.item_size)
+        }
+    }
+    .ok_or_else(|| "the header's shape is too large".to_string())?;
+    let have = npy.len() - data_start;
+    if needed > *budget {
+        return Err(format!(
+            "its header declares {needed} bytes of data, more than the {} left of the \
+             {MAX_NPZ_DATA} an archive may hold",
+            *budget
+        ));
+    }
+    *budget -= needed;
+    let want = needed.saturating_sub(have).saturating_add(1);
+    npy.try_reserve_exact(want)
+        .map_err(|e| format!("cannot hold {needed} bytes of data: {e}"))?;
+    member
+        .by_ref()
+        .take(want as u64)
+        .read_to_end(&mut npy)
+        .map_err(read_err)?;
+    let held = npy.len() - data_start;
+    if held > needed {
+        return Err(format!(
+            "holds more data than its header declares ({needed} bytes); a crafted or \
+             corrupt archive"
+        ));
+    }
+    Ok(npy)
 }
 
 /// Reads [`Params`] from an `.npz` file, as written by `numpy.savez` or
@@ -418,6 +526,57 @@ fn fortran_to_c(shape: &[usize], values: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader that counts the bytes taken from it.
+    struct Counted<R> {
+        inner: R,
+        taken: usize,
+    }
+
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.inner.read(buf)?;
+            self.taken += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_member_reads_no_more_than_its_header_declares() {
+        let header = encode_npy(&[2, 2], &[0.0; 4]).unwrap();
+        let header = &header[..header.len() - 16];
+        // A (2, 2) float32 array followed by a gigabyte: what a zip bomb inflates to.
+        let mut bomb = Counted {
+            inner: Cursor::new(header.to_vec()).chain(std::io::repeat(0).take(1 << 30)),
+            taken: 0,
+        };
+        let mut budget = MAX_NPZ_DATA;
+        let e = read_member(&mut bomb, &mut budget).unwrap_err();
+        assert!(
+            e.contains("more data than its header declares (16 bytes)"),
+            "{e}"
+        );
+        assert_eq!(
+            bomb.taken,
+            header.len() + 16 + 1,
+            "read past the declared size"
+        );
+
+        // The archive's budget: a second member may not take what the first took.
+        let mut budget = 20;
+        let mut ok = Cursor::new(encode_npy(&[2, 2], &[1.0; 4]).unwrap());
+        assert_eq!(
+            read_member(&mut ok, &mut budget).unwrap().len(),
+            header.len() + 16
+        );
+        assert_eq!(budget, 4);
+        let mut second = Cursor::new(encode_npy(&[2, 2], &[1.0; 4]).unwrap());
+        let e = read_member(&mut second, &mut budget).unwrap_err();
+        assert!(
+            e.contains("declares 16 bytes of data, more than the 4 left"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn numpys_own_float32_headers_take_the_fast_path_with_the_general_parsers_shape() {

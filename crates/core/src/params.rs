@@ -18,8 +18,10 @@ pub struct Tensor {
 impl Tensor {
     /// A tensor, checking that `data` fills `shape`.
     pub fn new(name: &str, shape: Vec<usize>, data: Vec<f32>) -> Result<Self> {
-        let expected: usize = shape.iter().product();
-        if expected != data.len() {
+        // Checked: a declared shape whose product wraps around could match a short buffer.
+        let expected = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        if expected != Some(data.len()) {
+            let expected = expected.unwrap_or(usize::MAX);
             return Err(CoreError::ShapeMismatch {
                 name: name.to_string(),
                 shape,
@@ -234,6 +236,16 @@ impl Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shape_whose_product_overflows_is_refused() {
+        // 2^32 * 2^32 wraps to 0 in 64 bits: it must not pass as an empty tensor.
+        let e = Tensor::new("w", vec![1 << 32, 1 << 32], Vec::new()).unwrap_err();
+        assert!(
+            matches!(e, CoreError::ShapeMismatch { actual: 0, .. }),
+            "{e}"
+        );
+    }
 
     #[test]
     fn push_checks_shape_and_duplicates() {

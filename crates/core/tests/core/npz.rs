@@ -388,14 +388,48 @@ fn declaring(mut archive: Vec<u8>, size: u32) -> Vec<u8> {
 
 #[test]
 fn a_zip_bomb_is_inflated_no_further_than_it_declares() {
-    // 64 MiB of zeros behind a valid array header, declared as 200 bytes: the zip reader
-    // stops at the declared size (this guards that it keeps doing so).
+    // 64 MiB of zeros behind a valid array header, the zip entry declaring 200 bytes: reading
+    // stops at the array header's 8 bytes, before the zip reader's own size check.
     let mut payload = npy("<f4", false, &[2], &le_f32(&[1.0, 2.0]));
     payload.resize(payload.len() + (64 << 20), 0);
     let bomb = declaring(zip_of(&[("w.npy", payload)], true), 200);
     let e = params_from_npz(&bomb).unwrap_err().to_string();
     assert!(
-        e.contains("w.npy") && e.contains("declared uncompressed size"),
+        e.contains("w.npy") && e.contains("more data than its header declares (8 bytes)"),
         "{e}"
     );
+}
+
+#[test]
+fn a_zip_bomb_member_is_refused_by_its_declared_size() {
+    // A (2, 2) float32 header followed by 64 MiB of zeros, deflated to about 64 KB: the
+    // member declares 16 bytes of data. Reading stops 17 bytes in (the allocation bound is
+    // the unit test `a_member_reads_no_more_than_its_header_declares`).
+    let mut bomb = npy("<f4", false, &[2, 2], &[0u8; 16]);
+    bomb.resize(bomb.len() + (64 << 20), 0);
+    let npz = zip_of(&[("layers.0.weight.npy", bomb)], true);
+    assert!(npz.len() < 1 << 20, "{} bytes", npz.len());
+    let e = params_from_npz(&npz).unwrap_err().to_string();
+    assert!(
+        e.contains("layers.0.weight.npy") && e.contains("more data than its header declares"),
+        "{e}"
+    );
+}
+
+#[test]
+fn members_sharing_bytes_are_refused_before_inflating() {
+    let a = npy("<f4", false, &[1], &le_f32(&[1.0]));
+    let b = npy("<f4", false, &[1], &le_f32(&[2.0]));
+    let mut npz = zip_of(&[("a.npy", a), ("b.npy", b)], false);
+    assert_eq!(params_from_npz(&npz).unwrap().len(), 2);
+    // The second central-directory entry (signature PK\x01\x02) points at the first local
+    // header: both names read one stream, as an overlapping-member zip bomb does.
+    let sig = 0x0201_4b50u32.to_le_bytes();
+    let entries: Vec<usize> = (0..npz.len() - 4)
+        .filter(|&i| npz[i..i + 4] == sig)
+        .collect();
+    assert_eq!(entries.len(), 2);
+    npz[entries[1] + 42..entries[1] + 46].copy_from_slice(&0u32.to_le_bytes());
+    let e = params_from_npz(&npz).unwrap_err().to_string();
+    assert!(e.contains("overlap"), "{e}");
 }

@@ -132,8 +132,9 @@ class Strategy(FlowerStrategy):
     are written there after the last round. ``max_examples`` bounds the ``num-examples`` a
     reply may claim (its FedAvg weight, which a node could otherwise inflate at will): a reply
     above it is listed in ``rejected`` with the reason. It takes the place of the config's
-    ``replies.max_examples``; the config's ``replies.max_update_norm`` applies as in
-    ``fedfuse run``.
+    ``replies.max_examples``, whose default is the run's largest partition (give it for nodes
+    training on more data of their own); the config's ``replies.max_update_norm`` applies as
+    in ``fedfuse run``.
     """
 
     def __init__(

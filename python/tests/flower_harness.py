@@ -95,6 +95,7 @@ def node_key(path: Path) -> Path:
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         )
     )
+    path.chmod(0o600)  # as ssh-keygen leaves it; the Rust node refuses a key others can read
     path.with_suffix(".pub").write_bytes(
         key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     )

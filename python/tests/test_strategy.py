@@ -14,8 +14,9 @@ from fedfuse.flwr import Strategy, to_recorddict  # noqa: E402
 CONFIG = ROOT / "examples" / "flower" / "fedfuse_quickstart" / "run.toml"
 
 
-def one_round(strategy, examples, shift):
-    """Round 1 with three replies: slot i sends the global model + shift[i] and examples[i]."""
+def one_round(strategy, examples, shift, replace=None):
+    """Round 1 with three replies: slot i sends the global model + shift[i] and examples[i],
+    or the RecordDict `replace[i]`."""
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     strategy.slots = {node: node - 1 for node in range(1, 4)}
     messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
@@ -32,6 +33,8 @@ def one_round(strategy, examples, shift):
         )
         for m, n, d in zip(messages, examples, shift)
     ]
+    for slot, content in (replace or {}).items():
+        replies[slot] = Message(content, reply_to=messages[slot])
     arrays, _ = strategy.aggregate_train(1, replies)
     return model, {k: a.numpy() for k, a in arrays.items()}, strategy.rounds[-1]
 
@@ -45,11 +48,32 @@ def test_a_reply_claiming_more_than_max_examples_is_rejected_not_weighted():
     assert "1000000000000 examples" in reason and "max_examples = 1000" in reason, reason
     for k in model:  # (10 * 1 + 30 * 2) / 40 = 1.75
         np.testing.assert_allclose(fused[k], model[k] + 1.75, atol=1e-5, err_msg=k)
-    # Without the bound the claim takes the mean over.
-    model, fused, metrics = one_round(Strategy(CONFIG, sets), [10, 30, 10**12], [1.0, 2.0, -50.0])
-    assert metrics["rejected"] == []
+    # Without a bound given, the run's largest partition bounds the claims: no honest slot
+    # holds more, and 2^63 - 1 examples would otherwise take the whole mean.
+    model, fused, metrics = one_round(Strategy(CONFIG, sets), [10, 30, 2**63 - 1], [1.0, 2.0, -50.0])
+    assert [r["client"] for r in metrics["rejected"]] == [2]
+    assert "replies.max_examples" in metrics["rejected"][0]["reason"], metrics["rejected"]
     for k in model:
-        np.testing.assert_allclose(fused[k], model[k] - 50.0, atol=1e-3, err_msg=k)
+        np.testing.assert_allclose(fused[k], model[k] + 1.75, atol=1e-5, err_msg=k)
+
+
+def test_weightless_and_unreadable_replies_are_rejected_and_the_round_goes_on():
+    sets = ["clients=3", "rounds=1"]
+    # Every reply claims 0 examples: no weight anywhere, so the round keeps the global model.
+    model, fused, metrics = one_round(Strategy(CONFIG, sets), [0, 0, 0], [1.0, 2.0, 3.0])
+    assert [r["client"] for r in metrics["rejected"]] == [0, 1, 2]
+    assert all("0 examples" in r["reason"] for r in metrics["rejected"]), metrics["rejected"]
+    for k in model:
+        np.testing.assert_array_equal(fused[k], model[k], err_msg=k)
+    # Slot 1's array declares a negative shape: that reply is left out, the others fold.
+    broken = RecordDict({
+        "arrays": ArrayRecord({"layers.0.weight": Array(dtype="float32", shape=(-1,), stype="numpy.ndarray", data=b"")}),
+        "metrics": MetricRecord({"num-examples": 10}),
+    })
+    model, fused, metrics = one_round(Strategy(CONFIG, sets), [10, 10, 30], [1.0, 2.0, 3.0], {1: broken})
+    assert [r["client"] for r in metrics["rejected"]] == [1], metrics["rejected"]
+    for k in model:  # (10 * 1 + 30 * 3) / 40 = 2.5
+        np.testing.assert_allclose(fused[k], model[k] + 2.5, atol=1e-5, err_msg=k)
 
 
 def test_max_examples_must_be_positive():

@@ -134,6 +134,14 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
     if args.insecure && args.root_certificates.is_some() {
         bail!("--insecure and --root-certificates exclude each other: pick plain HTTP or TLS");
     }
+    if args.insecure && args.auth_key.is_some() {
+        // Flower's signatures cover only a timestamp: over plain HTTP anyone on the path can
+        // replay one as this node.
+        bail!(
+            "--auth-key needs TLS (--root-certificates): over plain HTTP (--insecure) a captured \
+             signature can be replayed as this node"
+        );
+    }
     let mut cfg = Config::load(&args.config, &args.sets)
         .with_context(|| format!("config {}", args.config.display()))?;
     if args.data_dir.is_some() {

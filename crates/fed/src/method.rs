@@ -102,6 +102,13 @@ pub trait Method: Send + Sync {
         })
     }
 
+    /// Whether a reply's `num_examples` is its weight (the default), so that one claiming
+    /// none is left out of the round rather than failing the weighted mean. FedNGM's
+    /// statistics replies carry no count. A method wrapping another delegates it.
+    fn weighs_by_examples(&self) -> bool {
+        true
+    }
+
     /// Checks a reply before aggregation; by default it must have the global model's layout
     /// and finite values.
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {

@@ -83,13 +83,25 @@ impl ReplyBounds {
         Ok(())
     }
 
+    /// These bounds with `max_examples`, when unset, at the largest client's example count
+    /// (`sizes`, one per client): no honest client of the run holds more, and without a bound
+    /// one reply claiming 2^63 examples would take the whole of any example-weighted mean.
+    pub fn or_largest_client(self, sizes: impl IntoIterator<Item = usize>) -> Self {
+        let largest = sizes.into_iter().max().map(|n| (n as u64).max(1));
+        Self {
+            max_examples: self.max_examples.or(largest),
+            ..self
+        }
+    }
+
     /// Why `reply` breaks a bound, if it does.
     fn violation(&self, global: &Params, reply: &Record) -> Option<String> {
         if let Some(max) = self.max_examples
             && reply.num_examples > max
         {
             return Some(format!(
-                "it claims {} examples, more than max_examples = {max}",
+                "it claims {} examples, more than max_examples = {max} (by default the run's \
+                 largest client; set `replies.max_examples` for nodes holding more)",
                 reply.num_examples
             ));
         }
@@ -834,9 +846,10 @@ impl RoundState {
         let checked = reply.and_then(|(record, bytes)| {
             self.bytes_up += bytes as u64;
             method.check_reply(global, &record)?;
-            match self
-                .bounds
-                .violation(global, &record)
+            let weightless = (record.num_examples == 0 && method.weighs_by_examples())
+                .then(|| "it claims 0 examples, so it has no weight in the aggregate".to_string());
+            match weightless
+                .or_else(|| self.bounds.violation(global, &record))
                 .or_else(|| metrics_violation(&record))
             {
                 Some(reason) => Err(FedError::BadReply { client, reason }),

@@ -17,12 +17,52 @@ use ssh_key::private::{EcdsaKeypair, KeypairData};
 
 use crate::{NodeError, Result};
 
-/// Largest reply body read from the SuperLink (one object chunk plus framing, or a message
-/// list): replies past it are refused before they are buffered.
+/// Largest reply body read from the SuperLink, for an object pull (one object chunk plus
+/// framing): replies past it are refused before they are buffered.
 pub const MAX_REPLY: u64 = 64 << 20;
+/// Largest `pull-messages` reply: a message's metadata and object tree (about 100 bytes an
+/// object). Protobuf turns each 2-byte empty entry into a struct of a hundred bytes or more,
+/// so this limit, not the object pulls', bounds what a hostile reply can inflate to.
+pub const MAX_MESSAGES_REPLY: u64 = 16 << 20;
+/// Largest reply of every other call (register, heartbeat, push confirmations).
+pub const MAX_SMALL_REPLY: u64 = 1 << 20;
+
+/// The most bytes `rpc`'s reply may have.
+fn reply_limit(rpc: &str) -> u64 {
+    match rpc {
+        "pull-object" => MAX_REPLY,
+        "pull-messages" => MAX_MESSAGES_REPLY,
+        _ => MAX_SMALL_REPLY,
+    }
+}
 
 const OPENSSH_BEGIN: &str = "-----BEGIN OPENSSH PRIVATE KEY-----";
 const OPENSSH_END: &str = "-----END OPENSSH PRIVATE KEY-----";
+
+/// Refuses a private key file that its group or others may read, as OpenSSH does: anyone
+/// who can read it can act as the node.
+#[cfg(unix)]
+fn refuse_shared_key(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| NodeError::Key(format!("{}: {e}", path.display())))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(NodeError::Key(format!(
+            "{}: the private key is readable by others (mode {:o}); run `chmod 600 {}`",
+            path.display(),
+            mode & 0o777,
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn refuse_shared_key(_: &Path) -> Result<()> {
+    Ok(())
+}
 
 /// The node's identity: a P-384 key whose public half (PEM SubjectPublicKeyInfo) the
 /// SuperLink knows the node by.
@@ -48,6 +88,7 @@ impl NodeKey {
     /// (`ssh-keygen -t ecdsa -b 384 -N "" -f KEY`), or PKCS#8 PEM (`openssl genpkey
     /// -algorithm EC -pkeyopt ec_paramgen_curve:P-384`).
     pub fn from_file(path: &Path) -> Result<Self> {
+        refuse_shared_key(path)?;
         let text = std::fs::read_to_string(path)
             .map_err(|e| NodeError::Key(format!("{}: {e}", path.display())))?;
         let bad = |why: String| NodeError::Key(format!("{}: {why}", path.display()));
@@ -190,6 +231,9 @@ impl Fleet {
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(10)))
             .timeout_global(Some(Duration::from_secs(120)))
+            // A redirect would turn the signed POST into a GET to anywhere, plain HTTP
+            // included, carrying the node's signature headers: none is followed.
+            .max_redirects(0)
             .proxy(None);
         if let Some(ca) = &conn.root_certificates {
             let pem =
@@ -258,7 +302,7 @@ impl Fleet {
         let body = response
             .into_body()
             .with_config()
-            .limit(MAX_REPLY)
+            .limit(reply_limit(rpc))
             .read_to_vec()
             .map_err(|e| NodeError::Transport {
                 rpc: rpc.to_string(),
@@ -306,10 +350,10 @@ fn explain(body: &[u8]) -> (Option<i64>, String) {
         Ok(FlowerError {
             code,
             detail: Some(detail),
-        }) => (code, detail),
+        }) => (code, crate::shown(&detail)),
         _ => (
             None,
-            String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned(),
+            crate::shown(&String::from_utf8_lossy(&body[..body.len().min(2000)])),
         ),
     }
 }
@@ -317,9 +361,91 @@ fn explain(body: &[u8]) -> (Option<i64>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fedfuse_flower_proto::flwr::proto;
     use p384::ecdsa::VerifyingKey;
     use p384::ecdsa::signature::hazmat::PrehashVerifier;
     use p384::pkcs8::DecodePublicKey;
+
+    /// A one-connection HTTP server on 127.0.0.1 that answers the first request with
+    /// `response`; returns its address.
+    fn answering(response: Vec<u8>) -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            if let Ok((mut stream, _)) = listener.accept() {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(&response);
+            }
+        });
+        addr
+    }
+
+    fn fleet_at(addr: String) -> Fleet {
+        let conn = Connection {
+            superlink: addr,
+            insecure: true,
+            root_certificates: None,
+        };
+        Fleet::new(&conn, NodeKey::generate().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn redirects_are_not_followed() {
+        // Followed, the signed POST would go as a GET to wherever Location points.
+        let addr = answering(
+            b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/steal\r\nContent-Length: 0\r\n\r\n"
+                .to_vec(),
+        );
+        let e = fleet_at(addr)
+            .call::<_, proto::SendNodeHeartbeatResponse>(
+                "send-node-heartbeat",
+                &proto::SendNodeHeartbeatRequest::default(),
+            )
+            .err()
+            .unwrap();
+        assert!(matches!(e, NodeError::Status { status: 302, .. }), "{e}");
+    }
+
+    #[test]
+    fn a_small_call_refuses_a_large_reply() {
+        // A valid heartbeat reply padded with 2 MiB of an unknown field (which protobuf
+        // skips): fine for a 64 MiB limit, refused by the heartbeat's own.
+        let mut body = proto::SendNodeHeartbeatResponse { success: true }.encode_to_vec();
+        let pad = vec![0u8; 2 << 20];
+        prost::encoding::bytes::encode(99, &pad, &mut body);
+        let mut response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/protobuf\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        response.extend_from_slice(&body);
+        let e = fleet_at(answering(response))
+            .call::<_, proto::SendNodeHeartbeatResponse>(
+                "send-node-heartbeat",
+                &proto::SendNodeHeartbeatRequest::default(),
+            )
+            .err()
+            .unwrap();
+        assert!(matches!(e, NodeError::Transport { .. }), "{e}");
+        assert_eq!(reply_limit("send-node-heartbeat"), MAX_SMALL_REPLY);
+        assert_eq!(reply_limit("pull-object"), MAX_REPLY);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_key_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node-key");
+        std::fs::write(&path, OPENSSH_P384).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = NodeKey::from_file(&path).err().unwrap().to_string();
+        assert!(e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(NodeKey::from_file(&path).is_ok());
+    }
 
     #[test]
     fn signatures_verify_against_the_published_key() {
@@ -356,6 +482,12 @@ mod tests {
     fn key_file(dir: &tempfile::TempDir, name: &str, text: &str) -> std::path::PathBuf {
         let path = dir.path().join(format!("fedfuse-{name}"));
         std::fs::write(&path, text).unwrap();
+        // As ssh-keygen leaves a private key: the node refuses one others can read.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
         path
     }
 

@@ -57,5 +57,25 @@ pub enum NodeError {
     Tls(String),
 }
 
+/// Text a peer sent, fit for a log line or an error: at most 300 characters, with control
+/// characters (newlines, terminal escapes) escaped, since a SuperLink's reply can be 64 MiB
+/// of anything.
+pub fn shown(text: &str) -> String {
+    const MAX: usize = 300;
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX {
+            out.push_str(&format!("... ({} bytes in all)", text.len()));
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Results of this crate.
 pub type Result<T> = std::result::Result<T, NodeError>;

@@ -242,7 +242,8 @@ impl<'a> Session<'a> {
         if meta.created_at + meta.ttl < started {
             log(&format!(
                 "dropped {} message {}: its TTL had passed",
-                meta.message_type, meta.message_id
+                crate::shown(&meta.message_type),
+                crate::shown(&meta.message_id)
             ));
             return Ok(true);
         }
@@ -271,7 +272,11 @@ impl<'a> Session<'a> {
         let reply = match &outcome {
             Ok(content) => deflate(reply_meta, Some(content), None),
             Err(reason) => {
-                log(&format!("{} failed: {reason}", meta.message_type));
+                log(&format!(
+                    "{} failed: {}",
+                    crate::shown(&meta.message_type),
+                    crate::shown(reason)
+                ));
                 deflate(
                     reply_meta,
                     None,
@@ -311,11 +316,11 @@ impl<'a> Session<'a> {
             let group = if meta.group_id.is_empty() {
                 String::new()
             } else {
-                format!(" (group {})", meta.group_id)
+                format!(" (group {})", crate::shown(&meta.group_id))
             };
             log(&format!(
                 "{}{group} answered in {runtime:.2} s",
-                meta.message_type
+                crate::shown(&meta.message_type)
             ));
         }
         Ok(true)
@@ -453,8 +458,14 @@ pub fn run(
                     nap(opts.poll, stop);
                 }
                 Err(NodeError::Object(reason)) => {
-                    // One bad message: say so and go on with the next.
-                    log(&format!("a message could not be read: {reason}"));
+                    // One bad message: say so and go on with the next, after the same pause
+                    // as other failures, so a SuperLink serving it again and again does not
+                    // get a tight loop of pulls.
+                    log(&format!(
+                        "a message could not be read: {reason}; next poll in {backoff:?}"
+                    ));
+                    nap(backoff, stop);
+                    backoff = (backoff * 2).min(opts.max_backoff);
                 }
                 Err(e) => {
                     log(&format!(

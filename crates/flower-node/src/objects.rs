@@ -8,6 +8,7 @@
 //! `MetricRecord` and `Message` (metadata and error, no content) protobuf. JSON is written
 //! as Python's `json.dumps` writes it, so an object Flower re-deflates keeps its id.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use fedfuse_core::ConfigValue;
@@ -22,6 +23,13 @@ use crate::{NodeError, Result};
 pub const MAX_CHUNK: usize = 5_242_880;
 /// Objects a message may hold: bounds the work a hostile tree can ask for.
 pub const MAX_OBJECTS: usize = 100_000;
+/// Most bytes the arrays of one message may assemble to: a chunk may be named many times
+/// (equal chunks share an id), so without a budget a few megabytes of objects could expand
+/// to terabytes. 2 GiB is 500M float32 values, far above any model fedfuse trains.
+pub const MAX_MESSAGE_BYTES: usize = 2 << 30;
+/// Room an array's bytes may take beyond its values: a `.npy` header, or a sparse blob's
+/// indices and framing (at most 8 bytes per value more, plus this).
+const ARRAY_FRAMING: usize = 1 << 20;
 
 /// The hex sha256 of an object's bytes: its id.
 pub fn object_id(content: &[u8]) -> String {
@@ -33,8 +41,10 @@ pub fn object_id(content: &[u8]) -> String {
     hex
 }
 
+/// A malformed-message error. Its text quotes the SuperLink's ids, kinds and keys, so it is
+/// shortened and escaped like any peer text.
 fn bad(what: impl Into<String>) -> NodeError {
-    NodeError::Object(what.into())
+    NodeError::Object(crate::shown(&what.into()))
 }
 
 /// A Flower record.
@@ -210,15 +220,27 @@ impl Writer {
     }
 }
 
-/// Ids in order of first appearance (a Python dict's keys).
+/// Ids in order of first appearance (a Python dict's keys); a set keeps it linear on the
+/// millions of references a hostile object may hold.
 fn unique<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut out: Vec<&str> = Vec::new();
-    for id in ids {
-        if !out.contains(&id) {
-            out.push(id);
-        }
-    }
-    out
+    let mut seen = std::collections::HashSet::new();
+    ids.filter(|id| seen.insert(*id)).collect()
+}
+
+/// Bytes per value of a numpy dtype (`float32`, `int64`, `<f4`); 16, the largest numpy
+/// has (complex128), for one it cannot read, so the bound it feeds stays an upper one.
+fn item_size(dtype: &str) -> usize {
+    let digits: String = dtype.chars().filter(char::is_ascii_digit).collect();
+    let Ok(n) = digits.parse::<usize>() else {
+        return if dtype == "bool" { 1 } else { 16 };
+    };
+    // Type strings (`<f4`) count bytes, names (`float32`) bits.
+    let bytes = if dtype.starts_with(['<', '>', '|', '=']) {
+        n
+    } else {
+        n / 8
+    };
+    if (1..=16).contains(&bytes) { bytes } else { 16 }
 }
 
 /// A JSON string as Python's `json.dumps` writes it (`ensure_ascii`).
@@ -408,13 +430,14 @@ impl Pulled {
         }
         let content = match m.children.as_slice() {
             [] => RecordDict::default(),
-            [rd] => self.record_dict(rd)?,
+            [rd] => self.record_dict(rd, &Cell::new(0))?,
             _ => return Err(bad(format!("message {id}: more than one content"))),
         };
         Ok((message, content))
     }
 
-    fn record_dict(&self, id: &str) -> Result<RecordDict> {
+    /// `budget`: the bytes the message's arrays have assembled to so far.
+    fn record_dict(&self, id: &str, budget: &Cell<usize>) -> Result<RecordDict> {
         let p = self.get(id, "RecordDict")?;
         let refs = json_refs(id, p.body)?;
         check_children(id, &p.children, refs.iter().map(|(_, v)| v.as_str()))?;
@@ -425,7 +448,7 @@ impl Pulled {
                 .get(&child)
                 .ok_or_else(|| bad(format!("record `{name}` ({child}) was not pulled")))?;
             let record = match parse(&child, content)?.kind {
-                "ArrayRecord" => self.array_record(&child)?,
+                "ArrayRecord" => self.array_record(&child, budget)?,
                 "ConfigRecord" => self.config_record(&child)?,
                 "MetricRecord" => self.metric_record(&child)?,
                 other => return Err(bad(format!("record `{name}`: a {other}"))),
@@ -435,17 +458,17 @@ impl Pulled {
         Ok(RecordDict(records))
     }
 
-    fn array_record(&self, id: &str) -> Result<Record> {
+    fn array_record(&self, id: &str, budget: &Cell<usize>) -> Result<Record> {
         let p = self.get(id, "ArrayRecord")?;
         let refs = json_refs(id, p.body)?;
         check_children(id, &p.children, refs.iter().map(|(_, v)| v.as_str()))?;
         refs.into_iter()
-            .map(|(key, child)| self.array(key, &child))
+            .map(|(key, child)| self.array(key, &child, budget))
             .collect::<Result<Vec<_>>>()
             .map(Record::Arrays)
     }
 
-    fn array(&self, key: String, id: &str) -> Result<FlowerArray> {
+    fn array(&self, key: String, id: &str, budget: &Cell<usize>) -> Result<FlowerArray> {
         #[derive(serde::Deserialize)]
         struct Meta {
             dtype: String,
@@ -456,13 +479,45 @@ impl Pulled {
         let p = self.get(id, "Array")?;
         let meta: Meta = serde_json::from_slice(p.body)
             .map_err(|e| bad(format!("array `{key}` ({id}): {e}")))?;
-        let mut data = Vec::new();
-        for i in meta.arraychunk_ids {
+        // The assembled length, summed before anything is copied, against what the declared
+        // shape and dtype can need and against the message's budget.
+        let mut chunks = Vec::with_capacity(meta.arraychunk_ids.len().min(MAX_OBJECTS));
+        let mut len = 0usize;
+        for &i in &meta.arraychunk_ids {
             let chunk = p
                 .children
                 .get(i)
                 .ok_or_else(|| bad(format!("array `{key}`: chunk index {i} out of range")))?;
-            data.extend_from_slice(self.get(chunk, "ArrayChunk")?.body);
+            let body = self.get(chunk, "ArrayChunk")?.body;
+            len = len.saturating_add(body.len());
+            chunks.push(body);
+        }
+        let values = meta
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        let most = values
+            .and_then(|n| n.checked_mul(item_size(&meta.dtype) + 8))
+            .and_then(|n| n.checked_add(ARRAY_FRAMING));
+        if most.is_none_or(|most| len > most) {
+            return Err(bad(format!(
+                "array `{key}`: its chunks assemble to {len} bytes, more than shape {:?} of \
+                 {} can hold",
+                meta.shape,
+                crate::shown(&meta.dtype)
+            )));
+        }
+        let left = MAX_MESSAGE_BYTES.saturating_sub(budget.get());
+        if len > left {
+            return Err(bad(format!(
+                "array `{key}`: the message's arrays assemble to more than {MAX_MESSAGE_BYTES} \
+                 bytes"
+            )));
+        }
+        budget.set(budget.get() + len);
+        let mut data = Vec::with_capacity(len);
+        for body in chunks {
+            data.extend_from_slice(body);
         }
         Ok(FlowerArray {
             key,
@@ -780,6 +835,93 @@ mod tests {
             .unwrap();
         let e = partial.inflate(&d.tree.object_id).unwrap_err().to_string();
         assert!(e.contains("was not pulled"), "{e}");
+    }
+
+    /// An object of `kind` with `children` and `body`, as Flower writes one: (id, bytes).
+    fn object(kind: &str, children: &[&str], body: &[u8]) -> (String, Vec<u8>) {
+        let mut content = format!("{kind} {} {}", children.join(","), body.len()).into_bytes();
+        content.push(0);
+        content.extend_from_slice(body);
+        (object_id(&content), content)
+    }
+
+    /// A message whose one array (`shape`, float32) names `chunk` `repeats` times.
+    fn repeating(chunk: &[u8], repeats: usize, shape: &[usize]) -> (Pulled, String) {
+        let mut p = Pulled::new();
+        let mut add = |(id, bytes): (String, Vec<u8>)| {
+            p.insert(&id, bytes).unwrap();
+            id
+        };
+        let chunk = add(object("ArrayChunk", &[], chunk));
+        let meta = serde_json::json!({
+            "dtype": "float32",
+            "shape": shape,
+            "stype": "numpy.ndarray",
+            "arraychunk_ids": vec![0; repeats],
+        });
+        let array = add(object("Array", &[&chunk], meta.to_string().as_bytes()));
+        let record = add(object(
+            "ArrayRecord",
+            &[&array],
+            format!("{{\"w\": \"{array}\"}}").as_bytes(),
+        ));
+        let dict = add(object(
+            "RecordDict",
+            &[&record],
+            format!("{{\"arrays\": \"{record}\"}}").as_bytes(),
+        ));
+        let message = proto::Message {
+            metadata: Some(metadata()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let id = add(object("Message", &[&dict], &message));
+        (p, id)
+    }
+
+    #[test]
+    fn a_chunk_named_again_and_again_cannot_amplify_a_message() {
+        // Equal chunks share an id, so naming one chunk twice is legitimate.
+        let (p, id) = repeating(&[1, 2, 3, 4], 2, &[2]);
+        let (_, rd) = p.inflate(&id).unwrap();
+        let Record::Arrays(arrays) = &rd.0[0].1 else {
+            panic!("{rd:?}")
+        };
+        assert_eq!(arrays[0].data, [1, 2, 3, 4, 1, 2, 3, 4]);
+        // One 1 MiB chunk named 100,000 times would assemble 100 GB: refused by the
+        // declared shape before anything is copied.
+        let (p, id) = repeating(&vec![0; 1 << 20], 100_000, &[2, 2]);
+        let e = p.inflate(&id).unwrap_err().to_string();
+        assert!(e.contains("more than shape [2, 2]"), "{e}");
+        // A shape that claims the room is stopped by the message's budget.
+        let (p, id) = repeating(&vec![0; 1 << 20], 4_000, &[1 << 30]);
+        let e = p.inflate(&id).unwrap_err().to_string();
+        assert!(e.contains(&MAX_MESSAGE_BYTES.to_string()), "{e}");
+    }
+
+    #[test]
+    fn references_are_deduplicated_in_first_seen_order() {
+        // 200,000 distinct ids, each named twice: a list scan per id would take minutes.
+        let ids: Vec<String> = (0..200_000).map(|i| format!("{i:064x}")).collect();
+        let named = ids.iter().chain(ids.iter().rev()).map(String::as_str);
+        let got = unique(named);
+        assert_eq!(got.len(), ids.len());
+        assert!(got.iter().zip(&ids).all(|(a, b)| a == b));
+    }
+
+    #[test]
+    fn peer_text_in_errors_is_shortened_and_escaped() {
+        // A head of four parts (one too many), the second a terminal escape and 100 kB.
+        let head = format!("Array \x1b[2J{} 3 4", "x".repeat(100_000));
+        let mut content = head.into_bytes();
+        content.push(0);
+        content.extend_from_slice(b"abc");
+        let id = object_id(&content);
+        let mut p = Pulled::new();
+        p.insert(&id, content).unwrap();
+        let e = p.get(&id, "Array").err().unwrap().to_string();
+        assert!(e.len() < 1000, "{} bytes", e.len());
+        assert!(!e.contains('\x1b') && e.contains("\\u{1b}"), "{e}");
     }
 
     #[test]

@@ -249,7 +249,9 @@ impl Federation {
             seed: cfg.seed,
             train: cfg.train.to_train_config(),
             local_eval: cfg.local_eval,
-            bounds: cfg.replies,
+            bounds: cfg
+                .replies
+                .or_largest_client(clients.iter().map(|c| c.train.len())),
             sampling: cfg.sampling,
             eval_every: cfg.eval_every,
         };
@@ -485,7 +487,9 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
         clients_per_round: cfg.clients_per_round,
         seed: cfg.seed,
         local_eval: false,
-        bounds: cfg.replies,
+        bounds: cfg
+            .replies
+            .or_largest_client(tables.train.iter().map(Table::n_rows)),
         sampling: cfg.sampling,
         eval_every: cfg.eval_every,
         ..SimConfig::default()

@@ -314,8 +314,8 @@ impl Server {
             .map_err(err)?;
         let sampler = Sampler::new(&fed.sim, fed.data.num_clients()).map_err(err)?;
         let bounds = ReplyBounds {
-            max_examples: max_examples.or(cfg.replies.max_examples),
-            ..cfg.replies
+            max_examples: max_examples.or(fed.sim.bounds.max_examples),
+            ..fed.sim.bounds
         };
         Ok(Self(Mutex::new(ServerState {
             global: fed.init.clone(),
@@ -399,9 +399,14 @@ impl Server {
     ) -> PyResult<String> {
         let mut by_client: BTreeMap<usize, Result<FlowerContent, String>> = BTreeMap::new();
         for (client, reply) in replies {
+            // A reply that cannot be read (a negative shape, a dtype that is no string) is
+            // that client's failure, not the round's.
             let reply = match reply.extract::<String>() {
                 Ok(reason) => Err(reason),
-                Err(_) => Ok(content_from_py(reply.extract::<PyContent<'_>>()?)),
+                Err(_) => reply
+                    .extract::<PyContent<'_>>()
+                    .map(content_from_py)
+                    .map_err(|e| format!("its content cannot be read: {e}")),
             };
             if by_client.insert(client, reply).is_some() {
                 return Err(err(format!("two replies for client {client}")));

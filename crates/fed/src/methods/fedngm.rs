@@ -1079,6 +1079,10 @@ impl Method for FedNgm {
         }
     }
 
+    fn weighs_by_examples(&self) -> bool {
+        false
+    }
+
     fn check_reply(&self, _global: &Params, reply: &Record) -> Result<()> {
         let checked = match self.stage {
             Stage::Stats => json::<TableStats>(reply, TABLE_STATS).map(drop),

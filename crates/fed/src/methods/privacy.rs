@@ -473,6 +473,10 @@ impl Method for CentralDp {
         self.inner.fit(instruction, ctx)
     }
 
+    fn weighs_by_examples(&self) -> bool {
+        self.inner.weighs_by_examples()
+    }
+
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
         self.inner.check_reply(global, reply)
     }
@@ -569,6 +573,10 @@ impl Method for LocalDp {
         let mut rng = StdRng::seed_from_u64(derive_seed(ctx.seed, 0, LOCAL_NOISE_STREAM));
         dp::add_gaussian_noise(&mut reply.params, self.std, &mut rng)?;
         Ok(reply)
+    }
+
+    fn weighs_by_examples(&self) -> bool {
+        self.inner.weighs_by_examples()
     }
 
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {

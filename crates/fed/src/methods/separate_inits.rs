@@ -39,6 +39,10 @@ impl Method for SeparateInits {
         self.inner.fit(instruction, ctx)
     }
 
+    fn weighs_by_examples(&self) -> bool {
+        self.inner.weighs_by_examples()
+    }
+
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
         self.inner.check_reply(global, reply)
     }

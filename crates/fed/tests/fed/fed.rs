@@ -259,6 +259,84 @@ fn a_failing_client_is_rejected_but_its_download_counted() {
     assert!(r.bytes_up > 3 * model_bytes && r.bytes_up < 3 * (model_bytes + 1024));
 }
 
+/// Wraps a method; the clients in `liars` claim `examples` examples in their replies.
+struct Claiming<M> {
+    inner: M,
+    liars: &'static [usize],
+    examples: u64,
+}
+
+impl<M: Method> Method for Claiming<M> {
+    fn name(&self) -> &'static str {
+        "claiming"
+    }
+    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
+        self.inner.instruct(round, client, global)
+    }
+    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
+        let mut reply = self.inner.fit(instruction, ctx)?;
+        if self.liars.contains(&ctx.id) {
+            reply.num_examples = self.examples;
+        }
+        Ok(reply)
+    }
+    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
+        self.inner.aggregate(round, global, replies)
+    }
+}
+
+#[test]
+fn no_single_claim_takes_the_mean_and_weightless_rounds_keep_the_model() {
+    let setup = setup(5);
+    let (data, clients, trainer, init) = &setup;
+    // The default bound `fedfuse run` and the Flower strategy apply: the largest client.
+    let bounded = SimConfig {
+        bounds: ReplyBounds::default().or_largest_client(clients.iter().map(|c| c.train.len())),
+        ..sim(3)
+    };
+    let largest = clients.iter().map(|c| c.train.len()).max().unwrap() as u64;
+    assert_eq!(bounded.bounds.max_examples, Some(largest));
+    let liar = || Claiming {
+        inner: FedAvg,
+        liars: &[3],
+        examples: i64::MAX as u64,
+    };
+    // Unbounded, client 3's claim is the whole mean: the model is client 3's alone.
+    let clean = final_accuracy(&mut FedAvg, &setup, &bounded);
+    let run = |m: &mut dyn Method, cfg: &SimConfig| {
+        simulate(m, trainer, clients, &data.test, init.clone(), cfg, &|_| {}).unwrap()
+    };
+    let bounded_run = run(&mut liar(), &bounded);
+    for r in &bounded_run.rounds {
+        let who: Vec<usize> = r.rejected.iter().map(|x| x.client).collect();
+        assert_eq!(who, vec![3], "round {}", r.round);
+        assert!(
+            r.rejected[0].reason.contains("replies.max_examples"),
+            "{:?}",
+            r.rejected
+        );
+    }
+    let acc = bounded_run.rounds.last().unwrap().global_accuracy;
+    assert!(acc > clean - 0.05, "bounded {acc} vs clean {clean}");
+
+    // Every reply claiming nothing: each is rejected, and the model stays where it was.
+    let mut nobody = Claiming {
+        inner: FedAvg,
+        liars: &[0, 1, 2, 3, 4],
+        examples: 0,
+    };
+    let weightless = run(&mut nobody, &bounded);
+    assert_eq!(weightless.params, *init);
+    for r in &weightless.rounds {
+        assert_eq!(r.rejected.len(), 5, "round {}", r.round);
+        assert!(
+            r.rejected[0].reason.contains("0 examples"),
+            "{:?}",
+            r.rejected
+        );
+    }
+}
+
 #[test]
 fn all_replies_rejected_keeps_the_global_model() {
     let (data, clients, trainer, init) = setup(1);

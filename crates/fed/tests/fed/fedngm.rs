@@ -259,6 +259,9 @@ impl Method for Metered {
         add(&self.up, round, &reply);
         Ok(reply)
     }
+    fn weighs_by_examples(&self) -> bool {
+        self.inner.weighs_by_examples()
+    }
     fn check_reply(&self, global: &Params, reply: &Record) -> fedfuse_fed::Result<()> {
         self.inner.check_reply(global, reply)
     }

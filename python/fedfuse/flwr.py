@@ -72,6 +72,15 @@ __all__ = [
 
 log = logging.getLogger("fedfuse")
 
+
+def _shown(text: str, limit: int = 300) -> str:
+    """Text a node sent, fit for a log line and results.json: at most `limit` characters, with
+    control characters (newlines, terminal escapes) escaped, since a reply's reason can be
+    megabytes of anything."""
+    text = str(text)
+    kept = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
+    return kept if len(text) <= limit else f"{kept}... ({len(text)} characters in all)"
+
 ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
@@ -198,7 +207,7 @@ class Strategy(FlowerStrategy):
             if slot is None:
                 continue
             if reply.has_error():
-                outcome[slot] = f"Flower error {reply.error.code}: {reply.error.reason}"
+                outcome[slot] = f"Flower error {reply.error.code}: {_shown(reply.error.reason)}"
                 continue
             try:
                 arrays, config, metrics = from_recorddict(reply.content)
@@ -217,7 +226,7 @@ class Strategy(FlowerStrategy):
         numeric.update({f"method.{k}": float(v) for k, v in metrics.get("method", {}).items() if v == v})
         numeric["rejected"] = float(len(metrics["rejected"]))
         for r in metrics["rejected"]:
-            log.warning("round %d: client %d left out: %s", server_round, r["client"], r["reason"])
+            log.warning("round %d: client %d left out: %s", server_round, r["client"], _shown(r["reason"]))
         return arrays, MetricRecord(numeric)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:

@@ -79,3 +79,22 @@ def test_weightless_and_unreadable_replies_are_rejected_and_the_round_goes_on():
 def test_max_examples_must_be_positive():
     with pytest.raises(FedfuseError, match="max_examples"):
         Strategy(CONFIG, ["clients=3"], max_examples=0)
+
+
+def test_a_nodes_error_text_is_shortened_and_escaped():
+    from flwr.app import Error
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    strategy = Strategy(CONFIG, ["clients=3", "rounds=1"])
+    strategy.slots = {node: node - 1 for node in range(1, 4)}
+    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), None))
+    for m in messages:
+        m.metadata.__dict__["_message_id"] = m.object_id
+    # A 1 MB reason with a terminal escape and newlines, as a hostile node could send.
+    hostile = "\x1b[2J" + "line\n" * 200_000
+    replies = [Message(Error(code=2, reason=hostile), reply_to=m) for m in messages]
+    strategy.aggregate_train(1, replies)
+    reasons = [r["reason"] for r in strategy.rounds[-1]["rejected"]]
+    assert len(reasons) == 3, reasons
+    for reason in reasons:
+        assert len(reason) < 1000 and "\x1b" not in reason and "\n" not in reason, reason[:200]

@@ -529,6 +529,13 @@ fn npz_declaring_huge_sizes_is_refused() {
     for npz in &archives {
         refused("npz", npz, || params_from_npz(npz));
     }
+    // A bomb: a member whose header declares a (2, 2) float32 array (16 bytes) but which
+    // inflates to 256 MiB of zeros, from a 256 KB file. Refused within 1 MiB of heap.
+    let mut bomb = encode_npy(&[2, 2], &[0.0; 4]).unwrap();
+    bomb.resize(bomb.len() + (256 << 20), 0);
+    let bomb = zip_of(&[("w.npy", &bomb)], CompressionMethod::Deflated);
+    assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+    refused("npz bomb", &bomb, || params_from_npz(&bomb));
     // The declared size is no allocation: the stored member reads as the bytes it has.
     let (read, peak) = harness::peak_heap(|| params_from_npz(&liar));
     assert!(

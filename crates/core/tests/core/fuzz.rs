@@ -543,3 +543,70 @@ fn npz_declaring_huge_sizes_is_refused() {
         "{peak} heap bytes for a member declaring 4 GiB: {read:?}"
     );
 }
+
+/// `Record::from_flower` on what a hostile client could reply through the Flower strategy:
+/// arrays whose bytes are mutated `.npy` arrays or sparse blobs, with any dtype, stype and
+/// shape (huge axes included), and any metrics. Ok or Err, never a panic, within the plain
+/// parsers' heap bound (sparse blobs may declare all-zero tensors up to their own ceiling).
+#[test]
+fn flower_content_mutated() {
+    use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
+    use proptest::collection::vec;
+    use proptest::sample::select;
+    let sparse_blobs: Vec<Vec<u8>> = Record::from_params(params(true))
+        .with_sparse(true)
+        .to_flower()
+        .unwrap()
+        .arrays
+        .into_iter()
+        .map(|a| a.data)
+        .collect();
+    let mut seeds = npy_seeds();
+    seeds.extend(sparse_blobs);
+    let array = (
+        select(vec![
+            "float32",
+            "float64",
+            "float16",
+            "int64",
+            "",
+            "f\n\u{1b}[2J",
+        ]),
+        vec(
+            prop_oneof![0usize..6, Just(1usize << 40), Just(usize::MAX)],
+            0..4,
+        ),
+        select(vec!["numpy.ndarray", "fedfuse.sparse.v1", "torch.Tensor"]),
+        mutated(seeds, NPY_FIELDS, TOKENS),
+    )
+        .prop_map(|(dtype, shape, stype, data)| FlowerArray {
+            key: "layers.0.weight".into(),
+            dtype: dtype.into(),
+            shape,
+            stype: stype.into(),
+            data,
+        });
+    let metric = (
+        select(vec!["num-examples", "train_loss", "class_count.3"]),
+        prop_oneof![
+            any::<i64>().prop_map(MetricValue::Int),
+            any::<f64>().prop_map(MetricValue::Float),
+        ],
+    )
+        .prop_map(|(k, v)| (k.to_string(), v));
+    let content = (vec(array, 0..3), vec(metric, 0..3));
+    fuzz(
+        "flower_content_mutated",
+        1500,
+        content,
+        |(arrays, metrics)| {
+            let len = arrays.iter().map(|a| a.data.len()).sum();
+            let content = FlowerContent {
+                arrays,
+                config: Vec::new(),
+                metrics,
+            };
+            within(SPARSE, len, || Record::from_flower(&content)).map(drop)
+        },
+    );
+}

@@ -8,8 +8,7 @@
 #   scripts/fuzz.sh [CASES] [PARSER...]
 #
 # CASES defaults to 1000000; PARSER is any of record flower safetensors npz idx cifar csv cdc
-# config
-# (all by default). The tests build in the test profile (dependencies optimised, overflow
+# config (all by default). The tests build in the test profile (dependencies optimised, overflow
 # checks on); FUZZ_RELEASE=1 builds them optimised with overflow checks and debug assertions
 # kept, in target/fuzz (a first build compiles every dependency again, burn's included).
 # Exits non-zero when any parser fails.

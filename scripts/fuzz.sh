@@ -7,8 +7,8 @@
 #
 #   scripts/fuzz.sh [CASES] [PARSER...]
 #
-# CASES defaults to 1000000; PARSER is any of record flower safetensors npz idx cifar csv cdc
-# config (all by default). The tests build in the test profile (dependencies optimised, overflow
+# CASES defaults to 1000000; PARSER is any of record flower node safetensors npz idx cifar csv
+# cdc config (all by default; `node` is the Rust SuperNode's object assembly). The tests build in the test profile (dependencies optimised, overflow
 # checks on); FUZZ_RELEASE=1 builds them optimised with overflow checks and debug assertions
 # kept, in target/fuzz (a first build compiles every dependency again, burn's included).
 # Exits non-zero when any parser fails.
@@ -17,19 +17,22 @@ cd "$(dirname "$0")/.."
 
 cases=${1:-1000000}
 shift || true
-all=(record flower safetensors npz idx cifar csv cdc config)
+all=(record flower node safetensors npz idx cifar csv cdc config)
 if (($#)); then parsers=("$@"); else parsers=("${all[@]}"); fi
 
 # parser -> package, test binary, test-name filters.
 declare -A package=(
-    [record]=fedfuse-core [flower]=fedfuse-core [safetensors]=fedfuse-core [npz]=fedfuse-core
+    [record]=fedfuse-core [flower]=fedfuse-core [node]=fedfuse-flower-node
+    [safetensors]=fedfuse-core [npz]=fedfuse-core
     [idx]=fedfuse-data [cifar]=fedfuse-data [csv]=fedfuse-data [cdc]=fedfuse-data
     [config]=fedfuse-lab
 )
-declare -A binary=([fedfuse-core]=core [fedfuse-data]=data [fedfuse-lab]=lab)
+declare -A binary=([fedfuse-core]=core [fedfuse-flower-node]=fuzz [fedfuse-data]=data
+    [fedfuse-lab]=lab)
 declare -A filters=(
     [record]="fuzz::record_ fuzz::sparse_record_"
     [flower]="fuzz::flower_"
+    [node]="node_"
     [safetensors]="fuzz::safetensors_"
     [npz]="fuzz::npz_ fuzz::npy_"
     [idx]="fuzz::idx_"

@@ -309,42 +309,22 @@ fn newcomer_mistakes_say_what_to_do_next() {
         &["not downloaded yet", "fedfuse data get mnist"],
     );
     // --data-dir: a folder that does not exist, one above the data, one holding other files.
-    fails(
-        &[
-            "run",
-            "examples/mnist-fedavg.toml",
-            "--out",
-            out,
-            "--data-dir",
-            "no/such/folder",
-        ],
-        &["--data-dir folder no/such/folder does not exist"],
-    );
-    let above = shared.to_str().unwrap();
-    let expected = format!("pass --data-dir {}", shared.join("data/mnist").display());
-    fails(
-        &[
-            "run",
-            "examples/mnist-fedavg.toml",
-            "--out",
-            out,
-            "--data-dir",
-            above,
-        ],
-        &[expected.as_str()],
-    );
-    let elsewhere = shared.join("data/uci-small");
-    fails(
-        &[
-            "run",
-            "examples/mnist-fedavg.toml",
-            "--out",
-            out,
-            "--data-dir",
-            elsewhere.to_str().unwrap(),
-        ],
-        &["give --data-dir the folder that holds the files"],
-    );
+    let above = format!("pass --data-dir {}", shared.join("data/mnist").display());
+    for (dir, needle) in [
+        (
+            Path::new("no/such/folder").to_path_buf(),
+            "--data-dir folder no/such/folder does not exist",
+        ),
+        (shared.clone(), above.as_str()),
+        (
+            shared.join("data/uci-small"),
+            "give --data-dir the folder that holds the files",
+        ),
+    ] {
+        let dir = dir.to_str().unwrap();
+        let run = ["run", "examples/mnist-fedavg.toml", "--out", out];
+        fails(&[&run[..], &["--data-dir", dir]].concat(), &[needle]);
+    }
     // A port no SuperLink can listen on is named as such, not tried.
     fails(
         &[

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes every parser: the `fuzz` property tests of fedfuse-core, fedfuse-data and fedfuse-lab
 # (arbitrary and mutated inputs, see crates/core/tests/core/fuzz.rs) with CASES cases per test,
-# one parser at a time, then the cargo-fuzz target `record_decode` where cargo-fuzz is
-# installed. Prints per parser the cases run, failures (panics, or a heap peak over the
-# parser's bound), the largest heap peak of one case and the process's peak RSS.
+# one parser at a time, then the cargo-fuzz targets (crates/{core,flower-node}/fuzz) where
+# cargo-fuzz is installed. Prints per parser the cases run, failures (panics, or a heap peak
+# over the parser's bound), the largest heap peak of one case and the process's peak RSS.
 #
 #   scripts/fuzz.sh [CASES] [PARSER...]
 #
@@ -105,12 +105,18 @@ printf '\n%-12s %12s %10s %8s %14s %12s %8s\n' parser cases "tests ok" failures 
     "heap peak B" "max RSS KiB" seconds
 printf '%s\n' "${rows[@]}"
 
-# The cargo-fuzz target (libFuzzer, nightly): the same property as the record tests.
+# The cargo-fuzz targets (libFuzzer, nightly, coverage-guided): panics only; the property
+# tests above check the heap bounds and round trips.
+fuzz_targets=(core:record_decode core:npz_read core:safetensors_read core:flower_content
+    flower-node:node_inflate)
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
-    echo "cargo-fuzz: record_decode, $cases runs" >&2
-    (cd crates/core/fuzz && cargo +nightly fuzz run record_decode -- -runs="$cases") || failed=1
+    for t in "${fuzz_targets[@]}"; do
+        echo "cargo-fuzz: ${t#*:}, $cases runs" >&2
+        (cd "crates/${t%%:*}/fuzz" && cargo +nightly fuzz run "${t#*:}" -- -runs="$cases") ||
+            failed=1
+    done
 else
-    echo "cargo-fuzz record_decode: skipped (needs cargo install cargo-fuzz and a nightly" \
-        "toolchain); fuzz::record_decode_* check its property" >&2
+    echo "cargo-fuzz targets (${fuzz_targets[*]}): skipped (needs cargo install cargo-fuzz" \
+        "and a nightly toolchain); the property tests above cover the same parsers" >&2
 fi
 exit $failed

@@ -40,7 +40,11 @@ fuzz_target!(|data: &[u8]| {
     }
     while let Some(b) = take(&mut data, 9) {
         let v = i64::from_le_bytes(b[1..].try_into().unwrap_or_default());
-        let value = if b[0] % 2 == 0 { MetricValue::Int(v) } else { MetricValue::Float(f64::from_bits(v as u64)) };
+        let value = if b[0] % 2 == 0 {
+            MetricValue::Int(v)
+        } else {
+            MetricValue::Float(f64::from_bits(v as u64))
+        };
         let key = ["num-examples", "train_loss", "class_count.1"][usize::from(b[0] / 2) % 3];
         content.metrics.push((key.into(), value));
     }

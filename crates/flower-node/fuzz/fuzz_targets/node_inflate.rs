@@ -14,7 +14,10 @@ fn linked(object: &[u8], ids: &[String]) -> Vec<u8> {
     let mut out = Vec::with_capacity(object.len());
     let mut i = 0;
     while i < object.len() {
-        let k = object.get(i + 1).and_then(|d| d.checked_sub(b'0')).map(usize::from);
+        let k = object
+            .get(i + 1)
+            .and_then(|d| d.checked_sub(b'0'))
+            .map(usize::from);
         match (object[i], k.and_then(|k| ids.get(k))) {
             (b'#', Some(id)) => {
                 out.extend_from_slice(id.as_bytes());

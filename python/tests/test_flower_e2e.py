@@ -118,7 +118,7 @@ def test_a_stock_numpy_clientapp_fused_by_pfnm_beats_fedavg_of_separate_inits(te
     saved.mkdir()
     ten_nodes.run(
         NUMPY_APP,
-        f'data-dir="{tmp_path / "data"}" save-dir="{saved}" out="{out}" '
+        f'strategy="fedfuse" data-dir="{tmp_path / "data"}" save-dir="{saved}" out="{out}" '
         f'fedfuse-config="{NUMPY_APP / "numpy_mlp" / "pfnm.toml"}"',
     )
     fused = load_file(str(out / "model.safetensors"))
@@ -140,8 +140,8 @@ def test_a_node_killed_mid_round_is_listed_as_failed(tmp_path):
     with deployment(tmp_path / "flower", nodes=nodes) as d:
         run = d.submit(
             NUMPY_APP,
-            f'data-dir="{tmp_path / "data"}" save-dir="{saved}" out="{out}" stall-partition=1 '
-            f'rounds=2 round-timeout=20.0 fedfuse-set="clients={nodes};method.name=fedavg" '
+            f'strategy="fedfuse" data-dir="{tmp_path / "data"}" save-dir="{saved}" out="{out}" '
+            f'stall-partition=1 rounds=2 round-timeout=20.0 fedfuse-set="clients={nodes};method.name=fedavg" '
             f'fedfuse-config="{NUMPY_APP / "numpy_mlp" / "pfnm.toml"}"',
         )
         deadline = time.monotonic() + 300

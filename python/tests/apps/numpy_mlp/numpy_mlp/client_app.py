@@ -62,6 +62,11 @@ def train(m, x, y, epochs, lr, batch, rng):
 def fit(msg: Message, context: Context) -> Message:
     cfg = context.run_config
     pid = int(context.node_config["partition-id"])
+    if not cfg["data-dir"]:
+        raise ValueError(
+            "data-dir is empty: give the folder of part-<partition-id>.npz files "
+            "(python/tests/numpy_digits.py write_partitions makes them)"
+        )
     data = np.load(Path(str(cfg["data-dir"])) / f"part-{pid}.npz")
     x, y = data["x"].astype(np.float32), data["y"].astype(np.int64)
     server_round = int(msg.content["config"]["server-round"]) if "config" in msg.content else 1

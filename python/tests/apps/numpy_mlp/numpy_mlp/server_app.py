@@ -21,10 +21,18 @@ def main(grid: Grid, context: Context) -> None:
     timeout = float(cfg["round-timeout"])
     out = str(cfg["out"]) or None
     if cfg["strategy"] == "fedfuse":
-        from fedfuse.flwr import Strategy
+        try:
+            from fedfuse.flwr import Strategy
+        except ModuleNotFoundError as e:
+            # `flwr run` exits 0 whatever the ServerApp raises: say the fix in its log.
+            raise RuntimeError(
+                'strategy = "fedfuse" needs the fedfuse package where the ServerApp runs '
+                '(pip install ./python); strategy = "flower-fedavg" needs only flwr and numpy'
+            ) from e
 
+        config = str(cfg["fedfuse-config"]) or str(Path(__file__).with_name("pfnm.toml"))
         overrides = [o for o in str(cfg["fedfuse-set"]).split(";") if o]
-        Strategy(str(cfg["fedfuse-config"]), [f"rounds={rounds}", *overrides], out=out).start(
+        Strategy(config, [f"rounds={rounds}", *overrides], out=out).start(
             grid, timeout=timeout
         )
     elif cfg["strategy"] == "flower-fedavg":

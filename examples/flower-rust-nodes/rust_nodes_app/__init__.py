@@ -1,0 +1,1 @@
+"""Flower's own FedAvg over fedfuse's Rust SuperNodes (`fedfuse flower-node`)."""

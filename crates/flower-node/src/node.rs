@@ -509,3 +509,131 @@ pub fn run(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use super::*;
+    use prost::Message as _;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A SuperLink that lets a node join and then serves, at every pull, a message it cannot
+    /// read (its object tree is rooted elsewhere). Counts the pulls.
+    fn broken_superlink(pulls: Arc<AtomicUsize>) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let pulls = pulls.clone();
+                // One thread per connection: the node's heartbeats use their own.
+                std::thread::spawn(move || serve(stream, &pulls));
+            }
+        });
+        addr
+    }
+
+    fn serve(stream: std::net::TcpStream, pulls: &AtomicUsize) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut stream = stream;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let rpc = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.rsplit('/').next())
+                .unwrap_or_default()
+                .to_string();
+            let mut len = 0;
+            loop {
+                let mut header = String::new();
+                reader.read_line(&mut header).unwrap();
+                if header.trim().is_empty() {
+                    break;
+                }
+                if let Some(v) = header.to_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let reply = match rpc.as_str() {
+                "activate-node" => proto::ActivateNodeResponse { node_id: 7 }.encode_to_vec(),
+                "send-node-heartbeat" => {
+                    proto::SendNodeHeartbeatResponse { success: true }.encode_to_vec()
+                }
+                "pull-messages" => {
+                    pulls.fetch_add(1, Ordering::Relaxed);
+                    proto::PullMessagesResponse {
+                        messages_list: vec![proto::Message {
+                            metadata: Some(proto::Metadata {
+                                message_id: "a".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }],
+                        message_object_trees: vec![proto::ObjectTree {
+                            object_id: "b".into(),
+                            children: Vec::new(),
+                        }],
+                        ..Default::default()
+                    }
+                    .encode_to_vec()
+                }
+                // Registration, deactivation: empty replies.
+                _ => Vec::new(),
+            };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/protobuf\r\nContent-Length: {}\r\n\r\n",
+                reply.len()
+            );
+            if stream.write_all(head.as_bytes()).is_err() || stream.write_all(&reply).is_err() {
+                return;
+            }
+        }
+    }
+
+    struct Never;
+
+    impl Handler for Never {
+        fn handle(&mut self, _: &str, _: &RecordDict) -> std::result::Result<RecordDict, String> {
+            Err("no message should get this far".into())
+        }
+    }
+
+    #[test]
+    fn a_message_it_cannot_read_is_pulled_again_only_after_a_pause() {
+        let pulls = Arc::new(AtomicUsize::new(0));
+        let opts = NodeOptions::new(Connection {
+            superlink: broken_superlink(pulls.clone()),
+            insecure: true,
+            root_certificates: None,
+        });
+        let stop = AtomicBool::new(false);
+        let lines = std::sync::Mutex::new(Vec::new());
+        let log = |line: &str| lines.lock().unwrap().push(line.to_string());
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(3500));
+                stop.store(true, Ordering::Relaxed);
+            });
+            run(&opts, None, &mut Never, &stop, &log).unwrap();
+        });
+        let lines = lines.into_inner().unwrap();
+        // Pulls at about 0, 1 and 3 s (1 s doubling); without the pause, thousands.
+        let n = pulls.load(Ordering::Relaxed);
+        assert!((2..=4).contains(&n), "{n} pulls in 3.5 s: {lines:?}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("could not be read") && l.contains("next poll in")),
+            "{lines:?}"
+        );
+    }
+}

@@ -167,8 +167,10 @@ class Strategy(FlowerStrategy):
         self.min_nodes = self.num_clients if min_nodes is None else int(min_nodes)
         self.node_wait = float(node_wait)
         self.slots: dict[int, int] = {}  # node id -> client slot
-        self.sent: dict[str, int] = {}  # message id -> client slot, for the open round
         self.rounds: list[dict] = []
+        # The open round: slots that failed before a message went out, and the messages sent.
+        self._pending: dict[int, str] = {}
+        self._messages: list[tuple[int, Message]] = []
 
     # -- the Strategy API ------------------------------------------------------------------
 

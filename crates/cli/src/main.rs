@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// Model-sized buffers (hundreds of KB) come and go for every client message; glibc serves
-/// them with fresh mmaps and page faults, mimalloc reuses them (2.4x more simulated client
+/// them with fresh mmaps and page faults, mimalloc reuses them (1.8x more simulated client
 /// updates per second, docs/BENCHMARKS.md).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -227,6 +227,34 @@ fn unique<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     ids.filter(|id| seen.insert(*id)).collect()
 }
 
+/// `arraychunk_ids`, refused past [`MAX_OBJECTS`] entries while it is read: a 64 MiB body of
+/// `0,0,0,...` would otherwise become a list of 32 million indices before any check.
+fn capped_ids<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<usize>, D::Error> {
+    struct Visit;
+    impl<'de> serde::de::Visitor<'de> for Visit {
+        type Value = Vec<usize>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX_OBJECTS} chunk indices")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut ids = Vec::new();
+            while let Some(i) = seq.next_element()? {
+                if ids.len() == MAX_OBJECTS {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {MAX_OBJECTS} chunk indices"
+                    )));
+                }
+                ids.push(i);
+            }
+            Ok(ids)
+        }
+    }
+    d.deserialize_seq(Visit)
+}
+
 /// Bytes per value of a numpy dtype (`float32`, `int64`, `<f4`); 16, the largest numpy
 /// has (complex128), for one it cannot read, so the bound it feeds stays an upper one.
 fn item_size(dtype: &str) -> usize {
@@ -474,6 +502,7 @@ impl Pulled {
             dtype: String,
             shape: Vec<usize>,
             stype: String,
+            #[serde(deserialize_with = "capped_ids")]
             arraychunk_ids: Vec<usize>,
         }
         let p = self.get(id, "Array")?;
@@ -481,7 +510,15 @@ impl Pulled {
             .map_err(|e| bad(format!("array `{key}` ({id}): {e}")))?;
         // The assembled length, summed before anything is copied, against what the declared
         // shape and dtype can need and against the message's budget.
-        let mut chunks = Vec::with_capacity(meta.arraychunk_ids.len().min(MAX_OBJECTS));
+        let values = meta
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        let most = values
+            .and_then(|n| n.checked_mul(item_size(&meta.dtype) + 8))
+            .and_then(|n| n.checked_add(ARRAY_FRAMING))
+            .unwrap_or(0);
+        let mut chunks = Vec::with_capacity(meta.arraychunk_ids.len());
         let mut len = 0usize;
         for &i in &meta.arraychunk_ids {
             let chunk = p
@@ -490,22 +527,16 @@ impl Pulled {
                 .ok_or_else(|| bad(format!("array `{key}`: chunk index {i} out of range")))?;
             let body = self.get(chunk, "ArrayChunk")?.body;
             len = len.saturating_add(body.len());
+            // Stopped at the first chunk past the bound, not after listing them all.
+            if len > most {
+                return Err(bad(format!(
+                    "array `{key}`: its chunks assemble to more than the {most} bytes shape \
+                     {:?} of {} can hold",
+                    meta.shape,
+                    crate::shown(&meta.dtype)
+                )));
+            }
             chunks.push(body);
-        }
-        let values = meta
-            .shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d));
-        let most = values
-            .and_then(|n| n.checked_mul(item_size(&meta.dtype) + 8))
-            .and_then(|n| n.checked_add(ARRAY_FRAMING));
-        if most.is_none_or(|most| len > most) {
-            return Err(bad(format!(
-                "array `{key}`: its chunks assemble to {len} bytes, more than shape {:?} of \
-                 {} can hold",
-                meta.shape,
-                crate::shown(&meta.dtype)
-            )));
         }
         let left = MAX_MESSAGE_BYTES.saturating_sub(budget.get());
         if len > left {
@@ -631,7 +662,13 @@ fn check_children<'a>(
     head: &[&str],
     referenced: impl Iterator<Item = &'a str>,
 ) -> Result<()> {
-    let mut want: Vec<&str> = unique(referenced);
+    // No object of a message has more children than a message has objects.
+    let mut want: Vec<&str> = unique(referenced.take(MAX_OBJECTS + 1));
+    if want.len() > MAX_OBJECTS || head.len() > MAX_OBJECTS {
+        return Err(bad(format!(
+            "object {id}: more than {MAX_OBJECTS} references in one object"
+        )));
+    }
     let mut have: Vec<&str> = head.to_vec();
     want.sort_unstable();
     have.sort_unstable();
@@ -892,11 +929,35 @@ mod tests {
         // declared shape before anything is copied.
         let (p, id) = repeating(&vec![0; 1 << 20], 100_000, &[2, 2]);
         let e = p.inflate(&id).unwrap_err().to_string();
-        assert!(e.contains("more than shape [2, 2]"), "{e}");
+        assert!(e.contains("bytes shape [2, 2] of float32 can hold"), "{e}");
         // A shape that claims the room is stopped by the message's budget.
         let (p, id) = repeating(&vec![0; 1 << 20], 4_000, &[1 << 30]);
         let e = p.inflate(&id).unwrap_err().to_string();
         assert!(e.contains(&MAX_MESSAGE_BYTES.to_string()), "{e}");
+    }
+
+    #[test]
+    fn an_object_with_more_references_than_a_message_has_objects_is_refused() {
+        // As many chunk indices as a message may have objects, plus one.
+        let (p, id) = repeating(&[0; 4], MAX_OBJECTS + 1, &[1 << 40]);
+        let e = p.inflate(&id).unwrap_err().to_string();
+        assert!(e.contains("chunk indices"), "{e}");
+        // A record naming more children than that.
+        let mut store = Pulled::new();
+        let names: Vec<String> = (0..=MAX_OBJECTS)
+            .map(|i| format!("\"k{i}\": \"{i:064x}\""))
+            .collect();
+        let (record, bytes) = object(
+            "ArrayRecord",
+            &[],
+            format!("{{{}}}", names.join(", ")).as_bytes(),
+        );
+        store.insert(&record, bytes).unwrap();
+        let e = store
+            .array_record(&record, &Cell::new(0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("references in one object"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ import numpy as np
 
 from fedfuse._core import FedfuseError
 from fedfuse._core import fuse as _fuse
+from fedfuse._core import pfnm_defaults as _pfnm_defaults
 from fedfuse._core import rdp_epsilon as _rdp_epsilon
 
 __all__ = [
@@ -52,18 +53,22 @@ def arrays_from_tensors(tensors: Sequence) -> dict[str, np.ndarray]:
     }
 
 
+# PFNM's defaults live in the Rust core, read once here.
+_PFNM = json.loads(_pfnm_defaults())
+
+
 def fuse(
     models: Sequence[Mapping[str, Any]],
     method: str = "pfnm",
     class_counts: Sequence[Sequence[float]] | None = None,
-    sigma: float = 1.0,
-    sigma0: float = 1.0,
-    gamma: float = 1.0,
-    iters: int = 5,
-    eps: float = 0.0,
-    max_global: int = 700,
-    bias_mean: float = 0.1,
-    order: str = "top_down",
+    sigma: float = _PFNM["sigma"],
+    sigma0: float = _PFNM["sigma0"],
+    gamma: float = _PFNM["gamma"],
+    iters: int = _PFNM["iters"],
+    eps: float = _PFNM["eps"],
+    max_global: int = _PFNM["max_global"],
+    bias_mean: float = _PFNM["bias_mean"],
+    order: str = _PFNM["order"],
     seed: int = 0,
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Fuses pre-trained MLPs into one global model.

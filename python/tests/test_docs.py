@@ -30,6 +30,8 @@ pytest.importorskip("flwr")
 DOC = ROOT / "docs" / "FLOWER.md"
 # Seconds; on 2 busy cores the recipes took 45 s (Rust nodes) and 170 s (Python nodes).
 TIME_LIMIT = 480
+# Seconds a recipe's runners get to notice their parent has gone.
+SHUTDOWN_GRACE = 60
 
 
 def doc_blocks(text: str) -> dict[str, str]:
@@ -51,6 +53,12 @@ def marked_pids(marker: str) -> list[int]:
             if marker.encode() in (proc / "environ").read_bytes():
                 pids.append(int(proc.name))
     return pids
+
+
+def command_line(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return "(gone)"
 
 
 def run_doc_block(name: str, tmp_path: Path, fedfuse_bin: Path) -> tuple[Path, str]:
@@ -81,13 +89,16 @@ def run_doc_block(name: str, tmp_path: Path, fedfuse_bin: Path) -> tuple[Path, s
         print(f"doc-test {name}: {time.monotonic() - start:.0f} s")
         assert rc is not None, f"{name} ran past {TIME_LIMIT} s:\n{output[-5000:]}"
         assert rc == 0, f"{name} exited {rc}:\n{output[-5000:]}"
-        # The recipe stops what it started: nothing of it may outlive it (a moment for the
-        # ServerApp runner, which watches its SuperLink, to notice).
-        deadline = time.monotonic() + 15
-        while marked_pids(marker) and time.monotonic() < deadline:
+        # The recipe stops what it started: nothing of it may outlive it. Flower's ServerApp
+        # and ClientApp runners watch their parent and shut down once it has gone; on 2 cores
+        # shared with a release build that took more than 15 s (CI, stop 36), so they get a
+        # minute.
+        stopped = time.monotonic()
+        while marked_pids(marker) and time.monotonic() < stopped + SHUTDOWN_GRACE:
             time.sleep(0.5)
-        survivors = marked_pids(marker)
+        survivors = {pid: command_line(pid) for pid in marked_pids(marker)}
         assert not survivors, f"{name} left processes running: {survivors}"
+        print(f"doc-test {name}: its processes were gone {time.monotonic() - stopped:.1f} s after it")
         return tree, output
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -96,19 +96,22 @@ enum Command {
         #[arg(long)]
         class_counts: Option<PathBuf>,
         /// PFNM: variance of client units around their global unit.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().sigma)]
         sigma: f64,
         /// PFNM: prior variance of global units.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().sigma0)]
         sigma0: f64,
         /// PFNM: Beta-process mass (larger opens new global units more readily).
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().gamma)]
         gamma: f64,
         /// PFNM: refinement passes per layer.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().iters)]
         iters: usize,
+        /// PFNM: soft cap on each global layer's width (past it no new global unit opens).
+        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().max_global)]
+        max_global: usize,
         /// GPI-FNM: weight of the global-posterior KL cost (0 is PFNM).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().eps)]
         eps: f64,
         /// PFNM: which way a deep network's hidden layers are matched.
         #[arg(long, value_enum, default_value = "top_down")]
@@ -241,6 +244,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             sigma0,
             gamma,
             iters,
+            max_global,
             eps,
             order,
             seed,
@@ -254,6 +258,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 sigma0,
                 gamma,
                 iters,
+                max_global,
                 eps,
                 order: order.into(),
                 ..fedfuse_fuse::PfnmConfig::default()

@@ -4,6 +4,7 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Result, bail};
+use crate::pipeline::SyntheticTables;
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{CdcSplit, PartitionSpec};
 use fedfuse_fed::{
@@ -133,66 +134,34 @@ fn test_fraction() -> f64 {
 pub enum TableSection {
     /// Rows of one Gaussian graphical model with a random graph (drawn with the run's seed),
     /// `rows_per_client` for each client, then `test_rows` held out.
-    Synthetic {
-        /// Features.
-        features: usize,
-        /// Rows per client.
-        rows_per_client: usize,
-        /// Held-out rows.
-        #[serde(default = "test_rows")]
-        test_rows: usize,
-        /// Edge probability of the random graph.
-        edge_prob: f64,
-        /// Off-diagonal precision magnitudes `[lo, hi]`.
-        #[serde(default = "ggm_weight")]
-        weight: (f64, f64),
-        /// Diagonal-dominance margin (larger: weaker partial correlations).
-        #[serde(default = "ggm_margin")]
-        diag_margin: f64,
-    },
+    Synthetic(SyntheticTables),
     /// The CDC 2015 linked infant-death file (`cdc-infant-2015/` under `data_dir`): one
     /// client per group of `split`, every `test_every`-th row of each held out.
     Cdc {
         /// `residence_status` (3 clients) or `birth_quarter` (4).
-        #[serde(default = "cdc_split_name")]
+        #[serde(default = "crate::pipeline::cdc_split_name")]
         split: String,
         /// Features left out (e.g. `age_at_death_days`, which gives the death-age bucket
         /// away).
         #[serde(default)]
         drop: Vec<String>,
         /// Every `test_every`-th row of each client is held out.
-        #[serde(default = "test_every")]
+        #[serde(default = "crate::pipeline::test_every")]
         test_every: usize,
     },
-}
-
-fn test_rows() -> usize {
-    1000
-}
-fn ggm_weight() -> (f64, f64) {
-    (0.4, 0.9)
-}
-fn ggm_margin() -> f64 {
-    0.3
-}
-fn cdc_split_name() -> String {
-    "residence_status".into()
-}
-fn test_every() -> usize {
-    5
 }
 
 impl TableSection {
     /// Checks the settings against `clients`.
     fn check(&self, clients: usize) -> Result<()> {
         match self {
-            TableSection::Synthetic {
+            TableSection::Synthetic(SyntheticTables {
                 features,
                 rows_per_client,
                 test_rows,
                 edge_prob,
                 ..
-            } => {
+            }) => {
                 if *features < 2 || *rows_per_client < 2 || *test_rows == 0 {
                     bail!("[table]: need features >= 2, rows_per_client >= 2 and test_rows >= 1");
                 }
@@ -266,72 +235,52 @@ pub enum OptimizerName {
 
 /// `[train]`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrainSection {
     /// `sgd`, `adam` or `amsgrad`.
-    #[serde(default)]
     pub optimizer: OptimizerName,
     /// Learning rate.
-    #[serde(default = "lr")]
     pub lr: f64,
     /// Local epochs per round.
-    #[serde(default = "one")]
     pub epochs: usize,
     /// Mini-batch size.
-    #[serde(default = "batch")]
     pub batch_size: usize,
     /// SGD momentum.
-    #[serde(default)]
     pub momentum: f64,
     /// L2 weight decay.
-    #[serde(default)]
     pub weight_decay: f64,
     /// Adam beta1.
-    #[serde(default = "b1")]
     pub beta1: f64,
     /// Adam beta2.
-    #[serde(default = "b2")]
     pub beta2: f64,
     /// Adam epsilon.
-    #[serde(default = "eps")]
     pub eps: f64,
     /// Dropout probability on the fully connected hidden layers, 0 for none.
-    #[serde(default)]
     pub dropout: f64,
 }
 
-fn lr() -> f64 {
-    0.01
-}
-fn one() -> usize {
-    1
-}
-fn batch() -> usize {
-    32
-}
-fn b1() -> f64 {
-    0.9
-}
-fn b2() -> f64 {
-    0.999
-}
-fn eps() -> f64 {
-    1e-8
-}
-
 impl Default for TrainSection {
+    /// The trainer's defaults, with Adam's moments for when `optimizer` names it.
     fn default() -> Self {
+        let train = TrainConfig::default();
+        let (momentum, weight_decay) = match train.optimizer {
+            OptimizerConfig::Sgd {
+                momentum,
+                weight_decay,
+            } => (momentum, weight_decay),
+            OptimizerConfig::Adam { weight_decay, .. } => (0.0, weight_decay),
+        };
         Self {
             optimizer: OptimizerName::Sgd,
-            lr: lr(),
-            epochs: one(),
-            batch_size: batch(),
-            momentum: 0.0,
-            weight_decay: 0.0,
-            beta1: b1(),
-            beta2: b2(),
-            eps: eps(),
-            dropout: 0.0,
+            lr: train.lr,
+            epochs: train.epochs,
+            batch_size: train.batch_size,
+            momentum,
+            weight_decay,
+            beta1: OptimizerConfig::ADAM_BETA1,
+            beta2: OptimizerConfig::ADAM_BETA2,
+            eps: OptimizerConfig::ADAM_EPS,
+            dropout: train.dropout,
         }
     }
 }

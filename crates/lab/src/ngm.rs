@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::Observer;
 use crate::config::cdc_split;
 use crate::finished::{Finished, settings_of};
-use crate::pipeline::{GgmTables, cdc_tables, ggm_tables};
+use crate::pipeline::{SyntheticTables, cdc_tables, ggm_tables};
 use crate::table::{Tables, mean_std, write_atomic};
 
 /// Where the clients' rows come from.
@@ -47,50 +47,34 @@ pub enum NgmData {
         /// Rows per client.
         rows_per_client: usize,
         /// Test rows.
-        #[serde(default = "default_test_rows")]
+        #[serde(default = "crate::pipeline::test_rows")]
         test_rows: usize,
         /// Edge probability of the random graph.
         edge_prob: f64,
         /// Off-diagonal precision magnitudes `[lo, hi]`.
-        #[serde(default = "default_weight")]
+        #[serde(default = "crate::pipeline::ggm_weight")]
         weight: (f64, f64),
         /// Diagonal-dominance margin (larger: weaker partial correlations).
-        #[serde(default = "default_margin")]
+        #[serde(default = "crate::pipeline::ggm_margin")]
         diag_margin: f64,
     },
     /// The CDC 2015 linked infant-death file.
     Cdc {
         /// `residence_status` or `birth_quarter`.
-        #[serde(default = "default_split")]
+        #[serde(default = "crate::pipeline::cdc_split_name")]
         split: String,
         /// Core features left out of every model (e.g. `age_at_death_days`, which gives the
         /// death-age bucket away).
         #[serde(default)]
         drop: Vec<String>,
         /// Every `test_every`-th row of each client is held out.
-        #[serde(default = "default_test_every")]
+        #[serde(default = "crate::pipeline::test_every")]
         test_every: usize,
         /// Client name -> its client-only extra features (`marital_status`, `birth_order`,
         /// `smoking`).
         #[serde(default)]
         extras: BTreeMap<String, Vec<String>>,
     },
-}
-
-fn default_test_rows() -> usize {
-    1000
-}
-fn default_weight() -> (f64, f64) {
-    (0.4, 0.9)
-}
-fn default_margin() -> f64 {
-    0.3
-}
-fn default_split() -> String {
-    "residence_status".into()
-}
-fn default_test_every() -> usize {
-    5
 }
 
 /// A FedNGM experiment, as written in `experiments/ngm-*.toml`.
@@ -222,16 +206,15 @@ fn prepare(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Prepared> 
             weight,
             diag_margin,
         } => {
-            let spec = GgmTables {
+            let spec = SyntheticTables {
                 features: *features,
-                clients: *clients,
                 rows_per_client: *rows_per_client,
                 test_rows: *test_rows,
                 edge_prob: *edge_prob,
                 weight: *weight,
                 diag_margin: *diag_margin,
             };
-            let (t, ggm) = ggm_tables(&spec, seed)?;
+            let (t, ggm) = ggm_tables(&spec, *clients, seed)?;
             let n = clients * rows_per_client;
             Ok(Prepared {
                 names: t.names,

@@ -13,6 +13,7 @@ use fedfuse_data::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
 
 /// The training set after the server took its validation split.
 pub struct ServerSplit<'a> {
@@ -68,29 +69,58 @@ pub struct ClientTables {
     pub extras: Vec<Vec<String>>,
 }
 
-/// A synthetic Gaussian graphical model's settings.
-#[derive(Clone, Copy, Debug)]
-pub struct GgmTables {
+/// Rows of one Gaussian graphical model with a random graph (`[table] kind = "synthetic"`):
+/// `rows_per_client` for each client, then `test_rows` held out.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticTables {
     /// Features.
     pub features: usize,
-    /// Clients.
-    pub clients: usize,
     /// Rows per client.
     pub rows_per_client: usize,
     /// Held-out rows after the clients' rows.
+    #[serde(default = "test_rows")]
     pub test_rows: usize,
     /// Edge probability of the random graph.
     pub edge_prob: f64,
     /// Off-diagonal precision magnitudes `[lo, hi]`.
+    #[serde(default = "ggm_weight")]
     pub weight: (f64, f64),
-    /// Diagonal-dominance margin.
+    /// Diagonal-dominance margin (larger: weaker partial correlations).
+    #[serde(default = "ggm_margin")]
     pub diag_margin: f64,
+}
+
+/// Default held-out rows of a synthetic table.
+pub(crate) fn test_rows() -> usize {
+    1000
+}
+/// Default off-diagonal precision magnitudes of a synthetic table.
+pub(crate) fn ggm_weight() -> (f64, f64) {
+    (0.4, 0.9)
+}
+/// Default diagonal-dominance margin of a synthetic table.
+pub(crate) fn ggm_margin() -> f64 {
+    0.3
+}
+
+/// Default split of the CDC file into clients.
+pub(crate) fn cdc_split_name() -> String {
+    "residence_status".into()
+}
+/// Default: every fifth row of each CDC client is held out.
+pub(crate) fn test_every() -> usize {
+    5
 }
 
 /// Draws one GGM and its rows with `seed`: `rows_per_client` for each client in turn, then the
 /// held-out rows. Returns the model too (its graph and precision are the truth).
-pub fn ggm_tables(spec: &GgmTables, seed: u64) -> Result<(ClientTables, Ggm)> {
-    let n = spec.clients * spec.rows_per_client;
+pub fn ggm_tables(
+    spec: &SyntheticTables,
+    clients: usize,
+    seed: u64,
+) -> Result<(ClientTables, Ggm)> {
+    let n = clients * spec.rows_per_client;
     let mut g = GgmConfig::new(
         spec.features,
         n + spec.test_rows,
@@ -102,15 +132,15 @@ pub fn ggm_tables(spec: &GgmTables, seed: u64) -> Result<(ClientTables, Ggm)> {
     g.diag_margin = spec.diag_margin;
     let ggm = sample_ggm(&g, &mut StdRng::seed_from_u64(seed))?;
     let per = spec.rows_per_client;
-    let train = (0..spec.clients)
+    let train = (0..clients)
         .map(|c| ggm.table(c * per..(c + 1) * per))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let test = ggm.table(n..n + spec.test_rows)?;
     let tables = ClientTables {
-        names: (0..spec.clients).map(|c| format!("client {c}")).collect(),
+        names: (0..clients).map(|c| format!("client {c}")).collect(),
         train,
         test: vec![test],
-        extras: vec![Vec::new(); spec.clients],
+        extras: vec![Vec::new(); clients],
     };
     Ok((tables, ggm))
 }

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use crate::Observer;
 use crate::checkpoint;
 use crate::config::{Config, TableSection, cdc_split};
-use crate::pipeline::{ClientTables, GgmTables, cdc_tables, client_data, ggm_tables, server_split};
+use crate::pipeline::{ClientTables, cdc_tables, client_data, ggm_tables, server_split};
 
 /// Runs the experiment of `cfg`, writing the resolved config, results.json, metrics.csv, the
 /// final model and the plots under `out`, and a checkpoint beside it after every round
@@ -442,25 +442,7 @@ impl FederationData {
 /// The clients' tables of `table`, drawn or read for the run `cfg`.
 pub fn client_tables(cfg: &Config, table: &TableSection) -> Result<ClientTables> {
     match table {
-        TableSection::Synthetic {
-            features,
-            rows_per_client,
-            test_rows,
-            edge_prob,
-            weight,
-            diag_margin,
-        } => {
-            let spec = GgmTables {
-                features: *features,
-                clients: cfg.clients,
-                rows_per_client: *rows_per_client,
-                test_rows: *test_rows,
-                edge_prob: *edge_prob,
-                weight: *weight,
-                diag_margin: *diag_margin,
-            };
-            Ok(ggm_tables(&spec, cfg.seed)?.0)
-        }
+        TableSection::Synthetic(spec) => Ok(ggm_tables(spec, cfg.clients, cfg.seed)?.0),
         TableSection::Cdc {
             split,
             drop,
@@ -499,7 +481,7 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
         "{} on {} tables ({rows} rows, {} held out), {} clients",
         method.name(),
         match table {
-            TableSection::Synthetic { .. } => "synthetic",
+            TableSection::Synthetic(_) => "synthetic",
             TableSection::Cdc { .. } => "CDC",
         },
         test.n_rows(),

@@ -71,46 +71,6 @@ impl SweepMethod {
     }
 }
 
-/// `[matching]`: PFNM's prior and GPI-FNM's eps grid.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MatchingSection {
-    /// Variance of client units around their global unit.
-    #[serde(default = "one")]
-    pub sigma: f64,
-    /// Prior variance of global units.
-    #[serde(default = "one")]
-    pub sigma0: f64,
-    /// Beta-process mass.
-    #[serde(default = "one")]
-    pub gamma: f64,
-    /// Refinement passes per layer.
-    #[serde(default = "five")]
-    pub iters: usize,
-    /// Soft cap on each global layer's width.
-    #[serde(default = "max_global", skip_serializing_if = "is_max_global")]
-    pub max_global: usize,
-    /// GPI-FNM's candidates for eps.
-    #[serde(default = "default_eps_grid")]
-    pub eps_grid: Vec<f64>,
-    /// Candidates for sigma (PFNM and GPI-FNM), chosen on the validation split each round;
-    /// `sigma` is then unused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sigma_grid: Option<Vec<f64>>,
-}
-
-fn one() -> f64 {
-    1.0
-}
-fn five() -> usize {
-    5
-}
-fn max_global() -> usize {
-    PfnmSettings::default().max_global
-}
-fn is_max_global(v: &usize) -> bool {
-    *v == max_global()
-}
 fn one_round() -> usize {
     1
 }
@@ -118,17 +78,11 @@ fn validation() -> f64 {
     0.1
 }
 
-impl Default for MatchingSection {
-    fn default() -> Self {
-        Self {
-            sigma: 1.0,
-            sigma0: 1.0,
-            gamma: 1.0,
-            iters: 5,
-            max_global: max_global(),
-            eps_grid: default_eps_grid(),
-            sigma_grid: None,
-        }
+/// `[matching]` when the file has none: GPI-FNM's grid written out, as a file's table reads.
+fn default_matching() -> PfnmSettings {
+    PfnmSettings {
+        eps_grid: Some(default_eps_grid()),
+        ..PfnmSettings::default()
     }
 }
 
@@ -162,9 +116,13 @@ pub struct SweepConfig {
     /// Initialisation of local models.
     #[serde(default)]
     pub init: Init,
-    /// PFNM / GPI-FNM settings.
-    #[serde(default)]
-    pub matching: MatchingSection,
+    /// PFNM / GPI-FNM settings: the keys of their `[method]` table, with its defaults.
+    /// `order` is each method's (`pfnm-bottom-up`); `eps` and `eps_grid` are GPI-FNM's.
+    #[serde(
+        default = "default_matching",
+        deserialize_with = "PfnmSettings::deserialize_gpi_fnm"
+    )]
+    pub matching: PfnmSettings,
     /// Local training (per round).
     #[serde(default)]
     pub train: TrainSection,
@@ -217,6 +175,12 @@ impl SweepConfig {
                 method_key(*m)
             );
         }
+        if self.matching.order != MatchOrder::TopDown {
+            bail!(
+                "`matching.order`: each method sets its own order; list `pfnm-bottom-up` or \
+                 `gpi-fnm-bottom-up` in `methods` instead"
+            );
+        }
         self.train.to_train_config().check()?;
         // Every federated method's settings, checked once up front.
         let spec = ModelSpec::mlp(1, &self.hidden[0], 2);
@@ -235,23 +199,18 @@ impl SweepConfig {
     }
 
     fn pfnm(&self, order: MatchOrder) -> PfnmSettings {
-        let s = &self.matching;
         PfnmSettings {
-            sigma: s.sigma,
-            sigma0: s.sigma0,
-            gamma: s.gamma,
-            iters: s.iters,
-            max_global: s.max_global,
-            sigma_grid: s.sigma_grid.clone(),
+            eps: None,
+            eps_grid: None,
             order,
-            ..PfnmSettings::default()
+            ..self.matching.clone()
         }
     }
 
     fn gpi_fnm(&self, order: MatchOrder) -> PfnmSettings {
         PfnmSettings {
-            eps_grid: Some(self.matching.eps_grid.clone()),
-            ..self.pfnm(order)
+            order,
+            ..self.matching.clone()
         }
     }
 

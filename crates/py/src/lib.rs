@@ -165,6 +165,12 @@ fn params_to_py<'py>(py: Python<'py>, p: &Params) -> PyTensors<'py> {
         .collect()
 }
 
+/// PFNM's defaults (`PfnmConfig::default()`) as JSON: the Python package's keyword defaults.
+#[pyfunction]
+fn pfnm_defaults() -> PyResult<String> {
+    serde_json::to_string(&PfnmConfig::default()).map_err(err)
+}
+
 /// Fuses pre-trained MLPs; returns the fused tensors and the assignments as JSON (the
 /// `.assignments.json` that `fedfuse fuse` writes).
 #[pyfunction]
@@ -604,6 +610,7 @@ fn rdp_epsilon(q: f64, noise_multiplier: f64, steps: usize, delta: f64) -> PyRes
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FedfuseError", m.py().get_type::<FedfuseError>())?;
     m.add_function(wrap_pyfunction!(fuse, m)?)?;
+    m.add_function(wrap_pyfunction!(pfnm_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(check_output_folder, m)?)?;
     m.add_function(wrap_pyfunction!(rdp_epsilon, m)?)?;
     m.add_function(wrap_pyfunction!(record_to_flower, m)?)?;

@@ -36,16 +36,23 @@ pub enum OptimizerConfig {
 }
 
 fn beta1() -> f64 {
-    0.9
+    OptimizerConfig::ADAM_BETA1
 }
 fn beta2() -> f64 {
-    0.999
+    OptimizerConfig::ADAM_BETA2
 }
 fn eps() -> f64 {
-    1e-8
+    OptimizerConfig::ADAM_EPS
 }
 
 impl OptimizerConfig {
+    /// Adam's default first-moment decay.
+    pub const ADAM_BETA1: f64 = 0.9;
+    /// Adam's default second-moment decay.
+    pub const ADAM_BETA2: f64 = 0.999;
+    /// Adam's default stabiliser.
+    pub const ADAM_EPS: f64 = 1e-8;
+
     /// Adam with the usual defaults (0.9, 0.999, 1e-8), no weight decay.
     pub fn adam() -> Self {
         Self::Adam {
@@ -69,43 +76,28 @@ impl Default for OptimizerConfig {
 
 /// How one client trains locally.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
     /// The optimizer.
-    #[serde(default)]
     pub optimizer: OptimizerConfig,
     /// Learning rate.
-    #[serde(default = "lr")]
     pub lr: f64,
     /// Passes over the local data.
-    #[serde(default = "epochs")]
     pub epochs: usize,
     /// Mini-batch size (the last batch of an epoch may be smaller).
-    #[serde(default = "batch_size")]
     pub batch_size: usize,
     /// Probability of dropping each unit of the fully connected hidden layers in a training
     /// step (inverted dropout: kept units are scaled by `1/(1 - dropout)`); 0 for none.
-    #[serde(default)]
     pub dropout: f64,
-}
-
-fn lr() -> f64 {
-    0.01
-}
-fn epochs() -> usize {
-    1
-}
-fn batch_size() -> usize {
-    32
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
             optimizer: OptimizerConfig::default(),
-            lr: lr(),
-            epochs: epochs(),
-            batch_size: batch_size(),
+            lr: 0.01,
+            epochs: 1,
+            batch_size: 32,
             dropout: 0.0,
         }
     }

@@ -48,5 +48,5 @@ pub use ngm::{
     ngr_scores, path_matrix, sensitivity_bounds, stitch_params, structure_penalty,
     structure_report, unit_mask,
 };
-pub use sparse::{SparseConfig, SparseFit};
+pub use sparse::{SparseConfig, SparseFit, SparsityPreset};
 pub use trainer::{Evaluation, Fitted, MixturePrior, Trainer};

@@ -39,60 +39,61 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Result, TrainConfig, TrainError, Trainer, hard_concrete, params, trainer};
 
-/// FedSparse's client settings (the paper's Appendix A values by default).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// FedSparse's sparsity presets (the paper's LeNet-5 `lambda0` values, Appendix A).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SparsityPreset {
+    /// `lambda0 = 5e-7`.
+    Low,
+    /// `lambda0 = 5e-6`.
+    #[default]
+    Mid,
+    /// `lambda0 = 5e-5`.
+    High,
+}
+
+impl SparsityPreset {
+    /// The preset's `lambda0`.
+    pub fn lambda0(self) -> f64 {
+        match self {
+            Self::Low => 5e-7,
+            Self::Mid => 5e-6,
+            Self::High => 5e-5,
+        }
+    }
+}
+
+/// FedSparse's client settings; `Default` holds the paper's Appendix A values, the defaults
+/// of the run config's `[method] name = "fedsparse"` table.
+#[derive(Clone, Debug, PartialEq)]
 pub struct SparseConfig {
-    /// L0 strength `lambda0`, per weight of a group that is on. The paper's LeNet-5 presets:
-    /// 5e-7 ("low" sparsity), 5e-6 ("mid"), 5e-5 ("high").
-    #[serde(default = "lambda0")]
+    /// L0 strength `lambda0`, per weight of a group that is on ([`SparsityPreset`]).
     pub lambda0: f64,
     /// Temperature `T` of the gate probabilities `sigmoid((||w_g|| - tau_g) / T)`.
-    #[serde(default = "temperature")]
     pub temperature: f64,
     /// Precision `lambda` of the drift term `lambda/2 sum_g pi_sg ||w_sg - w_g||^2`; the paper
     /// uses 0, since the client starts each round at the server's weights.
-    #[serde(default)]
     pub drift: f64,
     /// Adamax learning rate of the client thresholds `v_s`.
-    #[serde(default = "threshold_lr")]
     pub threshold_lr: f64,
     /// Factor on the cross-entropy between the client's and the server's gate probabilities;
     /// the paper down-scales it by 1e-4 because each round restarts at `pi_s = theta` and
     /// takes few steps.
-    #[serde(default = "prior_scale")]
     pub prior_scale: f64,
     /// Server gate probability `theta` that the first model's thresholds give every group
     /// ([`GroupLayout::initial_thresholds`]; 0.99: start dense).
-    #[serde(default = "initial_theta")]
     pub initial_theta: f64,
-}
-
-fn lambda0() -> f64 {
-    5e-6
-}
-fn temperature() -> f64 {
-    1e-3
-}
-fn threshold_lr() -> f64 {
-    1e-3
-}
-fn prior_scale() -> f64 {
-    1e-4
-}
-fn initial_theta() -> f64 {
-    0.99
 }
 
 impl Default for SparseConfig {
     fn default() -> Self {
         Self {
-            lambda0: lambda0(),
-            temperature: temperature(),
+            lambda0: SparsityPreset::default().lambda0(),
+            temperature: 1e-3,
             drift: 0.0,
-            threshold_lr: threshold_lr(),
-            prior_scale: prior_scale(),
-            initial_theta: initial_theta(),
+            threshold_lr: 1e-3,
+            prior_scale: 1e-4,
+            initial_theta: 0.99,
         }
     }
 }

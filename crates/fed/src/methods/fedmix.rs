@@ -18,44 +18,35 @@ use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result};
 
 /// FedMix's settings (`[method] name = "fedmix"`).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct FedMixSettings {
     /// Number of server models.
-    #[serde(default = "two")]
     pub components: usize,
     /// Precision of each component (larger: harder assignments).
-    #[serde(default = "one")]
     pub lambda: f64,
     /// Learn the mixing weights instead of keeping them equal.
-    #[serde(default)]
     pub learn_weights: bool,
     /// Clients train under the mixture prior itself (fedsparse-em eq. 48: the loss gains
     /// `-log sum_k pi_k exp(-lambda/2 ||w - w_k||^2)`), so every instruction carries all K
     /// centres. Off: clients start from their component and train freely (hard EM).
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(skip_serializing_if = "is_false")]
     pub mixture_term: bool,
     /// Precision of the clients' mixture term (default: `lambda`). With one precision for
     /// both, a `lambda` large enough to separate populations pulls as hard as FedProx's mu
     /// would at that value, which plain SGD cannot follow (mu = 100 at lr 0.05 diverges).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub client_lambda: Option<f64>,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
 }
-fn two() -> usize {
-    2
-}
-fn one() -> f64 {
-    1.0
-}
 
 impl Default for FedMixSettings {
     fn default() -> Self {
         Self {
-            components: two(),
-            lambda: one(),
+            components: 2,
+            lambda: 1.0,
             learn_weights: false,
             mixture_term: false,
             client_lambda: None,

@@ -23,6 +23,7 @@ use fedfuse_fuse::{
     FedSparseConfig, FedSparseServer, ServerOptimizer, SparseReply, total_variation,
 };
 use fedfuse_train::SparseConfig;
+pub use fedfuse_train::SparsityPreset;
 use serde::{Deserialize, Serialize};
 
 use super::{BuildContext, in_method};
@@ -33,99 +34,45 @@ use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
 /// only the kept units, the server prunes units whose inclusion probability falls below
 /// `prune_eps` and sends only the rest. Defaults are the paper's Appendix A.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct FedSparseSettings {
     /// `low`, `mid` or `high` sparsity: `lambda0` = 5e-7, 5e-6 or 5e-5.
-    #[serde(default)]
     pub preset: SparsityPreset,
     /// L0 strength per value of a kept group; overrides `preset`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub lambda0: Option<f64>,
     /// Gate temperature `T` of `sigmoid((||w_g|| - softplus(v_g)) / T)`.
-    #[serde(default = "temperature")]
     pub temperature: f64,
     /// The server prunes groups whose inclusion probability is below this.
-    #[serde(default = "prune_eps")]
     pub prune_eps: f64,
     /// Learning rate of the server's Adam on the weights (Kingma & Ba's default).
-    #[serde(default = "server_lr")]
     pub server_lr: f64,
     /// Learning rate of the server's Adamax on the thresholds.
-    #[serde(default = "threshold_server_lr")]
     pub threshold_server_lr: f64,
     /// Learning rate of the clients' Adamax on their thresholds.
-    #[serde(default = "threshold_lr")]
     pub threshold_lr: f64,
     /// Factor on the cross-entropy between client and server gate probabilities.
-    #[serde(default = "prior_scale")]
     pub prior_scale: f64,
     /// Precision of the drift term towards the server weights (paper: 0).
-    #[serde(default)]
     pub drift: f64,
     /// Inclusion probability of every group at the start (0.99: a dense start).
-    #[serde(default = "initial_theta")]
     pub initial_theta: f64,
-}
-
-/// FedSparse's sparsity presets (the paper's LeNet-5 `lambda0` values, Appendix A).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SparsityPreset {
-    /// `lambda0 = 5e-7`.
-    Low,
-    /// `lambda0 = 5e-6`.
-    #[default]
-    Mid,
-    /// `lambda0 = 5e-5`.
-    High,
-}
-
-impl SparsityPreset {
-    /// The preset's `lambda0`.
-    pub fn lambda0(self) -> f64 {
-        match self {
-            Self::Low => 5e-7,
-            Self::Mid => 5e-6,
-            Self::High => 5e-5,
-        }
-    }
-}
-
-fn temperature() -> f64 {
-    SparseConfig::default().temperature
-}
-fn prune_eps() -> f64 {
-    FedSparseConfig::default().prune_eps
-}
-fn server_lr() -> f64 {
-    1e-3
-}
-fn threshold_server_lr() -> f64 {
-    1e-2
-}
-fn threshold_lr() -> f64 {
-    SparseConfig::default().threshold_lr
-}
-fn prior_scale() -> f64 {
-    SparseConfig::default().prior_scale
-}
-fn initial_theta() -> f64 {
-    SparseConfig::default().initial_theta
 }
 
 impl Default for FedSparseSettings {
     fn default() -> Self {
+        let client = SparseConfig::default();
         Self {
             preset: SparsityPreset::default(),
             lambda0: None,
-            temperature: temperature(),
-            prune_eps: prune_eps(),
-            server_lr: server_lr(),
-            threshold_server_lr: threshold_server_lr(),
-            threshold_lr: threshold_lr(),
-            prior_scale: prior_scale(),
-            drift: 0.0,
-            initial_theta: initial_theta(),
+            temperature: client.temperature,
+            prune_eps: FedSparseConfig::default().prune_eps,
+            server_lr: 1e-3,
+            threshold_server_lr: 1e-2,
+            threshold_lr: client.threshold_lr,
+            prior_scale: client.prior_scale,
+            drift: client.drift,
+            initial_theta: client.initial_theta,
         }
     }
 }

@@ -121,126 +121,72 @@ pub enum Shape {
 
 /// GEMS settings (`[method] name = "gems"`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct GemsSettings {
     /// Output-layer criterion.
-    #[serde(default)]
     pub criterion: CriterionKind,
     /// Output-layer threshold (a loss, or an accuracy in [0, 1]). Left out (the default), it
     /// is found automatically from `epsilon_scales`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub epsilon: Option<f64>,
     /// Automatic threshold: each learner measures its own validation loss `L_s` (with
     /// criterion = "accuracy", its error `1 - a_s`) and sends one radius per scale `m` (1.1 to 20), the
     /// region where the loss stays within `m L_s` (the error within `m (1 - a_s)`); the server
     /// takes the smallest scale at which every learner's region meets. Nothing about the test
     /// data enters, so the same settings run on any dataset. Unused when `epsilon` is set.
-    #[serde(default = "epsilon_scales", skip_serializing_if = "is_default_scales")]
+    #[serde(skip_serializing_if = "is_default_scales")]
     pub epsilon_scales: Vec<f64>,
     /// Per-learner thresholds by client id, overriding `epsilon` (e.g. for very unequal data).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub epsilon_by_client: BTreeMap<String, f64>,
     /// Hidden-neuron criterion.
-    #[serde(default)]
     pub neuron_criterion: NeuronCriterionKind,
     /// Hidden-neuron coordinates.
-    #[serde(default, skip_serializing_if = "is_incoming")]
+    #[serde(skip_serializing_if = "is_incoming")]
     pub neuron_space: NeuronSpace,
     /// Hidden-neuron threshold (a loss, or an activation change).
-    #[serde(default = "epsilon")]
     pub neuron_epsilon: f64,
     /// Surface samples per tested radius.
-    #[serde(default = "samples")]
     pub samples: usize,
     /// Radius search.
-    #[serde(default)]
     pub search: SearchKind,
     /// Largest radius.
-    #[serde(default = "r_max")]
     pub r_max: f64,
     /// Bisection tolerance for the output layer.
-    #[serde(default = "tol")]
     pub tol: f64,
     /// Bisection tolerance for hidden neurons.
-    #[serde(default = "neuron_tol")]
     pub neuron_tol: f64,
     /// Increment of the increasing search.
-    #[serde(default = "step")]
     pub step: f64,
     /// Output-layer region.
-    #[serde(default)]
     pub shape: Shape,
     /// Fraction of output-layer coordinates (highest Fisher first) that are constrained; the
     /// rest are free. 1 constrains all.
-    #[serde(default = "one")]
     pub fisher_prop: f64,
     /// k-means clusters within which neurons are paired (the code's 75); 0 pairs across the
     /// whole layer.
-    #[serde(default)]
     pub clusters: usize,
     /// Fraction of each learner's training data kept as its validation split.
-    #[serde(default = "validation_fraction")]
     pub validation_fraction: f64,
     /// Output-stage retries with new initialisations when the balls do not intersect.
-    #[serde(default = "max_retries")]
     pub max_retries: usize,
     /// Epochs of the learners' output-layer training (the code's `secondary_epochs`).
-    #[serde(default = "output_epochs")]
     pub output_epochs: usize,
     /// Public samples for fine-tuning the output layer on the server (0: no fine-tuning).
-    #[serde(default)]
     pub finetune_samples: usize,
     /// Fine-tuning epochs (Adam).
-    #[serde(default = "finetune_epochs")]
     pub finetune_epochs: usize,
     /// Fine-tuning learning rate.
-    #[serde(default = "finetune_lr")]
     pub finetune_lr: f64,
 }
 
-fn epsilon() -> f64 {
-    0.5
-}
 fn is_default_scales(scales: &[f64]) -> bool {
-    scales == epsilon_scales().as_slice()
+    scales == default_epsilon_scales().as_slice()
 }
-fn epsilon_scales() -> Vec<f64> {
+fn default_epsilon_scales() -> Vec<f64> {
     vec![
         1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 15.0, 20.0,
     ]
-}
-fn samples() -> usize {
-    500
-}
-fn r_max() -> f64 {
-    4000.0
-}
-fn tol() -> f64 {
-    0.01
-}
-fn neuron_tol() -> f64 {
-    1.0
-}
-fn step() -> f64 {
-    0.5
-}
-fn one() -> f64 {
-    1.0
-}
-fn validation_fraction() -> f64 {
-    0.2
-}
-fn max_retries() -> usize {
-    3
-}
-fn output_epochs() -> usize {
-    10
-}
-fn finetune_epochs() -> usize {
-    5
-}
-fn finetune_lr() -> f64 {
-    0.01
 }
 
 impl Default for GemsSettings {
@@ -248,26 +194,26 @@ impl Default for GemsSettings {
         Self {
             criterion: CriterionKind::Loss,
             epsilon: None,
-            epsilon_scales: epsilon_scales(),
+            epsilon_scales: default_epsilon_scales(),
             epsilon_by_client: BTreeMap::new(),
             neuron_criterion: NeuronCriterionKind::Loss,
             neuron_space: NeuronSpace::Incoming,
-            neuron_epsilon: epsilon(),
-            samples: samples(),
+            neuron_epsilon: 0.5,
+            samples: 500,
             search: SearchKind::Bisection,
-            r_max: r_max(),
-            tol: tol(),
-            neuron_tol: neuron_tol(),
-            step: step(),
+            r_max: 4000.0,
+            tol: 0.01,
+            neuron_tol: 1.0,
+            step: 0.5,
             shape: Shape::Sphere,
-            fisher_prop: one(),
+            fisher_prop: 1.0,
             clusters: 0,
-            validation_fraction: validation_fraction(),
-            max_retries: max_retries(),
-            output_epochs: output_epochs(),
+            validation_fraction: 0.2,
+            max_retries: 3,
+            output_epochs: 10,
             finetune_samples: 0,
-            finetune_epochs: finetune_epochs(),
-            finetune_lr: finetune_lr(),
+            finetune_epochs: 5,
+            finetune_lr: 0.01,
         }
     }
 }

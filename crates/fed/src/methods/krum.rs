@@ -14,18 +14,12 @@ use crate::{Aggregate, FedError, Method, Reply, Result};
 
 /// Krum's settings (`[method] name = "krum"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct KrumSettings {
     /// Byzantine clients tolerated (`f`): each reply is scored on its `n - f - 2` nearest.
-    #[serde(default)]
     pub byzantine: usize,
     /// Best-scored replies averaged (Flower's `num_nodes_to_select`); 1 is Krum.
-    #[serde(default = "one")]
     pub keep: usize,
-}
-
-fn one() -> usize {
-    1
 }
 
 impl Default for KrumSettings {
@@ -100,10 +94,9 @@ impl Method for Krum {
 
 /// Bulyan's settings (`[method] name = "bulyan"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct BulyanSettings {
     /// Byzantine clients tolerated (`f`); a round needs at least `4f + 3` replies.
-    #[serde(default)]
     pub byzantine: usize,
 }
 

@@ -27,42 +27,39 @@ use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
 
 /// The settings of both neuron-matching methods (`[method] name = "pfnm"` or `"gpi-fnm"`);
-/// `eps` and `eps_grid` are GPI-FNM's alone. `sigma` and `sigma0` are variances.
+/// `eps` and `eps_grid` are GPI-FNM's alone. `sigma` and `sigma0` are variances. Unset keys
+/// take [`PfnmConfig`]'s defaults.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PfnmSettings {
     /// Variance of client units around their global unit.
-    #[serde(default = "one")]
     pub sigma: f64,
     /// Prior variance of global units.
-    #[serde(default = "one")]
     pub sigma0: f64,
     /// Beta-process mass (larger opens new global units more readily).
-    #[serde(default = "one")]
     pub gamma: f64,
     /// Refinement passes per layer.
-    #[serde(default = "five")]
     pub iters: usize,
     /// Soft cap on each global layer's width (the reference code's 700): past it, no new
     /// global unit opens.
-    #[serde(default = "max_global", skip_serializing_if = "is_max_global")]
+    #[serde(skip_serializing_if = "is_default_max_global")]
     pub max_global: usize,
     /// GPI-FNM: a fixed coefficient of the KL cost (skips the grid search).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub eps: Option<f64>,
     /// GPI-FNM: candidates for `eps`, tried on the server's validation split; unset is
     /// [`default_eps_grid`] (a GPI-FNM table read from a file always holds it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub eps_grid: Option<Vec<f64>>,
     /// Candidates for `sigma`, tried on the server's validation split each round (with every
     /// `eps` candidate, for GPI-FNM); `sigma` is then unused. `sigma` is an absolute variance,
     /// so the right value depends on how far local training moves the weights: chosen here on
     /// held-out data, never on the test set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sigma_grid: Option<Vec<f64>>,
     /// Which way a deep network's hidden layers are matched: `"top_down"` (the reference
     /// code's) or `"bottom_up"` (every layer on its full fan-in).
-    #[serde(default, skip_serializing_if = "is_top_down")]
+    #[serde(skip_serializing_if = "is_top_down")]
     pub order: MatchOrder,
 }
 
@@ -70,17 +67,8 @@ fn is_top_down(order: &MatchOrder) -> bool {
     *order == MatchOrder::TopDown
 }
 
-fn one() -> f64 {
-    1.0
-}
-fn five() -> usize {
-    5
-}
-fn max_global() -> usize {
-    PfnmConfig::default().max_global
-}
-fn is_max_global(v: &usize) -> bool {
-    *v == max_global()
+fn is_default_max_global(v: &usize) -> bool {
+    *v == PfnmConfig::default().max_global
 }
 
 /// Ten values on a multiplicative grid (the paper tries "typically 10 values"), from no KL
@@ -91,16 +79,17 @@ pub fn default_eps_grid() -> Vec<f64> {
 
 impl Default for PfnmSettings {
     fn default() -> Self {
+        let c = PfnmConfig::default();
         Self {
-            sigma: one(),
-            sigma0: one(),
-            gamma: one(),
-            iters: five(),
-            max_global: max_global(),
+            sigma: c.sigma,
+            sigma0: c.sigma0,
+            gamma: c.gamma,
+            iters: c.iters,
+            max_global: c.max_global,
             eps: None,
             eps_grid: None,
             sigma_grid: None,
-            order: MatchOrder::TopDown,
+            order: c.order,
         }
     }
 }
@@ -132,7 +121,7 @@ impl PfnmSettings {
 
     /// Reads a GPI-FNM table with the default grid written out, so that a run's recorded
     /// config names the grid it searched.
-    pub(crate) fn deserialize_gpi_fnm<'de, D: Deserializer<'de>>(
+    pub fn deserialize_gpi_fnm<'de, D: Deserializer<'de>>(
         d: D,
     ) -> std::result::Result<Self, D::Error> {
         let mut s = Self::deserialize(d)?;

@@ -14,7 +14,11 @@ use super::types::{LayerPrior, LayerSettings, Matrix};
 use crate::{FuseError, Result};
 
 /// Settings of PFNM. `sigma` and `sigma0` are **variances**, as in the reference code.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// `Default` is the one home of PFNM's defaults: the run config's `[method]` table, the
+/// sweep's `[matching]`, `fedfuse fuse`'s flags and the Python package all read them here.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct PfnmConfig {
     /// Variance of client units around their global unit (reference default 1).
     pub sigma: f64,

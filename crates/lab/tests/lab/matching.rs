@@ -352,3 +352,49 @@ fn a_sweep_records_the_sigma_and_eps_it_chose_for_every_seed() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("sigma chosen"), "{summary}");
 }
+
+/// PFNM's prior is declared once: the run config's `[method]` table and the sweep's
+/// `[matching]` read the same settings with the same defaults (`PfnmConfig::default()`).
+#[test]
+fn the_run_config_and_the_sweep_share_pfnms_settings_and_defaults() {
+    let defaults = fedfuse_fuse::PfnmConfig::default();
+    let table: fedfuse_fed::PfnmSettings = toml::from_str("").unwrap();
+    assert_eq!(
+        (table.sigma, table.sigma0, table.gamma, table.iters),
+        (
+            defaults.sigma,
+            defaults.sigma0,
+            defaults.gamma,
+            defaults.iters
+        )
+    );
+    assert_eq!(table.max_global, defaults.max_global);
+    assert_eq!(table.order, defaults.order);
+
+    let smoke = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../experiments/digits-smoke.toml"),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let load = |extra: &str| {
+        let file = dir.path().join("sweep.toml");
+        std::fs::write(
+            &file,
+            smoke.replace("[matching]", &format!("[matching]\n{extra}")),
+        )
+        .unwrap();
+        fedfuse_lab::sweep::SweepConfig::load(&file).map_err(|e| format!("{e:#}"))
+    };
+    // A key of the method table that the old `[matching]` lacked is read alike.
+    let cfg = load("max_global = 50").unwrap();
+    assert_eq!(cfg.matching.max_global, 50);
+    assert_eq!(cfg.matching.sigma0, defaults.sigma0);
+    // The grid the file gives is kept; the order is each method's own.
+    assert_eq!(cfg.matching.eps_grid, Some(vec![0.0, 0.01, 0.1, 1.0]));
+    let err = load("order = \"bottom_up\"").unwrap_err();
+    assert!(
+        err.contains("matching.order") && err.contains("pfnm-bottom-up"),
+        "{err}"
+    );
+}

@@ -17,7 +17,6 @@
 #![deny(missing_docs)]
 
 mod error;
-pub mod fedngm;
 mod method;
 mod methods;
 mod seed;
@@ -32,12 +31,16 @@ pub use methods::put_class_counts;
 pub use methods::{
     BuildContext, Bulyan, BulyanSettings, CentralDp, CriterionKind, DpSampling, FedAvg,
     FedAvgSettings, FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMedian, FedMix,
-    FedMixSettings, FedNgm, FedNgmConfig, FedNgrConfig, FedOpt, FedOptSettings, FedProx,
-    FedProxSettings, FedSparse, FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems,
-    GemsSettings, GemsShape, Krum, KrumSettings, LocalDp, MethodConfig, NeuronCriterionKind,
-    NeuronSpace, PI_TENSOR, Pfnm, PfnmSettings, PrivacySettings, SearchKind, SeparateInits,
-    ServerOptName, ServerStep, ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR,
-    default_eps_grid, finetune_output_layer, hidden_features,
+    FedMixSettings, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun, FedNgmVariant,
+    FedNgrConfig, FedOpt, FedOptSettings, FedProx, FedProxSettings, FedSparse, FedSparseSettings,
+    FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum, KrumSettings,
+    LocalDp, MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR, Pfnm, PfnmSettings,
+    PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig,
+    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
+};
+pub use methods::{
+    ClientWeighting, GraphSettings, PredictionScore, SampleSite, Stitched, Traffic, run_fedngm,
+    score_ensemble, score_marginal, score_prediction, score_rows, stitch_client,
 };
 pub use seed::derive_seed;
 pub use simulator::{

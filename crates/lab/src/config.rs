@@ -899,7 +899,7 @@ name = "fedngm"
         let ngr = Config::parse(TABLE, &["method={name=\"fedngr\"}".into()]).unwrap();
         assert_eq!(
             ngr.tabular().map(|c| c.variant),
-            Some(fedfuse_fed::fedngm::FedNgmVariant::Ngr)
+            Some(fedfuse_fed::FedNgmVariant::Ngr)
         );
         assert!(err(TABLE, &["rounds=2"]).contains("needs 3 rounds"));
         assert!(err(TABLE, &["method.rounds=2"]).contains("needs 4 rounds"));

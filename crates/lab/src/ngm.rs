@@ -20,7 +20,7 @@ use std::time::Instant;
 use crate::error::{Context, Result, bail};
 use fedfuse_core::Params;
 use fedfuse_data::{CdcExtra, CdcOptions, Table, conditional_mean};
-use fedfuse_fed::fedngm::{
+use fedfuse_fed::{
     FedNgmClient, FedNgmConfig, FedNgmRun, run_fedngm, score_ensemble, score_marginal,
     score_prediction, stitch_client,
 };
@@ -376,7 +376,7 @@ fn run_seed(
         if !features.contains(target) {
             bail!("target `{target}` is not a feature every client has ({features:?})");
         }
-        let mut score = |model: &str, s: fedfuse_fed::fedngm::PredictionScore| match s.rmse {
+        let mut score = |model: &str, s: fedfuse_fed::PredictionScore| match s.rmse {
             Some(v) => push("prediction", model, target, "rmse", v),
             None => push(
                 "prediction",

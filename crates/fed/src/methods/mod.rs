@@ -1,4 +1,4 @@
-//! The methods, one file each. Each file holds its method, the method's `[method]` settings
+//! The methods, one file (or folder) each. Each file holds its method, the method's `[method]` settings
 //! (serde, with their defaults) and their one check, `build`, which validates every setting
 //! once and returns the method; the layers below then trust the values they are given. This
 //! file is the tagged enum of the settings and the dispatch.
@@ -24,9 +24,10 @@ pub use feddrop::{FedDrop, FedDropSettings};
 pub use fedl1::{FedL1, FedL1Settings};
 pub use fedmedian::FedMedian;
 pub use fedmix::{FedMix, FedMixSettings};
-pub(crate) use fedngm::member_weights;
 pub use fedngm::{
-    ClientWeighting, FedNgm, FedNgmConfig, FedNgmVariant, FedNgrConfig, GraphSettings, SampleSite,
+    ClientWeighting, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun, FedNgmVariant,
+    FedNgrConfig, GraphSettings, PredictionScore, SampleSite, Stitched, Traffic, run_fedngm,
+    score_ensemble, score_marginal, score_prediction, score_rows, stitch_client,
 };
 pub use fedopt::{FedOpt, FedOptSettings, ServerOptName, ServerStep, ServerStepConfig};
 pub use fedprox::{FedProx, FedProxSettings};

@@ -11,13 +11,10 @@ use fedfuse_data::{
     CDC_2015_ZIP, CdcOptions, Ggm, GgmConfig, GraphShape, Table, conditional_mean, load_cdc,
     sample_ggm,
 };
-use fedfuse_fed::fedngm::{
-    ClientWeighting, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRun, FedNgmVariant, SampleSite,
-    run_fedngm, score_marginal, score_prediction, stitch_client,
-};
 use fedfuse_fed::{
-    Aggregate, FedAvg, FedError, Method, Reply, RoundMetrics, RunResult, SimConfig, TableContext,
-    simulate, simulate_tables,
+    Aggregate, ClientWeighting, FedAvg, FedError, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRun,
+    FedNgmVariant, Method, Reply, RoundMetrics, RunResult, SampleSite, SimConfig, TableContext,
+    run_fedngm, score_marginal, score_prediction, simulate, simulate_tables, stitch_client,
 };
 use fedfuse_fuse::{Graph, edge_precision_recall};
 use fedfuse_train::{

@@ -10,7 +10,6 @@ The Rust core does the work; this package converts numpy arrays and Flower recor
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,7 +53,7 @@ def arrays_from_tensors(tensors: Sequence) -> dict[str, np.ndarray]:
 
 
 # PFNM's defaults live in the Rust core, read once here.
-_PFNM = json.loads(_pfnm_defaults())
+_PFNM = _pfnm_defaults()
 
 
 def fuse(
@@ -106,7 +105,7 @@ def fuse(
         str(order),
         int(seed),
     )
-    return arrays_from_tensors(fused), json.loads(report)
+    return arrays_from_tensors(fused), report
 
 
 def rdp_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> tuple[float, float]:

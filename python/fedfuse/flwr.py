@@ -31,7 +31,6 @@ the ``"config"`` ConfigRecord (``server-round``, ``proximal-mu``), and a reply's
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -217,7 +216,7 @@ class Strategy(FlowerStrategy):
                 outcome[slot] = (arrays, config, metrics)
             except FedfuseError as e:
                 outcome[slot] = str(e)
-        metrics = json.loads(self._server.finish_round(list(outcome.items())))
+        metrics = self._server.finish_round(list(outcome.items()))
         self.rounds.append(metrics)
         arrays = to_recorddict(self._server.global_model(), metrics=False)[ARRAYS]
         numeric = {

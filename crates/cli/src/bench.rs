@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, Dataset, load_dataset};
 use fedfuse_fed::{
-    Aggregate, ClientContext, ClientsPerRound, FedAvg, Fold, Method, Reply, SimConfig, simulate,
-    standard_fit,
+    Aggregate, ClientContext, ClientsPerRound, FedAvg, Fold, Method, Population, Reply, SimConfig,
+    simulate, standard_fit,
 };
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 
@@ -189,9 +189,7 @@ pub fn sim(
     let t = Instant::now();
     let run = simulate(
         &mut method,
-        &trainer,
-        &pool,
-        &data.test,
+        Population::labelled(&trainer, &pool, &data.test),
         init,
         &cfg,
         &|_| {},

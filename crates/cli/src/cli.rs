@@ -209,10 +209,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Gems { config, grid } => {
-            let mut cfg = fedfuse_lab::gems::GemsExperiment::load(&config)?;
+            let mut cfg = fedfuse_lab::gems_experiment::GemsExperiment::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
-            fedfuse_lab::gems::run(
+            fedfuse_lab::gems_experiment::run(
                 &cfg,
                 &grid.out,
                 grid.data_dir.as_deref(),
@@ -222,10 +222,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ngm { config, grid } => {
-            let mut cfg = fedfuse_lab::ngm::NgmExperiment::load(&config)?;
+            let mut cfg = fedfuse_lab::ngm_experiment::NgmExperiment::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
-            fedfuse_lab::ngm::run(
+            fedfuse_lab::ngm_experiment::run(
                 &cfg,
                 &grid.out,
                 grid.data_dir.as_deref(),

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use fedfuse_core::sparse::{self, information_bound_bits};
+use fedfuse_core::sparse_codec::{self, information_bound_bits};
 use fedfuse_core::{Params, Record, Result, Tensor};
 
 /// xorshift64, seeded: the same positions every run.
@@ -77,7 +77,7 @@ fn main() -> Result<()> {
         for density in [0.001, 0.01, 0.1, 0.5, 0.9] {
             let k = (n as f64 * density).round() as usize;
             let data = random_sparse(n, k, &mut rng);
-            let blob = sparse::encode_tensor(&Tensor::new("w", vec![n], data.clone())?);
+            let blob = sparse_codec::encode_tensor(&Tensor::new("w", vec![n], data.clone())?);
             let bound = information_bound_bits(n, k) / 8.0;
             let mut params = Params::new();
             params.push("w", vec![n], data)?;
@@ -107,7 +107,7 @@ fn main() -> Result<()> {
         for p in [0.1, 0.5, 0.9] {
             let data = unit_pruned(rows, cols, p, &mut rng);
             let t = Tensor::new("w", vec![rows, cols], data.clone())?;
-            let blob = sparse::encode_tensor(&t);
+            let blob = sparse_codec::encode_tensor(&t);
             let pruned = data.chunks_exact(cols).filter(|r| r[0] == 0.0).count();
             let index = blob.bytes.len() - blob.header_len - 4 * blob.nonzeros;
             let mut params = Params::new();

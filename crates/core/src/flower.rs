@@ -6,13 +6,13 @@
 //! - A dense tensor is a Flower `Array` of `stype` [`DENSE_STYPE`], dtype `float32`, whose
 //!   bytes are a `.npy` file, as `flwr.app.Array` makes from a numpy array.
 //! - In a record with [`Record::sparse`] set, a tensor whose sparse blob
-//!   ([`crate::sparse`]) is smaller than its dense values travels as an `Array` of `stype`
+//!   ([`crate::sparse_codec`]) is smaller than its dense values travels as an `Array` of `stype`
 //!   [`SPARSE_STYPE`] whose bytes are the blob, so the bytes on Flower's wire are the traffic
 //!   fedfuse reports; the config record then holds [`SPARSE_FLAG`].
 //! - fedfuse's `server_round`, `proximal_mu` and `num_examples` are Flower's `server-round`,
 //!   `proximal-mu` and `num-examples`; other keys pass unchanged.
 
-use crate::sparse::{MAX_SPARSE_VALUES, blob_if_smaller, decode_blob};
+use crate::sparse_codec::{MAX_SPARSE_VALUES, blob_if_smaller, decode_blob};
 use crate::{ConfigValue, CoreError, Params, Record, Result, npz};
 
 /// `stype` of a dense array: the bytes are a `.npy` file.

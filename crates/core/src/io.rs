@@ -1,54 +1,20 @@
 //! safetensors encoding of [`Params`]: the format of model files and of [`crate::Record`]s.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, SafeTensors, View};
+use safetensors::tensor::Dtype;
 
+use crate::container::{self, F32View};
 use crate::{CoreError, Params, Result};
-
-/// Metadata key holding tensor order (safetensors itself sorts tensors by name).
-const ORDER_KEY: &str = "fedfuse.order";
-
-struct F32View<'a>(&'a crate::Tensor);
-
-impl View for F32View<'_> {
-    fn dtype(&self) -> Dtype {
-        Dtype::F32
-    }
-    fn shape(&self) -> &[usize] {
-        &self.0.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        // Little-endian f32 is the wire format: on such machines the memory is the bytes.
-        if cfg!(target_endian = "little") {
-            Cow::Borrowed(bytemuck::cast_slice(&self.0.data))
-        } else {
-            Cow::Owned(self.0.data.iter().flat_map(|v| v.to_le_bytes()).collect())
-        }
-    }
-    fn data_len(&self) -> usize {
-        self.0.data.len() * 4
-    }
-}
 
 /// Encodes `params` as safetensors bytes (little-endian f32), with `metadata` in the header.
 pub fn params_to_safetensors(
     params: &Params,
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>> {
-    let mut metadata = metadata;
-    let order = serde_json::to_string(params.names()).map_err(|e| CoreError::Decode {
-        what: "tensor names".into(),
-        reason: e.to_string(),
-    })?;
-    metadata.insert(ORDER_KEY.to_string(), order);
     let views = params.iter().map(|(n, t)| (n.to_string(), F32View(t)));
-    safetensors::serialize(views, Some(metadata)).map_err(|e| CoreError::Decode {
-        what: "parameters".into(),
-        reason: e.to_string(),
-    })
+    container::serialize(params, views, metadata)
 }
 
 /// Decodes safetensors bytes into [`Params`] and the header's metadata.
@@ -57,64 +23,22 @@ pub fn params_to_safetensors(
 /// by name with numbers compared as numbers (`layers.2` before `layers.10`). F16, BF16 and F64
 /// tensors are converted to f32.
 pub fn params_from_safetensors(bytes: &[u8]) -> Result<(Params, HashMap<String, String>)> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| CoreError::Decode {
-        what: "safetensors buffer".into(),
-        reason: e.to_string(),
-    })?;
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| CoreError::Decode {
-        what: "safetensors header".into(),
-        reason: e.to_string(),
-    })?;
-    let metadata = header.metadata().clone().unwrap_or_default();
-    let mut names: Vec<String> = match metadata.get(ORDER_KEY) {
-        Some(json) => serde_json::from_str(json).map_err(|e| CoreError::Decode {
-            what: format!("`{ORDER_KEY}` metadata"),
-            reason: e.to_string(),
-        })?,
-        None => st.names().into_iter().map(str::to_string).collect(),
-    };
-    if metadata.contains_key(ORDER_KEY) {
-        // The order must name every tensor once: a partial list would drop tensors silently.
-        let mut listed = names.clone();
-        listed.sort();
-        let mut stored: Vec<String> = st.names().into_iter().map(str::to_string).collect();
-        stored.sort();
-        if listed != stored {
-            // A set: scanning one list per name of the other is quadratic on a header of
-            // millions of names. The first 20 unlisted say enough.
-            let listed_set: std::collections::HashSet<&String> = listed.iter().collect();
-            let missing: Vec<&String> = stored
-                .iter()
-                .filter(|n| !listed_set.contains(n))
-                .take(20)
-                .collect();
-            return Err(CoreError::Decode {
-                what: format!("`{ORDER_KEY}` metadata"),
-                reason: format!(
-                    "it lists {} names for the file's {} tensors (unlisted: {missing:?}); it \
-                     must name each tensor once, or be left out",
-                    names.len(),
-                    stored.len()
-                ),
-            });
-        }
-    } else {
+    let c = container::parse(bytes)?;
+    let names = c.order.unwrap_or_else(|| {
+        let mut names: Vec<String> = c.tensors.names().into_iter().map(str::to_string).collect();
         names.sort_by_key(|n| tensor_order_key(n));
-    }
+        names
+    });
     let mut params = Params::new();
     for name in names {
-        let view = st.tensor(&name).map_err(|e| CoreError::Decode {
+        let view = c.tensors.tensor(&name).map_err(|e| CoreError::Decode {
             what: format!("tensor `{name}`"),
             reason: e.to_string(),
         })?;
         let data = to_f32(&name, view.dtype(), view.data())?;
         params.push(name, view.shape().to_vec(), data)?;
     }
-    let user_meta = metadata
-        .into_iter()
-        .filter(|(k, _)| k != ORDER_KEY)
-        .collect();
-    Ok((params, user_meta))
+    Ok((params, c.metadata))
 }
 
 fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
@@ -218,6 +142,7 @@ pub fn load_safetensors(path: &Path) -> Result<Params> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::container::ORDER_KEY;
 
     #[test]
     fn an_order_that_does_not_name_every_tensor_once_is_refused() {

@@ -4,7 +4,7 @@
 //! - [`Params`]: ordered, named f32 tensors with shapes, PyTorch naming (`layers.0.weight` is
 //!   `[out, in]`).
 //! - [`Record`]: the unit of traffic between a client and the server (arrays + config + metrics +
-//!   `num_examples`), with a wire encoding whose length is the traffic figure; [`sparse`] writes
+//!   `num_examples`), with a wire encoding whose length is the traffic figure; [`sparse_codec`] writes
 //!   mostly-zero tensors as their non-zero values and a compact index when a record asks.
 //! - [`GroupLayout`]: the parameter groups (hidden units, conv filters) that structured
 //!   sparsity switches on and off, and FedSparse's gate maths over them ([`groups`]).
@@ -25,6 +25,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod container;
 mod error;
 mod features;
 pub mod flower;
@@ -33,7 +34,7 @@ mod io;
 mod npz;
 mod params;
 mod record;
-pub mod sparse;
+pub mod sparse_codec;
 mod spec;
 
 pub use error::{CoreError, Result};

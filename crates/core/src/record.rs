@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CoreError, Params, Result, io, sparse};
+use crate::{CoreError, Params, Result, io, sparse_codec};
 
 /// A configuration value carried by a [`Record`] (a Flower `ConfigRecord` entry).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,7 +45,7 @@ pub struct Record {
     /// Examples the sender trained on; the FedAvg weight.
     pub num_examples: u64,
     /// Ask [`Record::encode`] to write each tensor sparse (its non-zero values and their
-    /// positions, see [`crate::sparse`]) where that is smaller than dense f32. Off by default,
+    /// positions, see [`crate::sparse_codec`]) where that is smaller than dense f32. Off by default,
     /// which leaves the wire form as it always was; [`Record::decode`] sets it when the buffer
     /// was written this way. Decoded values are bit-for-bit those encoded (`-0.0` included).
     pub sparse: bool,
@@ -107,7 +107,7 @@ impl Record {
         );
         meta.insert(EXAMPLES_KEY.to_string(), self.num_examples.to_string());
         if self.sparse {
-            sparse::params_to_container(&self.params, meta)
+            sparse_codec::params_to_container(&self.params, meta)
         } else {
             io::params_to_safetensors(&self.params, meta)
         }
@@ -116,9 +116,9 @@ impl Record {
     /// Parses wire bytes, dense or sparse; any malformed buffer is an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         // Only a buffer marked sparse takes the sparse path: dense ones decode as they always did.
-        let is_sparse = sparse::is_sparse_container(bytes);
+        let is_sparse = sparse_codec::is_sparse_container(bytes);
         let (params, meta) = if is_sparse {
-            sparse::params_from_container(bytes)?
+            sparse_codec::params_from_container(bytes)?
         } else {
             io::params_from_safetensors(bytes)?
         };

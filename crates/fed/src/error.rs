@@ -40,10 +40,62 @@ pub enum FedError {
         /// Why, and what would be valid.
         reason: String,
     },
-    /// A checkpoint could not be written after a round.
-    #[error("checkpoint: {reason}")]
+    /// A method was given the other kind of data: tabular methods (FedNGM) federate tables,
+    /// all others labelled samples.
+    #[error(
+        "`{method}` {}",
+        if *tabular {
+            "federates tables, not labelled samples; run it on a `[table]`"
+        } else {
+            "trains classifiers on labelled samples; it cannot run on a `[table]`"
+        }
+    )]
+    WrongData {
+        /// The method's name.
+        method: &'static str,
+        /// Whether the method is the tabular kind.
+        tabular: bool,
+    },
+    /// The callback after a round (a checkpoint) failed; the run stops there.
+    #[error("checkpoint after round {round}")]
     Checkpoint {
+        /// The round just finished.
+        round: usize,
         /// What failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A method's server state cannot go on: a panic poisoned it, or the round loop called
+    /// it out of order. Not a setting: report it as a bug.
+    #[error("`{method}`'s server state: {reason}")]
+    MethodState {
+        /// The method's name.
+        method: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A method's state could not be written for a checkpoint.
+    #[error("cannot save {what}")]
+    SaveState {
+        /// What was being saved.
+        what: &'static str,
+        /// The encoder's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A checkpoint holds state for a method that cannot resume.
+    #[error("`{method}` cannot resume from a checkpoint; run without --resume")]
+    CannotResume {
+        /// The method's name.
+        method: &'static str,
+    },
+    /// A reply that fails the method's own checks (the round loop adds which client sent
+    /// it when it lists the rejection).
+    #[error("{method} reply: {reason}")]
+    InvalidReply {
+        /// The method's name.
+        method: &'static str,
+        /// What was wrong.
         reason: String,
     },
     /// A client's reply cannot be used.

@@ -6,11 +6,12 @@
 //! a method.
 //!
 //! ```no_run
-//! use fedfuse_fed::{MethodConfig, SimConfig, simulate};
+//! use fedfuse_fed::{MethodConfig, Population, SimConfig, simulate};
 //! # fn demo(clients: &[fedfuse_data::ClientData], test: &fedfuse_data::Dataset,
 //! #         trainer: &fedfuse_train::Trainer, init: fedfuse_core::Params) -> fedfuse_fed::Result<()> {
 //! let mut method = MethodConfig::FedAvg(Default::default()).build()?;
-//! let run = simulate(method.as_mut(), trainer, clients, test, init, &SimConfig::default(), &|_| {})?;
+//! let population = Population::labelled(trainer, clients, test);
+//! let run = simulate(method.as_mut(), population, init, &SimConfig::default(), &|_| {})?;
 //! println!("final accuracy {:.3}", run.rounds.last().map_or(0.0, |r| r.global_accuracy));
 //! # Ok(()) }
 //! ```
@@ -29,8 +30,8 @@ pub use method::{
 };
 pub use methods::put_class_counts;
 pub use methods::{
-    BuildContext, Bulyan, BulyanSettings, CentralDp, CriterionKind, DpSampling, FedAvg,
-    FedAvgSettings, FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMedian, FedMix,
+    BuildContext, Bulyan, BulyanSettings, CentralDp, CheckedMethod, CriterionKind, DpSampling,
+    FedAvg, FedAvgSettings, FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMedian, FedMix,
     FedMixSettings, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun, FedNgmVariant,
     FedNgrConfig, FedOpt, FedOptSettings, FedProx, FedProxSettings, FedSparse, FedSparseSettings,
     FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum, KrumSettings,
@@ -44,8 +45,7 @@ pub use methods::{
 };
 pub use seed::derive_seed;
 pub use simulator::{
-    AfterRound, ClientsPerRound, LastUploads, Population, Progress, Rejection, ReplyBounds,
-    RoundMetrics, RoundState, RoundTally, RunResult, Sampler, Sampling, Session, SimConfig,
-    client_step, evaluate_classifier, simulate, simulate_session, simulate_tables,
-    simulate_tables_session,
+    AfterRound, BoxError, ClientsPerRound, LastUploads, Population, Progress, Rejection,
+    ReplyBounds, RoundMetrics, RoundState, RoundTally, RunResult, Sampler, Sampling, Session,
+    SimConfig, client_step, evaluate_classifier, simulate, simulate_session,
 };

@@ -86,7 +86,7 @@ pub trait Method: Send + Sync {
     }
 
     /// Whether the method's clients hold tables ([`Method::fit_table`], run by
-    /// [`simulate_tables`](crate::simulate_tables)) rather than labelled samples. Its global
+    /// [`Population::Tables`](crate::Population::Tables)) rather than labelled samples. Its global
     /// model is then no classifier: the simulator reports no accuracy or loss of it, only the
     /// method's own figures ([`Method::evaluate_table`]). `false` by default.
     fn tabular(&self) -> bool {
@@ -171,9 +171,8 @@ pub trait Method: Send + Sync {
         if self.stateless() {
             Ok(())
         } else {
-            Err(FedError::InvalidSetting {
-                field: "method",
-                reason: format!("`{}` cannot resume from a checkpoint", self.name()),
+            Err(FedError::CannotResume {
+                method: self.name(),
             })
         }
     }

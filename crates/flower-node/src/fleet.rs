@@ -45,7 +45,10 @@ const OPENSSH_END: &str = "-----END OPENSSH PRIVATE KEY-----";
 fn refuse_shared_key(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path)
-        .map_err(|e| NodeError::Key(format!("{}: {e}", path.display())))?
+        .map_err(|source| NodeError::KeyFile {
+            path: path.to_path_buf(),
+            source,
+        })?
         .permissions()
         .mode();
     if mode & 0o077 != 0 {
@@ -89,8 +92,10 @@ impl NodeKey {
     /// -algorithm EC -pkeyopt ec_paramgen_curve:P-384`).
     pub fn from_file(path: &Path) -> Result<Self> {
         refuse_shared_key(path)?;
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| NodeError::Key(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|source| NodeError::KeyFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let bad = |why: String| NodeError::Key(format!("{}: {why}", path.display()));
         if let Some(body) = text
             .split_once(OPENSSH_BEGIN)
@@ -236,8 +241,10 @@ impl Fleet {
             .max_redirects(0)
             .proxy(None);
         if let Some(ca) = &conn.root_certificates {
-            let pem =
-                std::fs::read(ca).map_err(|e| NodeError::Tls(format!("{}: {e}", ca.display())))?;
+            let pem = std::fs::read(ca).map_err(|source| NodeError::CaFile {
+                path: ca.clone(),
+                source,
+            })?;
             let certs: Vec<_> = ureq::tls::parse_pem(&pem)
                 .filter_map(|item| match item {
                     Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
@@ -317,9 +324,9 @@ impl Fleet {
                 detail,
             });
         }
-        Resp::decode(body.as_slice()).map_err(|e| NodeError::Transport {
+        Resp::decode(body.as_slice()).map_err(|source| NodeError::Decode {
             rpc: rpc.to_string(),
-            reason: format!("undecodable reply: {e}"),
+            source,
         })
     }
 }
@@ -382,6 +389,17 @@ mod tests {
         addr
     }
 
+    /// An HTTP 200 reply carrying `body` as protobuf.
+    fn ok_response(body: &[u8]) -> Vec<u8> {
+        let mut response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/protobuf\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        response.extend_from_slice(body);
+        response
+    }
+
     fn fleet_at(addr: String) -> Fleet {
         let conn = Connection {
             superlink: addr,
@@ -408,6 +426,63 @@ mod tests {
         assert!(matches!(e, NodeError::Status { status: 302, .. }), "{e}");
     }
 
+    /// The chain of an error's messages, as the binary prints it.
+    fn chain(e: &NodeError) -> String {
+        let mut text = e.to_string();
+        let mut next = std::error::Error::source(e);
+        while let Some(s) = next {
+            text += &format!(": {s}");
+            next = s.source();
+        }
+        text
+    }
+
+    #[test]
+    fn a_reply_that_is_not_the_calls_message_keeps_the_decoders_error() {
+        let e = fleet_at(answering(ok_response(b"\xff\xff\xff")))
+            .call::<_, proto::SendNodeHeartbeatResponse>(
+                "send-node-heartbeat",
+                &proto::SendNodeHeartbeatRequest::default(),
+            )
+            .err()
+            .unwrap();
+        assert!(matches!(e, NodeError::Decode { .. }), "{e:?}");
+        let text = chain(&e);
+        assert!(
+            text.starts_with("send-node-heartbeat: undecodable reply: ") && text.len() > 40,
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn missing_key_and_ca_files_are_named_with_the_os_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("no-such-key");
+        let e = NodeKey::from_file(&key).err().unwrap();
+        assert!(matches!(e, NodeError::KeyFile { .. }), "{e:?}");
+        let text = chain(&e);
+        assert!(
+            text.starts_with(&format!("node key {}: ", key.display()))
+                && text.contains("No such file"),
+            "{text}"
+        );
+        let ca = dir.path().join("no-such-ca.pem");
+        let conn = Connection {
+            superlink: "127.0.0.1:9".into(),
+            insecure: false,
+            root_certificates: Some(ca.clone()),
+        };
+        let e = Fleet::new(&conn, NodeKey::generate().unwrap())
+            .err()
+            .unwrap();
+        assert!(matches!(e, NodeError::CaFile { .. }), "{e:?}");
+        assert!(
+            chain(&e).starts_with(&format!("TLS: CA certificate {}: ", ca.display())),
+            "{}",
+            chain(&e)
+        );
+    }
+
     #[test]
     fn a_small_call_refuses_a_large_reply() {
         // A valid heartbeat reply padded with 2 MiB of an unknown field (which protobuf
@@ -415,13 +490,7 @@ mod tests {
         let mut body = proto::SendNodeHeartbeatResponse { success: true }.encode_to_vec();
         let pad = vec![0u8; 2 << 20];
         prost::encoding::bytes::encode(99, &pad, &mut body);
-        let mut response = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/protobuf\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        response.extend_from_slice(&body);
-        let e = fleet_at(answering(response))
+        let e = fleet_at(answering(ok_response(&body)))
             .call::<_, proto::SendNodeHeartbeatResponse>(
                 "send-node-heartbeat",
                 &proto::SendNodeHeartbeatRequest::default(),

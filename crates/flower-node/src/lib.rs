@@ -52,9 +52,36 @@ pub enum NodeError {
     /// The node's key could not be made or read.
     #[error("node key: {0}")]
     Key(String),
+    /// The node's key file could not be read.
+    #[error("node key {}", path.display())]
+    KeyFile {
+        /// The file (`--auth-key`).
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The CA certificate could not be read.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The CA certificate file could not be read.
+    #[error("TLS: CA certificate {}", path.display())]
+    CaFile {
+        /// The file (`--root-certificates`).
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The SuperLink's reply is not the protobuf message the call returns.
+    #[error("{rpc}: undecodable reply")]
+    Decode {
+        /// The Fleet call.
+        rpc: String,
+        /// What the decoder said.
+        #[source]
+        source: prost::DecodeError,
+    },
 }
 
 /// Text a peer sent, fit for a log line or an error: at most 300 characters, with control

@@ -15,7 +15,7 @@
 pub mod dp;
 mod elementwise;
 mod error;
-mod fedsparse;
+mod fedsparse_server;
 pub mod gems;
 mod graph;
 mod krum;
@@ -29,7 +29,7 @@ pub use elementwise::{
     trimmed_mean, trimmed_mean_params, weighted_mean, weighted_mean_params,
 };
 pub use error::{FuseError, Result};
-pub use fedsparse::{
+pub use fedsparse_server::{
     FedSparseConfig, FedSparseServer, RoundStart, SparseGradSum, SparseGradients, SparseReply,
     Stationary, TotalVariation, fedsparse_gradients, fedsparse_stationary, prune, total_variation,
 };

@@ -4,11 +4,13 @@
 
 use fedfuse_core::Params;
 use fedfuse_data::ClientData;
+use fedfuse_fed::{
+    ClientContext, FedAvg, Method, Reply, SeparateInits, client_step, derive_seed, put_class_counts,
+};
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rayon::prelude::*;
 
 use crate::error::{Result, bail};
-use fedfuse_fed::{Reply, derive_seed, put_class_counts};
 
 /// Where the clients' local training starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,12 +32,13 @@ pub struct LocalModel {
     pub examples: usize,
 }
 
-/// Trains every client's model for `train.epochs`, clients in parallel.
+/// Trains every client's model for `train.epochs`, clients in parallel: round 1's client step
+/// of a federation with `seed` ([`client_step`], what the simulator and a Flower node run),
+/// for FedAvg from its own initial weights or from a common one.
 ///
 /// With [`Start::Separate`] client `j` starts from `init_params(spec, init, derive_seed(seed, 1,
-/// j))` and batches with the same seed: exactly what the matching methods' clients do in round
-/// 1 of a federation with that seed. With [`Start::Common`] all start from the global initial
-/// model of the simulator (`derive_seed(seed, 0, usize::MAX)`).
+/// j))`, as the matching methods' clients do in round 1. With [`Start::Common`] all start from
+/// the global initial model of the simulator (`derive_seed(seed, 0, usize::MAX)`).
 pub fn train_locals(
     trainer: &Trainer,
     clients: &[ClientData],
@@ -47,30 +50,42 @@ pub fn train_locals(
     if clients.is_empty() {
         bail!("no clients to train");
     }
-    let common = init_params(trainer.spec(), init, derive_seed(seed, 0, usize::MAX));
+    let (method, global): (Box<dyn Method>, Params) = match start {
+        Start::Separate => (
+            Box::new(SeparateInits {
+                inner: Box::new(FedAvg),
+                init,
+            }),
+            Params::new(),
+        ),
+        Start::Common => (
+            Box::new(FedAvg),
+            init_params(trainer.spec(), init, derive_seed(seed, 0, usize::MAX)),
+        ),
+    };
+    const ROUND: usize = 1;
     clients
         .par_iter()
         .enumerate()
-        .map(|(j, data)| {
-            let task_seed = derive_seed(seed, 1, j);
-            let own;
-            let from = match start {
-                Start::Common => &common,
-                Start::Separate => {
-                    own = init_params(trainer.spec(), init, task_seed);
-                    &own
-                }
+        .map(|(id, data)| {
+            let ctx = ClientContext {
+                id,
+                data,
+                trainer,
+                train,
+                seed: derive_seed(seed, ROUND, id),
             };
-            let fitted = trainer.fit_with(from, &data.train, train, None, task_seed)?;
+            let instruction = method.instruct(ROUND, id, &global)?;
+            let reply = client_step(method.as_ref(), instruction, &ctx, false)?;
             Ok(LocalModel {
-                params: fitted.params,
+                params: reply.params,
                 class_counts: data
                     .train
                     .class_counts()
                     .into_iter()
                     .map(|c| c as f64)
                     .collect(),
-                examples: fitted.examples,
+                examples: reply.num_examples as usize,
             })
         })
         .collect()

@@ -9,7 +9,7 @@ use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset, client_splits};
 use fedfuse_fed::{
     BuildContext, Method, Population, RoundMetrics, RunResult, SERVER_ROUND, Session, SimConfig,
-    derive_seed, simulate_session, simulate_tables_session,
+    derive_seed, simulate_session,
 };
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
@@ -120,9 +120,8 @@ fn federate_with(
     let mut init = std::mem::take(&mut fed.init);
     let target = saved.map(|(path, _)| path);
     let writer = |global: &Params, rounds: &[RoundMetrics], method: &dyn Method| match target {
-        Some(path) => {
-            checkpoint::write(path, cfg, global, rounds, method).map_err(|e| format!("{e:#}"))
-        }
+        Some(path) => checkpoint::write(path, cfg, global, rounds, method)
+            .map_err(fedfuse_fed::BoxError::from),
         None => Ok(()),
     };
     if let Some((path, resume)) = saved {
@@ -159,29 +158,14 @@ fn federate_with(
         }
     }
     observer.run_started(cfg.rounds);
-    let result = match &fed.data {
-        FederationData::Labelled {
-            trainer,
-            clients,
-            test,
-        } => simulate_session(
-            fed.method.as_mut(),
-            (trainer, clients, test),
-            init,
-            &fed.sim,
-            &|p| observer.progress(p),
-            session,
-        ),
-        FederationData::Tables { clients, test } => simulate_tables_session(
-            fed.method.as_mut(),
-            clients,
-            Some(test),
-            init,
-            &fed.sim,
-            &|p| observer.progress(p),
-            session,
-        ),
-    };
+    let result = simulate_session(
+        fed.method.as_mut(),
+        fed.data.population(),
+        init,
+        &fed.sim,
+        &|p| observer.progress(p),
+        session,
+    );
     observer.run_finished();
     Ok(result?)
 }

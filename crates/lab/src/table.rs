@@ -6,6 +6,68 @@ use std::path::Path;
 
 use crate::error::{Context, LabError, Result, bail};
 
+/// The hidden-layer widths of an MLP, written `100-100` in tables and saved rows (empty: no
+/// hidden layer, or no single model).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HiddenWidths(pub Vec<usize>);
+
+impl HiddenWidths {
+    /// The hidden widths of the MLP `params`; empty when `params` is no MLP.
+    pub fn of(params: &fedfuse_core::Params) -> Self {
+        let widths = fedfuse_core::ModelSpec::infer_mlp(params)
+            .ok()
+            .and_then(|s| s.mlp_widths())
+            .map(|w| w[1..w.len() - 1].to_vec())
+            .unwrap_or_default();
+        Self(widths)
+    }
+
+    /// The units of all hidden layers; `None` when there are none.
+    pub fn total(&self) -> Option<usize> {
+        (!self.0.is_empty()).then(|| self.0.iter().sum())
+    }
+}
+
+impl std::fmt::Display for HiddenWidths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, w) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("-")?;
+            }
+            write!(f, "{w}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for HiddenWidths {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        if s.is_empty() {
+            return Ok(Self::default());
+        }
+        s.split('-')
+            .map(str::parse)
+            .collect::<std::result::Result<_, _>>()
+            .map(Self)
+    }
+}
+
+impl serde::Serialize for HiddenWidths {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for HiddenWidths {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|e| serde::de::Error::custom(format!("hidden widths `{text}`: {e}")))
+    }
+}
+
 /// Mean and sample standard deviation of a non-empty slice (0 for one value).
 pub fn mean_std(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;

@@ -21,7 +21,7 @@ use fedfuse_lab::run::Federation;
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 create_exception!(
     _core,
@@ -32,6 +32,41 @@ create_exception!(
 
 fn err(e: impl std::fmt::Display) -> PyErr {
     FedfuseError::new_err(e.to_string())
+}
+
+/// A JSON value as the Python object `json.loads` would make of it, so that Python gets
+/// dicts and lists from Rust rather than text to parse.
+fn json_to_py<'py>(py: Python<'py>, value: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    use serde_json::Value;
+    Ok(match value {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.into_pyobject(py)?.into_any(),
+            (None, Some(u)) => u.into_pyobject(py)?.into_any(),
+            _ => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => s.into_pyobject(py)?.into_any(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(json_to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+        Value::Object(fields) => {
+            let dict = PyDict::new(py);
+            for (k, v) in fields {
+                dict.set_item(k, json_to_py(py, v)?)?;
+            }
+            dict.into_any()
+        }
+    })
+}
+
+/// The Python object of `value` serialised: dicts, lists, numbers, strings, None.
+fn to_py<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bound<'py, PyAny>> {
+    json_to_py(py, &serde_json::to_value(value).map_err(err)?)
 }
 
 /// A Flower config value as Python gives it (bool before int: Python's bools are ints).
@@ -165,14 +200,15 @@ fn params_to_py<'py>(py: Python<'py>, p: &Params) -> PyTensors<'py> {
         .collect()
 }
 
-/// PFNM's defaults (`PfnmConfig::default()`) as JSON: the Python package's keyword defaults.
+/// PFNM's defaults (`PfnmConfig::default()`) as a dict: the Python package's keyword
+/// defaults.
 #[pyfunction]
-fn pfnm_defaults() -> PyResult<String> {
-    serde_json::to_string(&PfnmConfig::default()).map_err(err)
+fn pfnm_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    to_py(py, &PfnmConfig::default())
 }
 
-/// Fuses pre-trained MLPs; returns the fused tensors and the assignments as JSON (the
-/// `.assignments.json` that `fedfuse fuse` writes).
+/// Fuses pre-trained MLPs; returns the fused tensors and the assignments as a dict (what
+/// `fedfuse fuse` writes to `.assignments.json`).
 #[pyfunction]
 #[pyo3(signature = (models, method, class_counts, sigma, sigma0, gamma, iters, eps, max_global, bias_mean, order, seed))]
 #[allow(clippy::too_many_arguments)]
@@ -190,7 +226,7 @@ fn fuse<'py>(
     bias_mean: f64,
     order: &str,
     seed: u64,
-) -> PyResult<(PyTensors<'py>, String)> {
+) -> PyResult<(PyTensors<'py>, Bound<'py, PyAny>)> {
     let method = FuseMethod::parse(method).map_err(err)?;
     let order = order.parse().map_err(err)?;
     let models = models
@@ -214,7 +250,7 @@ fn fuse<'py>(
                 .map_err(|e| e.to_string())
         })
         .map_err(err)?;
-    let report = serde_json::to_string(&fused).map_err(err)?;
+    let report = to_py(py, &fused)?;
     Ok((params_to_py(py, &fused.params), report))
 }
 
@@ -396,13 +432,13 @@ impl Server {
     /// Closes the open round with `replies`: `(client, content)` for a reply, `(client,
     /// reason)` for a failure. Replies are folded in client-slot order whatever order they
     /// arrived in; a sampled client without a reply is listed as failed. Returns the
-    /// round's metrics as JSON (one entry of results.json's `rounds`, plus the seconds the
+    /// round's metrics as a dict (one entry of results.json's `rounds`, plus the seconds the
     /// server spent folding replies, `aggregate_seconds`, and evaluating, `evaluate_seconds`).
-    fn finish_round(
+    fn finish_round<'py>(
         &self,
-        py: Python<'_>,
-        replies: Vec<(usize, Bound<'_, PyAny>)>,
-    ) -> PyResult<String> {
+        py: Python<'py>,
+        replies: Vec<(usize, Bound<'py, PyAny>)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let mut by_client: BTreeMap<usize, Result<FlowerContent, String>> = BTreeMap::new();
         for (client, reply) in replies {
             // A reply that cannot be read (a negative shape, a dtype that is no string) is
@@ -470,7 +506,7 @@ impl Server {
                 fields.insert("evaluate_seconds".into(), evaluate_seconds.into());
             }
             s.rounds.push(metrics);
-            Ok(json.to_string())
+            json_to_py(py, &json)
         })
     }
 

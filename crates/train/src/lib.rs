@@ -30,16 +30,17 @@
 
 mod config;
 mod error;
+mod fedsparse_client;
 pub mod hard_concrete;
 mod init;
 mod net;
 mod ngm;
 mod params;
-mod sparse;
 mod trainer;
 
 pub use config::{OptimizerConfig, TrainConfig};
 pub use error::{Result, TrainError};
+pub use fedsparse_client::{SparseConfig, SparseFit, SparsityPreset};
 pub use init::{Init, init_params};
 pub use ngm::{
     BlockAggregate, CategoricalLoss, Distill, EpochLog, FeatureGraph, FirstDraw, InferConfig,
@@ -48,5 +49,4 @@ pub use ngm::{
     ngr_scores, path_matrix, sensitivity_bounds, stitch_params, structure_penalty,
     structure_report, unit_mask,
 };
-pub use sparse::{SparseConfig, SparseFit, SparsityPreset};
 pub use trainer::{Evaluation, Fitted, MixturePrior, Trainer};

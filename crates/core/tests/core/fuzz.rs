@@ -18,7 +18,7 @@ mod harness;
 use std::collections::HashMap;
 use std::io::{Cursor, Write};
 
-use fedfuse_core::sparse::MAX_SPARSE_VALUES;
+use fedfuse_core::sparse_codec::MAX_SPARSE_VALUES;
 use fedfuse_core::{
     ConfigValue, Params, Record, decode_npy_array, encode_npy, params_from_npz,
     params_from_safetensors, params_to_safetensors,

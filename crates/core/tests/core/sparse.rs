@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use fedfuse_core::sparse::{self, IndexCode, MAX_SPARSE_VALUES};
+use fedfuse_core::sparse_codec::{self, IndexCode, MAX_SPARSE_VALUES};
 use fedfuse_core::{ConfigValue, Params, Record, Tensor};
 use proptest::prelude::*;
 use safetensors::tensor::{Dtype, TensorView};
@@ -167,8 +167,8 @@ proptest! {
         let mut rng = Rng::new(seed);
         let n = shape.iter().product();
         let t = Tensor::new("t", shape, random_data(n, density, &mut rng)).unwrap();
-        let blob = sparse::encode_tensor(&t);
-        let back = sparse::decode_tensor(&blob.bytes).unwrap();
+        let blob = sparse_codec::encode_tensor(&t);
+        let back = sparse_codec::decode_tensor(&blob.bytes).unwrap();
         prop_assert_eq!(&back.shape, &t.shape);
         let want: Vec<u32> = t.data.iter().map(|v| v.to_bits()).collect();
         let got: Vec<u32> = back.data.iter().map(|v| v.to_bits()).collect();
@@ -184,7 +184,7 @@ fn negative_zero_is_a_stored_value() {
         vec![2, 4],
         vec![0.0, -0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
     )]);
-    let blob = sparse::encode_tensor(r.params.tensor_at(0).unwrap());
+    let blob = sparse_codec::encode_tensor(r.params.tensor_at(0).unwrap());
     assert_eq!(blob.nonzeros, 1);
     let back = Record::decode(&r.encode().unwrap()).unwrap();
     assert_eq!(
@@ -206,14 +206,14 @@ fn size_is_within_five_percent_of_the_information_bound() {
         for density in [0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0] {
             let k = (n as f64 * density).round() as usize;
             let t = Tensor::new("t", shape.clone(), exact_k(n, k, &mut rng)).unwrap();
-            let blob = sparse::encode_tensor(&t);
+            let blob = sparse_codec::encode_tensor(&t);
             assert!(
                 blob.header_len <= 1 + shape.len() * 3 + 3 + 2,
                 "{}",
                 blob.header_len
             );
             let chosen = blob.bytes.len().min(4 * n);
-            let bound = sparse::information_bound_bits(n, k);
+            let bound = sparse_codec::information_bound_bits(n, k);
             let allowed = 1.05 * bound + 8.0 * blob.header_len as f64;
             assert!(
                 8.0 * chosen as f64 <= allowed,
@@ -242,7 +242,7 @@ fn each_code_is_chosen_at_its_density() {
     let n = 100_000;
     let mut rng = Rng::new(3);
     let code = |k: usize, rng: &mut Rng| {
-        sparse::encode_tensor(&Tensor::new("t", vec![n], exact_k(n, k, rng)).unwrap()).index
+        sparse_codec::encode_tensor(&Tensor::new("t", vec![n], exact_k(n, k, rng)).unwrap()).index
     };
     assert!(matches!(code(1000, &mut rng), IndexCode::Rice { .. }));
     assert_eq!(code(50_000, &mut rng), IndexCode::Bitmap);
@@ -252,7 +252,7 @@ fn each_code_is_chosen_at_its_density() {
         .map(|i| if i % 100 == 0 { 1.0 } else { 0.0 })
         .collect();
     let t = Tensor::new("t", vec![n], even).unwrap();
-    assert_eq!(sparse::encode_tensor(&t).index, IndexCode::Varint);
+    assert_eq!(sparse_codec::encode_tensor(&t).index, IndexCode::Varint);
 }
 
 /// A `[rows, cols]` weight of non-zero values with the rows `pruned` zeroed, as FedSparse,
@@ -277,7 +277,7 @@ fn unit_pruned_weights_take_the_run_code_and_round_trip() {
     let pruned: Vec<usize> = (0..200).filter(|u| u % 3 != 0 && u % 7 != 1).collect();
     let data = pruned_rows(200, 784, &pruned);
     let t = Tensor::new("w", vec![200, 784], data).unwrap();
-    let blob = sparse::encode_tensor(&t);
+    let blob = sparse_codec::encode_tensor(&t);
     assert_eq!(blob.index, IndexCode::Runs);
     let kept = 200 - pruned.len();
     assert_eq!(blob.nonzeros, kept * 784);
@@ -287,7 +287,7 @@ fn unit_pruned_weights_take_the_run_code_and_round_trip() {
         index <= 6 * kept && index < 784 * 200 / 8 / 20,
         "{index} index bytes"
     );
-    assert_eq!(sparse::decode_tensor(&blob.bytes).unwrap(), t);
+    assert_eq!(sparse_codec::decode_tensor(&blob.bytes).unwrap(), t);
 }
 
 /// Captured from `Record::encode` before sparse encoding existed. Metadata key order follows a
@@ -362,7 +362,7 @@ fn mixed_record() -> &'static (Record, Vec<u8>) {
             .params
             .iter()
             .take(4)
-            .map(|(_, t)| sparse::encode_tensor(t).index)
+            .map(|(_, t)| sparse_codec::encode_tensor(t).index)
             .collect();
         assert_eq!(codes[..2], [IndexCode::Bitmap, IndexCode::Varint]);
         assert!(matches!(codes[2], IndexCode::Rice { .. }));
@@ -383,16 +383,19 @@ fn every_truncation_is_an_error() {
     longer.push(0);
     assert!(Record::decode(&longer).is_err());
     for (name, t) in r.params.iter() {
-        let blob = sparse::encode_tensor(t).bytes;
+        let blob = sparse_codec::encode_tensor(t).bytes;
         for len in 0..blob.len() {
             assert!(
-                sparse::decode_tensor(&blob[..len]).is_err(),
+                sparse_codec::decode_tensor(&blob[..len]).is_err(),
                 "`{name}` prefix of {len}"
             );
         }
         let mut longer = blob.clone();
         longer.push(0);
-        assert!(sparse::decode_tensor(&longer).is_err(), "`{name}` + 1 byte");
+        assert!(
+            sparse_codec::decode_tensor(&longer).is_err(),
+            "`{name}` + 1 byte"
+        );
     }
 }
 
@@ -415,12 +418,12 @@ proptest! {
     ) {
         let (r, _) = mixed_record();
         let t = r.params.tensor_at(which).unwrap();
-        let blob = sparse::encode_tensor(t);
+        let blob = sparse_codec::encode_tensor(t);
         let at = at % blob.bytes.len();
         let mut bad = blob.bytes.clone();
         bad[at] ^= mask;
         let values_at = blob.bytes.len() - 4 * blob.nonzeros;
-        match sparse::decode_tensor(&bad) {
+        match sparse_codec::decode_tensor(&bad) {
             Ok(back) => {
                 prop_assert_eq!(back.data.len(), back.shape.iter().product::<usize>());
                 if at >= values_at {
@@ -440,7 +443,7 @@ proptest! {
         if let Ok(r) = Record::decode(&bytes) {
             assert_stable(&r);
         }
-        if let Ok(t) = sparse::decode_tensor(&bytes) {
+        if let Ok(t) = sparse_codec::decode_tensor(&bytes) {
             prop_assert_eq!(t.data.len(), t.shape.iter().product::<usize>());
         }
     }
@@ -463,7 +466,7 @@ proptest! {
         blob.extend(&shape);
         blob.push(k);
         blob.extend(&body);
-        if let Ok(t) = sparse::decode_tensor(&blob) {
+        if let Ok(t) = sparse_codec::decode_tensor(&blob) {
             prop_assert_eq!(t.data.len(), t.shape.iter().product::<usize>());
         }
         if let Ok(r) = Record::decode(&container(&[("w", Dtype::U8, vec![blob.len()], &blob)], None)) {

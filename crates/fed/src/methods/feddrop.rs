@@ -47,7 +47,20 @@ impl Default for FedDropSettings {
 }
 
 impl FedDropSettings {
-    /// Checks the fraction and builds FedDrop for `ctx.spec`, its units drawn from `ctx.seed`.
+    /// Checks the fraction.
+    pub fn check(&self) -> Result<()> {
+        let fraction = self.fraction;
+        if !(0.0..1.0).contains(&fraction) {
+            return Err(FedError::MethodSetting {
+                field: "fraction",
+                reason: format!("{fraction} is not in [0, 1)"),
+            });
+        }
+        Ok(())
+    }
+
+    /// FedDrop for `ctx.spec`, its units drawn from `ctx.seed` (settings checked by
+    /// [`FedDropSettings::check`]).
     pub fn build(&self, ctx: &BuildContext) -> Result<FedDrop> {
         FedDrop::new(
             self.fraction,
@@ -71,14 +84,9 @@ pub struct FedDrop {
 }
 
 impl FedDrop {
-    /// FedDrop for an MLP `spec`; checks the fraction.
+    /// FedDrop for `spec`, dropping a `fraction` in [0, 1) ([`FedDropSettings::check`]);
+    /// the model needs a hidden layer.
     pub fn new(fraction: f64, spec: &ModelSpec, seed: u64) -> Result<Self> {
-        if !(0.0..1.0).contains(&fraction) {
-            return Err(FedError::MethodSetting {
-                field: "fraction",
-                reason: format!("{fraction} is not in [0, 1)"),
-            });
-        }
         let hidden: Vec<usize> = GroupLayout::of_model(spec)
             .layers()
             .iter()

@@ -24,7 +24,20 @@ pub struct FedL1Settings {
 }
 
 impl FedL1Settings {
-    /// Checks the settings and builds FedL1 for `ctx.spec`.
+    /// Checks `l1` and `threshold`.
+    pub fn check(&self) -> Result<()> {
+        for (field, v) in [("l1", self.l1), ("threshold", self.threshold)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(FedError::MethodSetting {
+                    field,
+                    reason: format!("{v} is not a non-negative number"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// FedL1 for `ctx.spec` (settings checked by [`FedL1Settings::check`]).
     pub fn build(&self, ctx: &BuildContext) -> Result<FedL1> {
         FedL1::new(
             self.l1,
@@ -50,16 +63,8 @@ pub struct FedL1 {
 }
 
 impl FedL1 {
-    /// FedL1 for `spec`; checks the settings.
+    /// FedL1 for `spec`, with a non-negative `l1` and `threshold` ([`FedL1Settings::check`]).
     pub fn new(l1: f64, threshold: f64, spec: &ModelSpec) -> Result<Self> {
-        for (field, v) in [("l1", l1), ("threshold", threshold)] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(FedError::MethodSetting {
-                    field,
-                    reason: format!("{v} is not a non-negative number"),
-                });
-            }
-        }
         Ok(Self {
             l1,
             groups: GroupLayout::of_model(spec),

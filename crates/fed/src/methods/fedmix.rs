@@ -55,25 +55,45 @@ impl Default for FedMixSettings {
 }
 
 impl FedMixSettings {
-    /// Checks the settings and builds FedMix.
-    pub fn build(&self, _ctx: &BuildContext) -> Result<FedMix> {
-        let mix = FedMix::new(
-            self.components,
-            MixtureConfig {
-                lambda: self.lambda,
-                learn_weights: self.learn_weights,
-            },
-        )?;
-        if !self.mixture_term {
-            if self.client_lambda.is_some() {
-                return Err(FedError::MethodSetting {
-                    field: "client_lambda",
-                    reason: "weighs the clients' mixture term; set mixture_term = true".into(),
-                });
-            }
-            return Ok(mix);
+    fn mixture(&self) -> MixtureConfig {
+        MixtureConfig {
+            lambda: self.lambda,
+            learn_weights: self.learn_weights,
         }
-        mix.with_mixture_term(self.client_lambda.unwrap_or(self.lambda))
+    }
+
+    /// Checks the settings.
+    pub fn check(&self) -> Result<()> {
+        if self.components == 0 {
+            return Err(FedError::MethodSetting {
+                field: "components",
+                reason: "at least one component".into(),
+            });
+        }
+        self.mixture().check().map_err(in_method)?;
+        match (self.mixture_term, self.client_lambda) {
+            (false, Some(_)) => Err(FedError::MethodSetting {
+                field: "client_lambda",
+                reason: "weighs the clients' mixture term; set mixture_term = true".into(),
+            }),
+            (true, Some(lambda)) if !(lambda.is_finite() && lambda > 0.0) => {
+                Err(FedError::MethodSetting {
+                    field: "client_lambda",
+                    reason: format!("{lambda}: must be a positive number"),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// FedMix (settings checked by [`FedMixSettings::check`]).
+    pub fn build(&self, _ctx: &BuildContext) -> Result<FedMix> {
+        let mix = FedMix::new(self.components, self.mixture());
+        Ok(if self.mixture_term {
+            mix.with_mixture_term(self.client_lambda.unwrap_or(self.lambda))
+        } else {
+            mix
+        })
     }
 }
 
@@ -93,35 +113,23 @@ pub struct FedMix {
 }
 
 impl FedMix {
-    /// A mixture of `components` server models; checks the settings.
-    pub fn new(components: usize, config: MixtureConfig) -> Result<Self> {
-        if components == 0 {
-            return Err(FedError::MethodSetting {
-                field: "components",
-                reason: "at least one component".into(),
-            });
-        }
-        config.check().map_err(in_method)?;
-        Ok(Self {
+    /// A mixture of `components` (at least 1) server models, with checked settings
+    /// ([`FedMixSettings::check`]).
+    pub fn new(components: usize, config: MixtureConfig) -> Self {
+        Self {
             components,
             config,
             mixture: None,
             client_lambda: None,
             assigned: BTreeMap::new(),
             totals: Vec::new(),
-        })
+        }
     }
 
-    /// Clients train under the mixture prior with precision `lambda` (eq. 48).
-    pub fn with_mixture_term(mut self, lambda: f64) -> Result<Self> {
-        if !(lambda.is_finite() && lambda > 0.0) {
-            return Err(FedError::MethodSetting {
-                field: "client_lambda",
-                reason: format!("{lambda}: must be a positive number"),
-            });
-        }
+    /// Clients train under the mixture prior with precision `lambda` (positive, eq. 48).
+    pub fn with_mixture_term(mut self, lambda: f64) -> Self {
         self.client_lambda = Some(lambda);
-        Ok(self)
+        self
     }
 }
 
@@ -168,9 +176,9 @@ impl Method for FedMix {
                 r.metrics.insert(format!("total.{k}"), *t);
             }
             let assigned =
-                serde_json::to_string(&self.assigned).map_err(|e| FedError::InvalidSetting {
-                    field: "method",
-                    reason: format!("cannot save the assignments: {e}"),
+                serde_json::to_string(&self.assigned).map_err(|source| FedError::SaveState {
+                    what: "FedMix's assignments",
+                    source,
                 })?;
             r.config
                 .insert("assigned".into(), ConfigValue::Str(assigned));

@@ -64,8 +64,8 @@ pub struct FedOptSettings {
 }
 
 impl FedOptSettings {
-    /// Checks the optimizer's settings and builds FedOpt.
-    pub fn build(&self, _ctx: &BuildContext) -> Result<FedOpt> {
+    /// The server optimizer these settings name; its settings checked.
+    fn optimizer(&self) -> Result<ServerOptimizer> {
         let knobs = Knobs {
             lr: self.server_lr,
             beta1: self.beta1,
@@ -73,8 +73,17 @@ impl FedOptSettings {
             tau: self.tau,
             momentum: self.momentum,
         };
-        let opt = server_optimizer(self.optimizer, knobs, Table::Method)?;
-        FedOpt::new(opt)
+        server_optimizer(self.optimizer, knobs, Table::Method)
+    }
+
+    /// Checks the optimizer's settings.
+    pub fn check(&self) -> Result<()> {
+        self.optimizer().map(drop)
+    }
+
+    /// FedOpt (settings checked by [`FedOptSettings::check`]).
+    pub fn build(&self, _ctx: &BuildContext) -> Result<FedOpt> {
+        FedOpt::new(self.optimizer()?)
     }
 }
 
@@ -117,9 +126,10 @@ impl ServerStepConfig {
         server_optimizer(self.optimizer, knobs, Table::Server)
     }
 
-    /// `method` with this server step after its aggregate. Methods that already step their
-    /// own server state (FedOpt, FedSparse) or change widths (neuron matching) cannot take it.
-    pub fn wrap(&self, config: &MethodConfig, method: Box<dyn Method>) -> Result<Box<dyn Method>> {
+    /// Checks the optimizer's settings, and that `config`'s method can take a server step:
+    /// methods that already step their own server state (FedOpt, FedSparse) or change widths
+    /// (neuron matching) cannot.
+    pub fn check_for(&self, config: &MethodConfig) -> Result<()> {
         if config.matching()
             || matches!(
                 config,
@@ -133,10 +143,16 @@ impl ServerStepConfig {
                 field: "server",
                 reason: format!(
                     "`{}` has its own server step; remove the [server] table",
-                    method.name()
+                    config.name()
                 ),
             });
         }
+        self.optimizer().map(drop)
+    }
+
+    /// `method` with this server step after its aggregate (checked with its config by
+    /// [`ServerStepConfig::check_for`]).
+    pub fn wrap(&self, method: Box<dyn Method>) -> Result<Box<dyn Method>> {
         Ok(Box::new(ServerStep::new(method, self.optimizer()?)?))
     }
 }
@@ -306,9 +322,9 @@ impl Method for FedOpt {
 
 /// Steps the shared state from `global` towards `target`.
 fn poisoned() -> FedError {
-    FedError::InvalidSetting {
-        field: "method",
-        reason: "the server optimizer state was poisoned by an earlier panic".into(),
+    FedError::MethodState {
+        method: "fedopt",
+        reason: "the server optimizer's state was poisoned by an earlier panic",
     }
 }
 

@@ -19,8 +19,8 @@ pub struct FedProxSettings {
 }
 
 impl FedProxSettings {
-    /// Checks `mu` and builds FedProx.
-    pub fn build(&self, _ctx: &BuildContext) -> Result<FedProx> {
+    /// Checks `mu`.
+    pub fn check(&self) -> Result<()> {
         let mu = self.mu;
         if !(mu.is_finite() && mu >= 0.0) {
             return Err(FedError::MethodSetting {
@@ -28,7 +28,12 @@ impl FedProxSettings {
                 reason: format!("{mu} is not a non-negative number"),
             });
         }
-        Ok(FedProx { mu })
+        Ok(())
+    }
+
+    /// FedProx (settings checked by [`FedProxSettings::check`]).
+    pub fn build(&self, _ctx: &BuildContext) -> Result<FedProx> {
+        Ok(FedProx { mu: self.mu })
     }
 }
 

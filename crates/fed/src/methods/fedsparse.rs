@@ -78,20 +78,9 @@ impl Default for FedSparseSettings {
 }
 
 impl FedSparseSettings {
-    /// Checks every setting and builds FedSparse for `ctx.spec`: the clients' settings, and
-    /// the server's Kingma-Adam on the weights and Adamax on the thresholds.
-    pub fn build(&self, ctx: &BuildContext) -> Result<FedSparse> {
-        for (field, lr) in [
-            ("server_lr", self.server_lr),
-            ("threshold_server_lr", self.threshold_server_lr),
-        ] {
-            if !(lr.is_finite() && lr > 0.0) {
-                return Err(FedError::MethodSetting {
-                    field,
-                    reason: format!("{lr} is not a positive number"),
-                });
-            }
-        }
+    /// The clients' settings and the server's: Kingma-Adam on the weights, Adamax on the
+    /// thresholds.
+    fn configs(&self) -> (SparseConfig, FedSparseConfig) {
         let client = SparseConfig {
             lambda0: self.lambda0.unwrap_or(self.preset.lambda0()),
             temperature: self.temperature,
@@ -116,6 +105,31 @@ impl FedSparseSettings {
                 eps: 1e-8,
             },
         };
+        (client, server)
+    }
+
+    /// Checks every setting, the clients' and the server's.
+    pub fn check(&self) -> Result<()> {
+        for (field, lr) in [
+            ("server_lr", self.server_lr),
+            ("threshold_server_lr", self.threshold_server_lr),
+        ] {
+            if !(lr.is_finite() && lr > 0.0) {
+                return Err(FedError::MethodSetting {
+                    field,
+                    reason: format!("{lr} is not a positive number"),
+                });
+            }
+        }
+        let (client, server) = self.configs();
+        client.check().map_err(in_method)?;
+        server.check().map_err(in_method)?;
+        Ok(())
+    }
+
+    /// FedSparse for `ctx.spec` (settings checked by [`FedSparseSettings::check`]).
+    pub fn build(&self, ctx: &BuildContext) -> Result<FedSparse> {
+        let (client, server) = self.configs();
         FedSparse::new(
             client,
             server,
@@ -151,10 +165,8 @@ struct State {
 
 impl FedSparse {
     /// FedSparse for `spec` with the client settings `client` and the server settings
-    /// `server` (both checked).
+    /// `server` (both checked: [`FedSparseSettings::check`]).
     pub fn new(client: SparseConfig, server: FedSparseConfig, spec: &ModelSpec) -> Result<Self> {
-        client.check().map_err(in_method)?;
-        server.check().map_err(in_method)?;
         if (client.temperature - server.temperature).abs() > 0.0 {
             return Err(FedError::MethodSetting {
                 field: "temperature",
@@ -196,17 +208,17 @@ impl FedSparse {
             state.theta = start.theta;
             state.server = Some(server);
         }
-        state.server.as_ref().ok_or(FedError::InvalidSetting {
-            field: "method",
-            reason: "the FedSparse server could not be created".into(),
+        state.server.as_ref().ok_or(FedError::MethodState {
+            method: "fedsparse",
+            reason: "the server could not be created",
         })
     }
 }
 
 fn lock(state: &Mutex<State>) -> Result<MutexGuard<'_, State>> {
-    state.lock().map_err(|_| FedError::InvalidSetting {
-        field: "method",
-        reason: "the FedSparse server state was poisoned by an earlier panic".into(),
+    state.lock().map_err(|_| FedError::MethodState {
+        method: "fedsparse",
+        reason: "poisoned by an earlier panic",
     })
 }
 
@@ -216,13 +228,11 @@ fn take_vector(params: &mut Params, name: &str, groups: usize) -> Result<Vec<f32
         .remove(name)
         .ok_or_else(|| fedfuse_core::CoreError::MissingTensor(name.to_string()))?;
     if t.shape != [groups] {
-        return Err(FedError::InvalidSetting {
-            field: "method",
-            reason: format!(
-                "`{name}` has shape {:?}; the model has {groups} groups",
-                t.shape
-            ),
-        });
+        return Err(fedfuse_core::CoreError::GroupMismatch(format!(
+            "`{name}` has shape {:?}; the model has {groups} groups",
+            t.shape
+        ))
+        .into());
     }
     Ok(t.data)
 }
@@ -316,8 +326,8 @@ impl Method for FedSparse {
         }
         reply.params.check_layout(&layout)?;
         reply.params.check_finite()?;
-        let bad = |what: &str| FedError::InvalidSetting {
-            field: "reply",
+        let bad = |what: &str| FedError::InvalidReply {
+            method: "fedsparse",
             reason: format!("`{what}` holds values outside its range"),
         };
         let z = reply.params.require(Z_TENSOR)?;
@@ -391,15 +401,16 @@ impl Fold for GradientFold {
     }
 
     fn finish(self: Box<Self>, _round: usize, _global: &Params) -> Result<Aggregate> {
-        let mut state = lock(&self.state)?;
+        let mut guard = lock(&self.state)?;
+        let state = &mut *guard;
+        let server = state.server.as_mut().ok_or(FedError::MethodState {
+            method: "fedsparse",
+            reason: "asked to finish a round it never began",
+        })?;
         let tv = {
             let pis: Vec<&[f64]> = self.pis.iter().map(Vec::as_slice).collect();
             total_variation(&pis, &state.theta)?
         };
-        let server = state.server.as_mut().ok_or(FedError::InvalidSetting {
-            field: "method",
-            reason: "FedSparse finished a round it never began".into(),
-        })?;
         server.finish_round()?;
         // The next round starts here: prune, so that the global model evaluated now is the
         // one the clients will receive.

@@ -30,8 +30,8 @@ impl Default for FedTrimmedAvgSettings {
 }
 
 impl FedTrimmedAvgSettings {
-    /// Checks `beta` and builds FedTrimmedAvg.
-    pub fn build(&self, _ctx: &BuildContext) -> Result<FedTrimmedAvg> {
+    /// Checks `beta`.
+    pub fn check(&self) -> Result<()> {
         let beta = self.beta;
         if !(0.0..0.5).contains(&beta) {
             return Err(FedError::MethodSetting {
@@ -39,7 +39,12 @@ impl FedTrimmedAvgSettings {
                 reason: format!("{beta} is not in [0, 0.5)"),
             });
         }
-        Ok(FedTrimmedAvg { beta })
+        Ok(())
+    }
+
+    /// FedTrimmedAvg (settings checked by [`FedTrimmedAvgSettings::check`]).
+    pub fn build(&self, _ctx: &BuildContext) -> Result<FedTrimmedAvg> {
+        Ok(FedTrimmedAvg { beta: self.beta })
     }
 }
 

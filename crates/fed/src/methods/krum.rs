@@ -32,14 +32,19 @@ impl Default for KrumSettings {
 }
 
 impl KrumSettings {
-    /// Checks `keep` and builds Krum.
-    pub fn build(&self, _ctx: &BuildContext) -> Result<Krum> {
+    /// Checks `keep`.
+    pub fn check(&self) -> Result<()> {
         if self.keep == 0 {
             return Err(FedError::MethodSetting {
                 field: "keep",
                 reason: "0 keeps no reply; 1 is Krum, more is Multi-Krum".into(),
             });
         }
+        Ok(())
+    }
+
+    /// Krum (settings checked by [`KrumSettings::check`]).
+    pub fn build(&self, _ctx: &BuildContext) -> Result<Krum> {
         Ok(Krum {
             settings: *self,
             chosen: None,

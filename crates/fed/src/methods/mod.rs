@@ -163,6 +163,40 @@ impl MethodConfig {
         self.build_with(BuildContext::default())
     }
 
+    /// Checks the settings and builds the method for `ctx`.
+    pub fn build_with(&self, ctx: BuildContext) -> Result<Box<dyn Method>> {
+        self.check()?.build(ctx)
+    }
+
+    /// Checks every setting of the table, alone: nothing here needs the data or the
+    /// architecture. The result is what builds the method.
+    pub fn check(&self) -> Result<CheckedMethod> {
+        match self {
+            Self::FedAvg(_) | Self::FedMedian {} | Self::Bulyan(_) => Ok(()),
+            Self::FedProx(s) => s.check(),
+            Self::FedL1(s) => s.check(),
+            Self::FedMix(s) => s.check(),
+            Self::FedOpt(s) => s.check(),
+            Self::FedDrop(s) => s.check(),
+            Self::FedSparse(s) => s.check(),
+            Self::FedTrimmedAvg(s) => s.check(),
+            Self::Krum(s) => s.check(),
+            Self::Pfnm(s) => s.check_pfnm(),
+            Self::GpiFnm(s) => s.check_gpi_fnm(),
+            Self::Gems(s) => s.check(),
+            Self::FedNgm(cfg) | Self::FedNgr(FedNgrConfig(cfg)) => cfg.check(),
+        }?;
+        Ok(CheckedMethod(self.clone()))
+    }
+
+    /// The method's name, as `name` writes it in the table.
+    pub fn name(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.get("name")?.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
     /// Whether the method fuses networks whose hidden units may be permuted (MLPs only, the
     /// global width may change).
     pub fn matching(&self) -> bool {
@@ -178,32 +212,47 @@ impl MethodConfig {
             _ => false,
         }
     }
+}
 
-    /// Checks the settings and builds the method.
-    pub fn build_with(&self, ctx: BuildContext) -> Result<Box<dyn Method>> {
-        Ok(match self {
-            Self::FedAvg(s) => s.build(&ctx)?,
-            Self::FedProx(s) => Box::new(s.build(&ctx)?),
-            Self::FedMedian {} => Box::new(FedMedian),
-            Self::FedL1(s) => Box::new(s.build(&ctx)?),
-            Self::FedMix(s) => Box::new(s.build(&ctx)?),
-            Self::FedOpt(s) => Box::new(s.build(&ctx)?),
-            Self::FedDrop(s) => Box::new(s.build(&ctx)?),
-            Self::FedSparse(s) => Box::new(s.build(&ctx)?),
-            Self::FedTrimmedAvg(s) => Box::new(s.build(&ctx)?),
-            Self::Krum(s) => Box::new(s.build(&ctx)?),
-            Self::Bulyan(s) => Box::new(s.build(&ctx)?),
-            Self::Pfnm(s) => Box::new(s.build_pfnm(&ctx)?),
-            Self::GpiFnm(s) => Box::new(s.build_gpi_fnm(&ctx)?),
-            Self::Gems(s) => Box::new(s.build(&ctx)?),
+/// A `[method]` table whose settings passed [`MethodConfig::check`]: what builds the method,
+/// so that no layer below checks a setting again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckedMethod(MethodConfig);
+
+impl CheckedMethod {
+    /// The settings.
+    pub fn config(&self) -> &MethodConfig {
+        &self.0
+    }
+
+    /// Builds the method for `ctx`; what is checked here is only what the settings cannot
+    /// know: the architecture and validation split a method needs.
+    pub fn build(&self, ctx: BuildContext) -> Result<Box<dyn Method>> {
+        Ok(match &self.0 {
+            MethodConfig::FedAvg(s) => s.build(&ctx)?,
+            MethodConfig::FedProx(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::FedMedian {} => Box::new(FedMedian),
+            MethodConfig::FedL1(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::FedMix(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::FedOpt(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::FedDrop(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::FedSparse(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::FedTrimmedAvg(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::Krum(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::Bulyan(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::Pfnm(s) => Box::new(s.build_pfnm(&ctx)?),
+            MethodConfig::GpiFnm(s) => Box::new(s.build_gpi_fnm(&ctx)?),
+            MethodConfig::Gems(s) => Box::new(s.build(&ctx)?),
             // The run's seed seeds FedNGM too.
-            Self::FedNgm(cfg) | Self::FedNgr(FedNgrConfig(cfg)) => Box::new(FedNgm::new(
-                FedNgmConfig {
-                    seed: ctx.seed,
-                    ..cfg.clone()
-                },
-                None,
-            )?),
+            MethodConfig::FedNgm(cfg) | MethodConfig::FedNgr(FedNgrConfig(cfg)) => {
+                Box::new(FedNgm::new(
+                    FedNgmConfig {
+                        seed: ctx.seed,
+                        ..cfg.clone()
+                    },
+                    None,
+                )?)
+            }
         })
     }
 }

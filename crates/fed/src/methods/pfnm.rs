@@ -142,10 +142,10 @@ impl PfnmSettings {
         }
     }
 
-    /// The sigma candidates (empty: `sigma` as set), each a positive variance.
-    fn checked_sigma_grid(&self) -> Result<Vec<f64>> {
+    /// Checks that the sigma candidates, if given, are positive variances.
+    fn check_sigma_grid(&self) -> Result<()> {
         let Some(grid) = &self.sigma_grid else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         if grid.is_empty() {
             return Err(FedError::MethodSetting {
@@ -159,11 +159,20 @@ impl PfnmSettings {
                 reason: format!("{bad} is not a positive variance"),
             });
         }
-        Ok(grid.clone())
+        Ok(())
     }
 
-    /// Checks the settings and builds PFNM for `ctx`'s architecture (an MLP).
-    pub fn build_pfnm(&self, ctx: &BuildContext) -> Result<Pfnm> {
+    /// GPI-FNM's `eps`, and its candidates when it is chosen on the validation split.
+    fn eps_and_grid(&self) -> (f64, Vec<f64>) {
+        match (self.eps, &self.eps_grid) {
+            (Some(eps), _) => (eps, Vec::new()),
+            (None, Some(grid)) => (0.0, grid.clone()),
+            (None, None) => (0.0, default_eps_grid()),
+        }
+    }
+
+    /// Checks the settings as PFNM's, which has no `eps` or `eps_grid`.
+    pub fn check_pfnm(&self) -> Result<()> {
         for (key, given) in [
             ("eps", self.eps.is_some()),
             ("eps_grid", self.eps_grid.is_some()),
@@ -175,34 +184,50 @@ impl PfnmSettings {
                 });
             }
         }
-        Pfnm::new(
-            self.config(0.0),
-            (Vec::new(), self.checked_sigma_grid()?),
-            ctx.validation.clone(),
-            ctx.spec("neuron matching needs the clients' architecture")?
-                .clone(),
-            ctx.init,
-            ctx.seed,
-        )
+        self.check_sigma_grid()?;
+        self.config(0.0).check().map_err(in_method)
     }
 
-    /// Checks the settings and builds GPI-FNM for `ctx`'s architecture (an MLP): with `eps`
-    /// fixed, or chosen each round from `eps_grid` on `ctx.validation`.
-    pub fn build_gpi_fnm(&self, ctx: &BuildContext) -> Result<Pfnm> {
-        let (eps, grid) = match (self.eps, &self.eps_grid) {
-            (Some(eps), _) => (eps, Vec::new()),
-            (None, Some(grid)) if grid.is_empty() => {
+    /// Checks the settings as GPI-FNM's: a fixed `eps`, or candidates to choose it from.
+    pub fn check_gpi_fnm(&self) -> Result<()> {
+        if self.eps.is_none()
+            && let Some(grid) = &self.eps_grid
+        {
+            if grid.is_empty() {
                 return Err(FedError::MethodSetting {
                     field: "eps_grid",
                     reason: "give at least one candidate, or a single `eps`".into(),
                 });
             }
-            (None, Some(grid)) => (0.0, grid.clone()),
-            (None, None) => (0.0, default_eps_grid()),
-        };
+            if let Some(bad) = grid.iter().find(|e| !(e.is_finite() && **e >= 0.0)) {
+                return Err(FedError::MethodSetting {
+                    field: "eps_grid",
+                    reason: format!("{bad} is not a non-negative number"),
+                });
+            }
+        }
+        self.check_sigma_grid()?;
+        self.config(self.eps_and_grid().0)
+            .check()
+            .map_err(in_method)
+    }
+
+    /// PFNM for `ctx`'s architecture, an MLP (settings checked by
+    /// [`PfnmSettings::check_pfnm`]).
+    pub fn build_pfnm(&self, ctx: &BuildContext) -> Result<Pfnm> {
+        self.build_with_eps((0.0, Vec::new()), ctx)
+    }
+
+    /// GPI-FNM for `ctx`'s architecture, an MLP, with `eps` fixed or chosen each round from
+    /// `eps_grid` on `ctx.validation` (settings checked by [`PfnmSettings::check_gpi_fnm`]).
+    pub fn build_gpi_fnm(&self, ctx: &BuildContext) -> Result<Pfnm> {
+        self.build_with_eps(self.eps_and_grid(), ctx)
+    }
+
+    fn build_with_eps(&self, (eps, grid): (f64, Vec<f64>), ctx: &BuildContext) -> Result<Pfnm> {
         Pfnm::new(
             self.config(eps),
-            (grid, self.checked_sigma_grid()?),
+            (grid, self.sigma_grid.clone().unwrap_or_default()),
             ctx.validation.clone(),
             ctx.spec("neuron matching needs the clients' architecture")?
                 .clone(),
@@ -240,7 +265,9 @@ pub struct Pfnm {
 }
 
 impl Pfnm {
-    /// A matching method; checks the settings.
+    /// A matching method with checked settings ([`PfnmSettings::check_pfnm`],
+    /// [`PfnmSettings::check_gpi_fnm`]); checks what they cannot know: an MLP, and a
+    /// validation split when a grid needs one.
     pub fn new(
         config: PfnmConfig,
         (eps_grid, sigma_grid): (Vec<f64>, Vec<f64>),
@@ -249,17 +276,10 @@ impl Pfnm {
         init: Init,
         seed: u64,
     ) -> Result<Self> {
-        config.check().map_err(in_method)?;
         if spec.mlp_widths().is_none() {
             return Err(FedError::InvalidSetting {
                 field: "model.kind",
                 reason: "neuron matching fuses MLPs only; use kind = \"mlp\"".into(),
-            });
-        }
-        if let Some(bad) = eps_grid.iter().find(|e| !(e.is_finite() && **e >= 0.0)) {
-            return Err(FedError::MethodSetting {
-                field: "eps_grid",
-                reason: format!("{bad} is not a non-negative number"),
             });
         }
         let no_validation = validation.as_ref().is_none_or(|v| v.is_empty());
@@ -413,9 +433,9 @@ impl Method for Pfnm {
         Some(
             serde_json::to_string(&self.matched)
                 .map(|json| Record::default().with_config("matched", ConfigValue::Str(json)))
-                .map_err(|e| FedError::InvalidSetting {
-                    field: "method",
-                    reason: format!("cannot save the matching: {e}"),
+                .map_err(|source| FedError::SaveState {
+                    what: "PFNM's matching",
+                    source,
                 }),
         )
     }

@@ -228,26 +228,13 @@ impl PrivacySettings {
         }
     }
 
-    /// Checks the settings and that `config`'s method can take them, and wraps `method`.
-    /// `sampling` says who takes part in a round (the central noise's denominator and the
-    /// accountant's rate), `seed` is the run's.
-    pub fn wrap(
-        &self,
-        config: &MethodConfig,
-        method: Box<dyn Method>,
-        sampling: DpSampling,
-        seed: u64,
-    ) -> Result<Box<dyn Method>> {
+    /// Checks the settings, and that `config`'s method can take them.
+    pub fn check_for(&self, config: &MethodConfig) -> Result<()> {
         self.check()?;
-        let name = method.name();
+        let name = config.name();
         let separate = matches!(config, MethodConfig::FedAvg(s) if s.separate_inits);
         match self {
-            Self::Local {
-                clipping_norm,
-                sensitivity,
-                epsilon,
-                delta,
-            } => {
+            Self::Local { .. } => {
                 let ok = matches!(
                     config,
                     MethodConfig::FedAvg(_)
@@ -273,12 +260,7 @@ impl PrivacySettings {
                         ),
                     });
                 }
-                Ok(Box::new(LocalDp {
-                    inner: method,
-                    clipping_norm: *clipping_norm,
-                    std: dp::gaussian_mechanism_std(*sensitivity, *epsilon, *delta),
-                    epsilon: *epsilon,
-                }))
+                Ok(())
             }
             Self::CentralFixed { .. } | Self::CentralAdaptive { .. } => {
                 if !matches!(config, MethodConfig::FedAvg(_) | MethodConfig::FedProx(_)) || separate
@@ -298,6 +280,33 @@ impl PrivacySettings {
                         ),
                     });
                 }
+                Ok(())
+            }
+        }
+    }
+
+    /// Wraps `method` (settings checked with its config by [`PrivacySettings::check_for`]).
+    /// `sampling` says who takes part in a round (the central noise's denominator and the
+    /// accountant's rate), `seed` is the run's.
+    pub fn wrap(
+        &self,
+        method: Box<dyn Method>,
+        sampling: DpSampling,
+        seed: u64,
+    ) -> Result<Box<dyn Method>> {
+        match self {
+            Self::Local {
+                clipping_norm,
+                sensitivity,
+                epsilon,
+                delta,
+            } => Ok(Box::new(LocalDp {
+                inner: method,
+                clipping_norm: *clipping_norm,
+                std: dp::gaussian_mechanism_std(*sensitivity, *epsilon, *delta),
+                epsilon: *epsilon,
+            })),
+            Self::CentralFixed { .. } | Self::CentralAdaptive { .. } => {
                 Ok(Box::new(CentralDp::new(self, method, sampling, seed)?))
             }
         }
@@ -639,9 +648,8 @@ mod tests {
 
     fn central_sampled(settings: &PrivacySettings, sampling: DpSampling) -> Box<dyn Method> {
         let fedavg = MethodConfig::FedAvg(FedAvgSettings::default());
-        settings
-            .wrap(&fedavg, fedavg.build().unwrap(), sampling, 7)
-            .unwrap()
+        settings.check_for(&fedavg).unwrap();
+        settings.wrap(fedavg.build().unwrap(), sampling, 7).unwrap()
     }
 
     fn replaced(a: Aggregate) -> Vec<f32> {
@@ -806,15 +814,8 @@ mod tests {
         };
         let pfnm = MethodConfig::Pfnm(PfnmSettings::default());
         let median = MethodConfig::FedMedian {};
-        for (cfg, method) in [
-            (&pfnm, Box::new(crate::FedAvg) as Box<dyn Method>),
-            (&median, Box::new(crate::FedMedian)),
-        ] {
-            let e = s
-                .wrap(cfg, method, DpSampling::fixed(10), 0)
-                .err()
-                .unwrap()
-                .to_string();
+        for cfg in [&pfnm, &median] {
+            let e = s.check_for(cfg).err().unwrap().to_string();
             assert!(
                 e.contains("central DP") && e.contains("kind = \"local\""),
                 "{e}"
@@ -827,20 +828,8 @@ mod tests {
             epsilon: 1.0,
             delta: 1e-5,
         };
-        assert!(
-            local
-                .wrap(
-                    &median,
-                    Box::new(crate::FedMedian),
-                    DpSampling::fixed(10),
-                    0
-                )
-                .is_ok()
-        );
-        let e = local
-            .wrap(&pfnm, Box::new(crate::FedAvg), DpSampling::fixed(10), 0)
-            .err()
-            .unwrap();
+        assert!(local.check_for(&median).is_ok());
+        let e = local.check_for(&pfnm).err().unwrap();
         assert!(e.to_string().contains("local DP clips"), "{e}");
         let bad = PrivacySettings::CentralFixed {
             noise_multiplier: 1.0,
@@ -848,10 +837,7 @@ mod tests {
             delta: 1e-5,
         };
         let fedavg = MethodConfig::FedAvg(FedAvgSettings::default());
-        let e = bad
-            .wrap(&fedavg, Box::new(crate::FedAvg), DpSampling::fixed(10), 0)
-            .err()
-            .unwrap();
+        let e = bad.check_for(&fedavg).err().unwrap();
         assert!(e.to_string().contains("privacy.clipping_norm"), "{e}");
     }
 }

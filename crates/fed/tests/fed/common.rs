@@ -4,7 +4,7 @@
 
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{ClientData, Dataset, PartitionSpec, client_splits, load_dataset, partition};
-use fedfuse_fed::{Method, RunResult, SimConfig, simulate};
+use fedfuse_fed::{Method, Population, RunResult, SimConfig, simulate};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -66,9 +66,7 @@ pub fn run(
     };
     simulate(
         method,
-        &Trainer::new(spec.clone()).unwrap(),
-        &d.clients,
-        &d.test,
+        Population::labelled(&Trainer::new(spec.clone()).unwrap(), &d.clients, &d.test),
         init_params(spec, Init::Default, seed),
         &cfg,
         &|_| {},

@@ -6,7 +6,8 @@ use fedfuse_core::{ModelSpec, Params, Record};
 use fedfuse_data::{ClientData, PartitionSpec, TrainTest, client_splits, load_dataset, partition};
 use fedfuse_fed::{
     Aggregate, BuildContext, BulyanSettings, ClientContext, FedAvg, FedMedian, FedProx,
-    KrumSettings, Method, MethodConfig, Reply, ReplyBounds, Result, SimConfig, simulate,
+    KrumSettings, Method, MethodConfig, Population, Reply, ReplyBounds, Result, SimConfig,
+    simulate,
 };
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -30,9 +31,7 @@ fn final_accuracy(
 ) -> f64 {
     simulate(
         method,
-        trainer,
-        clients,
-        &data.test,
+        Population::labelled(trainer, clients, &data.test),
         init.clone(),
         cfg,
         &|_| {},
@@ -138,9 +137,7 @@ fn nan_reply_is_rejected_and_the_round_goes_on() {
     };
     let run = simulate(
         &mut method,
-        &trainer,
-        &clients,
-        &data.test,
+        Population::labelled(&trainer, &clients, &data.test),
         init,
         &cfg,
         &|_| {},
@@ -188,9 +185,7 @@ fn wrong_shapes_are_rejected_with_the_client_id() {
         };
         let run = simulate(
             &mut method,
-            &trainer,
-            &clients,
-            &data.test,
+            Population::labelled(&trainer, &clients, &data.test),
             init.clone(),
             &sim(1),
             &|_| {},
@@ -243,9 +238,7 @@ fn a_failing_client_is_rejected_but_its_download_counted() {
     let model_bytes = 4 * init.num_values() as u64;
     let run = simulate(
         &mut Crashes { bad: 2 },
-        &trainer,
-        &clients,
-        &data.test,
+        Population::labelled(&trainer, &clients, &data.test),
         init,
         &sim(1),
         &|_| {},
@@ -304,7 +297,14 @@ fn no_single_claim_takes_the_mean_and_weightless_rounds_keep_the_model() {
     // Unbounded, client 3's claim is the whole mean: the model is client 3's alone.
     let clean = final_accuracy(&mut FedAvg, &setup, &bounded);
     let run = |m: &mut dyn Method, cfg: &SimConfig| {
-        simulate(m, trainer, clients, &data.test, init.clone(), cfg, &|_| {}).unwrap()
+        simulate(
+            m,
+            Population::labelled(trainer, clients, &data.test),
+            init.clone(),
+            cfg,
+            &|_| {},
+        )
+        .unwrap()
     };
     let bounded_run = run(&mut liar(), &bounded);
     for r in &bounded_run.rounds {
@@ -347,9 +347,7 @@ fn all_replies_rejected_keeps_the_global_model() {
     };
     let run = simulate(
         &mut method,
-        &trainer,
-        &clients,
-        &data.test,
+        Population::labelled(&trainer, &clients, &data.test),
         init.clone(),
         &sim(2),
         &|_| {},
@@ -370,9 +368,7 @@ fn same_seed_same_run() {
             .unwrap();
         simulate(
             m.as_mut(),
-            &trainer,
-            &clients,
-            &data.test,
+            Population::labelled(&trainer, &clients, &data.test),
             init.clone(),
             &cfg,
             &|_| {},
@@ -393,9 +389,7 @@ fn traffic_is_the_encoded_size() {
     let (data, clients, trainer, init) = setup(4);
     let run = simulate(
         &mut FedProx { mu: 0.01 },
-        &trainer,
-        &clients,
-        &data.test,
+        Population::labelled(&trainer, &clients, &data.test),
         init.clone(),
         &sim(1),
         &|_| {},
@@ -473,9 +467,7 @@ fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
     let init = init_params(&spec, Init::Default, 0);
     let run = simulate(
         &mut recorder,
-        &trainer,
-        &clients,
-        &data.test,
+        Population::labelled(&trainer, &clients, &data.test),
         init,
         &cfg,
         &|_| {},
@@ -607,9 +599,7 @@ fn an_update_norm_bound_rejects_absurd_updates_where_fedavg_collapses() {
     let (data, clients, trainer, init) = &setup;
     let run = simulate(
         &mut attacked(),
-        trainer,
-        clients,
-        &data.test,
+        Population::labelled(trainer, clients, &data.test),
         init.clone(),
         &bounded,
         &|_| {},

@@ -6,7 +6,7 @@ use crate::common;
 
 use fedfuse_core::ModelSpec;
 use fedfuse_data::PartitionSpec;
-use fedfuse_fed::{BuildContext, FedDrop, MethodConfig, RunResult};
+use fedfuse_fed::{BuildContext, FedDrop, MethodConfig, Population, RunResult};
 
 fn run(method: &MethodConfig, rounds: usize) -> RunResult {
     let d = common::digits(5, &PartitionSpec::Iid {}, 9);
@@ -92,7 +92,22 @@ fn kept_units_are_sorted_distinct_and_change_per_round() {
     assert!(a[0].windows(2).all(|w| w[0] < w[1]) && a[0][74] < 100);
     assert_ne!(a, b);
     assert_eq!(a, m.kept(1));
-    assert!(FedDrop::new(1.0, &ModelSpec::mlp(4, &[8], 2), 0).is_err());
+    // The fraction is a setting, checked with the others of its table.
+    let all = fedfuse_fed::FedDropSettings { fraction: 1.0 }
+        .check()
+        .unwrap_err();
+    assert!(
+        matches!(
+            all,
+            fedfuse_fed::FedError::MethodSetting {
+                field: "fraction",
+                ..
+            }
+        ),
+        "{all}"
+    );
+    // The architecture is the build's to check: no hidden layer, no units to drop.
+    assert!(FedDrop::new(0.5, &ModelSpec::mlp(4, &[], 2), 0).is_err());
 }
 
 /// LeNet-5 keeps its shapes: dropped filters and units travel as zeros of a sparse record,
@@ -135,9 +150,7 @@ fn lenet5_drops_filters_and_units_with_sparse_traffic() {
         };
         simulate(
             m.as_mut(),
-            &trainer,
-            &clients,
-            &test,
+            Population::labelled(&trainer, &clients, &test),
             init.clone(),
             &cfg,
             &|_| {},

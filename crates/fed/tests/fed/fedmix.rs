@@ -5,7 +5,7 @@
 
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{ClientData, Dataset, PartitionSpec, client_splits, load_dataset, partition};
-use fedfuse_fed::{FedMix, Method, MethodConfig, SimConfig, simulate};
+use fedfuse_fed::{FedMix, Method, MethodConfig, Population, SimConfig, simulate};
 use fedfuse_fuse::MixtureConfig;
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
@@ -76,9 +76,11 @@ fn sim(rounds: usize) -> SimConfig {
 fn run(w: &World, method: &mut dyn Method, rounds: usize) -> Params {
     simulate(
         method,
-        &Trainer::new(w.spec.clone()).unwrap(),
-        &w.clients,
-        &w.test_plain,
+        Population::labelled(
+            &Trainer::new(w.spec.clone()).unwrap(),
+            &w.clients,
+            &w.test_plain,
+        ),
         init_params(&w.spec, Init::Default, 1),
         &sim(rounds),
         &|_| {},
@@ -125,8 +127,7 @@ fn two_components_separate_two_populations() {
             lambda: 100.0,
             learn_weights: false,
         },
-    )
-    .unwrap();
+    );
     run(&w, &mut mix, 8);
     let a = mix.assignments();
     let plain = a[&0];
@@ -176,9 +177,7 @@ fn clients_under_the_mixture_term_still_separate_the_populations() {
     let bytes_down = |mix: &mut FedMix| {
         simulate(
             mix,
-            &trainer,
-            &w.clients,
-            &w.test_plain,
+            Population::labelled(&trainer, &w.clients, &w.test_plain),
             init_params(&w.spec, Init::Default, 1),
             &sim,
             &|_| {},
@@ -190,10 +189,7 @@ fn clients_under_the_mixture_term_still_separate_the_populations() {
         .bytes_down
     };
     let with_term = |lambda: f64| {
-        let mut mix = FedMix::new(2, config)
-            .unwrap()
-            .with_mixture_term(lambda)
-            .unwrap();
+        let mut mix = FedMix::new(2, config).with_mixture_term(lambda);
         let down = bytes_down(&mut mix);
         let plain = mix.assignments()[&0];
         let centres = mix.centres().unwrap();
@@ -214,7 +210,7 @@ fn clients_under_the_mixture_term_still_separate_the_populations() {
         .unwrap();
     let (lambda, _, mix, mix_down) = tried.swap_remove(best);
     eprintln!("validation accuracy by client precision: {scores:?}; chose {lambda}");
-    let mut free = FedMix::new(2, config).unwrap();
+    let mut free = FedMix::new(2, config);
     let free_down = bytes_down(&mut free);
     // The instruction carries both centres besides the start: three models down, not one.
     assert!(mix_down > 2 * free_down, "{mix_down} vs {free_down}");

@@ -13,8 +13,8 @@ use fedfuse_data::{
 };
 use fedfuse_fed::{
     Aggregate, ClientWeighting, FedAvg, FedError, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRun,
-    FedNgmVariant, Method, Reply, RoundMetrics, RunResult, SampleSite, SimConfig, TableContext,
-    run_fedngm, score_marginal, score_prediction, simulate, simulate_tables, stitch_client,
+    FedNgmVariant, Method, Population, Reply, RoundMetrics, RunResult, SampleSite, SimConfig,
+    TableContext, run_fedngm, score_marginal, score_prediction, simulate, stitch_client,
 };
 use fedfuse_fuse::{Graph, edge_precision_recall};
 use fedfuse_train::{
@@ -293,10 +293,9 @@ fn simulated(s: &Synthetic, cfg: &FedNgmConfig) -> (Metered, RunResult) {
         seed: cfg.seed,
         ..SimConfig::default()
     };
-    let run = simulate_tables(
+    let run = simulate(
         &mut method,
-        &s.clients,
-        Some(&s.test),
+        Population::tables(&s.clients, Some(&s.test)),
         Params::new(),
         &sim,
         &|_| {},
@@ -394,8 +393,24 @@ fn the_simulator_keeps_tables_and_labelled_samples_apart_and_lists_a_failing_cli
         ..SimConfig::default()
     };
     // FedAvg cannot run on tables, nor FedNGM on labelled samples.
-    let err =
-        simulate_tables(&mut FedAvg, &s.clients, None, Params::new(), &sim, &|_| {}).unwrap_err();
+    let err = simulate(
+        &mut FedAvg,
+        Population::tables(&s.clients, None),
+        Params::new(),
+        &sim,
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            FedError::WrongData {
+                method: "fedavg",
+                tabular: false
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("labelled samples"), "{err}");
     let digits = fedfuse_data::load_dataset("digits", None).unwrap();
     let spec = fedfuse_core::ModelSpec::mlp(64, &[], 10);
@@ -407,22 +422,31 @@ fn the_simulator_keeps_tables_and_labelled_samples_apart_and_lists_a_failing_cli
     let mut fedngm = FedNgm::new(cfg.clone(), None).unwrap();
     let err = simulate(
         &mut fedngm,
-        &trainer,
-        &one,
-        &digits.test,
+        Population::labelled(&trainer, &one, &digits.test),
         Params::new(),
         &sim,
         &|_| {},
     )
     .unwrap_err();
-    assert!(err.to_string().contains("tables"), "{err}");
+    assert!(
+        matches!(err, FedError::WrongData { tabular: true, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("federates tables"), "{err}");
 
     // A client with one row is left out in the first round, named with its reason; the others
     // federate on.
     let mut tables = s.clients.clone();
     tables[1] = tables[1].select_rows(&[0]).unwrap();
     let mut method = FedNgm::new(cfg, None).unwrap();
-    let run = simulate_tables(&mut method, &tables, None, Params::new(), &sim, &|_| {}).unwrap();
+    let run = simulate(
+        &mut method,
+        Population::tables(&tables, None),
+        Params::new(),
+        &sim,
+        &|_| {},
+    )
+    .unwrap();
     let first = &run.rounds[0].rejected;
     assert_eq!(first.len(), 1);
     assert_eq!(first[0].client, 1);
@@ -516,7 +540,16 @@ fn bad_inputs_are_named() {
     };
     cfg.local.path = PathNorm::RowNormalised;
     let err = run_fedngm(&clients_of(&s.clients), None, &cfg, &|_| {}).unwrap_err();
-    assert!(matches!(err, FedError::InvalidSetting { .. }) && err.to_string().contains("raw"));
+    assert!(
+        matches!(
+            err,
+            FedError::MethodSetting {
+                field: "local.path",
+                ..
+            }
+        ) && err.to_string().contains("raw"),
+        "{err}"
+    );
 }
 
 /// The CDC file: three clients by residence status, 80/20 split of each.

@@ -112,7 +112,8 @@ fn stepped(
             ..Default::default()
         })
         .unwrap();
-    let mut m = server.wrap(method, inner).unwrap();
+    server.check_for(method).unwrap();
+    let mut m = server.wrap(inner).unwrap();
     common::run(m.as_mut(), &d, &spec, rounds, 4, common::sgd(0.0, 1))
 }
 
@@ -157,5 +158,5 @@ fn a_server_step_on_any_method_is_fedopt_on_fedavg_and_identity_at_unit_sgd() {
         momentum: None,
     };
     let own = fedopt(ServerOptName::Adam, None, None);
-    assert!(server.wrap(&own, own.build().unwrap()).is_err());
+    assert!(server.check_for(&own).is_err());
 }

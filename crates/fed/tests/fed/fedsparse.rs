@@ -8,7 +8,7 @@ use crate::common;
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{PartitionSpec, client_splits, load_dataset, partition};
 use fedfuse_fed::{
-    BuildContext, ClientsPerRound, MethodConfig, RunResult, ServerOptName, SimConfig,
+    BuildContext, ClientsPerRound, MethodConfig, Population, RunResult, ServerOptName, SimConfig,
     SparsityPreset, simulate,
 };
 use fedfuse_train::{Init, Trainer, init_params};
@@ -73,9 +73,7 @@ fn mnist_run(method: &MethodConfig, rounds: usize) -> RunResult {
     };
     simulate(
         build(method, &spec).as_mut(),
-        &Trainer::new(spec.clone()).unwrap(),
-        &clients,
-        &data.test,
+        Population::labelled(&Trainer::new(spec.clone()).unwrap(), &clients, &data.test),
         init_params(&spec, Init::Default, 3),
         &cfg,
         &|_| {},

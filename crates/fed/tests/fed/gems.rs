@@ -10,8 +10,8 @@ use std::path::Path;
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{ClientData, Dataset, load_dataset, permute_features};
 use fedfuse_fed::{
-    CriterionKind, Gems, GemsSettings, Method, NeuronCriterionKind, NeuronSpace, RunResult,
-    SimConfig, simulate,
+    CriterionKind, Gems, GemsSettings, Method, NeuronCriterionKind, NeuronSpace, Population,
+    RunResult, SimConfig, simulate,
 };
 use fedfuse_train::{Init, TrainConfig, Trainer, init_params};
 
@@ -77,9 +77,7 @@ fn run_gems(
     };
     simulate(
         method,
-        &Trainer::new(spec.clone()).unwrap(),
-        &p.clients,
-        &p.test,
+        Population::labelled(&Trainer::new(spec.clone()).unwrap(), &p.clients, &p.test),
         init_params(spec, Init::Default, seed),
         &cfg,
         &|_| {},

@@ -4,7 +4,7 @@
 
 use fedfuse_core::ModelSpec;
 use fedfuse_data::{PartitionSpec, client_splits, load_dataset, partition};
-use fedfuse_fed::{MethodConfig, SimConfig, simulate};
+use fedfuse_fed::{MethodConfig, Population, SimConfig, simulate};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -29,9 +29,7 @@ fn fedavg_on_digits(clients: usize, seed: u64, cfg: SimConfig) -> fedfuse_fed::R
     };
     simulate(
         m.as_mut(),
-        &Trainer::new(spec.clone()).unwrap(),
-        &clients,
-        &data.test,
+        Population::labelled(&Trainer::new(spec.clone()).unwrap(), &clients, &data.test),
         init_params(&spec, Init::Default, seed),
         &cfg,
         &|_| {},

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod common;
+mod errors;
 mod fed;
 mod feddrop;
 mod fedl1;

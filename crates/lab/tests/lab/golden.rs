@@ -131,12 +131,12 @@ fn outputs_equal_the_recorded_golden_files() {
                 fedfuse_lab::sweep::run(&cfg, &out, None, &Silent, false).unwrap();
             }
             "ngm" => {
-                let mut cfg = fedfuse_lab::ngm::NgmExperiment::load(&case.file).unwrap();
+                let mut cfg = fedfuse_lab::ngm_experiment::NgmExperiment::load(&case.file).unwrap();
                 let seeds = case.sets.iter().find_map(|s| s.strip_prefix("seeds="));
                 if let Some(seeds) = seeds {
                     cfg.seeds = seeds.split(',').map(|s| s.parse().unwrap()).collect();
                 }
-                fedfuse_lab::ngm::run(&cfg, &out, None, &Silent, false).unwrap();
+                fedfuse_lab::ngm_experiment::run(&cfg, &out, None, &Silent, false).unwrap();
             }
             other => panic!("unknown command `{other}` in cases.txt"),
         }

@@ -8,7 +8,9 @@ use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{
     ClientData, Dataset, PartitionSpec, client_splits, holdout, load_dataset, partition,
 };
-use fedfuse_fed::{Aggregate, BuildContext, ClientsPerRound, MethodConfig, SimConfig, simulate};
+use fedfuse_fed::{
+    Aggregate, BuildContext, ClientsPerRound, MethodConfig, Population, SimConfig, simulate,
+};
 use fedfuse_fuse::MatchOrder;
 use fedfuse_lab::oneshot::{Start, replies, train_locals};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
@@ -179,9 +181,7 @@ fn extra_matching_rounds_improve_on_one_shot() {
     let init = init_params(&s.spec, Init::Pfnm, 0);
     let run = simulate(
         method.as_mut(),
-        &s.trainer,
-        &s.clients,
-        &s.test,
+        Population::labelled(&s.trainer, &s.clients, &s.test),
         init,
         &sim(6, 5),
         &|_| {},
@@ -227,9 +227,7 @@ fn fedavg_of_separate_inits_sends_nothing_first_and_trails_a_common_init() {
             .unwrap();
         simulate(
             m.as_mut(),
-            &s.trainer,
-            &s.clients,
-            &s.test,
+            Population::labelled(&s.trainer, &s.clients, &s.test),
             init_params(&s.spec, Init::Pfnm, 0),
             &sim(1, 20),
             &|_| {},

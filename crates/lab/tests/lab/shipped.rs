@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use fedfuse_lab::Config;
 use fedfuse_lab::compare::CompareConfig;
-use fedfuse_lab::gems::GemsExperiment;
-use fedfuse_lab::ngm::NgmExperiment;
+use fedfuse_lab::gems_experiment::GemsExperiment;
+use fedfuse_lab::ngm_experiment::NgmExperiment;
 use fedfuse_lab::sweep::SweepConfig;
 
 fn tomls(dir: &str) -> Vec<PathBuf> {

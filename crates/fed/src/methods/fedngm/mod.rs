@@ -20,7 +20,7 @@
 //! 5. Further rounds repeat 3-4.
 //!
 //! The protocol is the [`FedNgm`] method, one stage per round of the simulator
-//! ([`simulate_tables`]); [`run_fedngm`] runs it over named clients and gathers what it
+//! ([`simulate`](crate::simulate) on [`Population::Tables`](crate::Population::Tables)); [`run_fedngm`] runs it over named clients and gathers what it
 //! built into a [`FedNgmRun`]. [`stitch_client`] then extends the global model with a
 //! client's own features.
 //!

@@ -50,7 +50,7 @@ struct Shared {
 }
 
 /// FedNGM (or FedNGR) in the federation; build it with [`FedNgm::new`] and run it with
-/// [`simulate_tables`](crate::simulate_tables) for [`FedNgmConfig::stages`] rounds.
+/// [`simulate`](crate::simulate) on [`Population::Tables`](crate::Population::Tables) for [`FedNgmConfig::stages`] rounds.
 #[derive(Debug)]
 pub struct FedNgm {
     cfg: FedNgmConfig,
@@ -88,12 +88,12 @@ enum Drawn {
 }
 
 impl FedNgm {
-    /// FedNGM with `cfg`, and optional `public` rows for the server's distillation.
+    /// FedNGM with checked settings `cfg` ([`FedNgmConfig::check`]), and optional `public`
+    /// rows for the server's distillation.
     pub fn new(cfg: FedNgmConfig, public: Option<Table>) -> Result<Self> {
-        cfg.check()?;
         if cfg.gamma.is_some() && public.is_none() {
-            return Err(FedError::InvalidSetting {
-                field: "fedngm.gamma",
+            return Err(FedError::MethodSetting {
+                field: "gamma",
                 reason: "weighs the loss on public rows, and this run has none; remove it".into(),
             });
         }

@@ -107,9 +107,9 @@ pub(super) fn json<T: serde::de::DeserializeOwned>(
 pub(super) fn to_json<T: Serialize>(value: &T) -> Result<ConfigValue> {
     serde_json::to_string(value)
         .map(ConfigValue::Str)
-        .map_err(|e| FedError::InvalidSetting {
-            field: "message",
-            reason: format!("cannot serialise: {e}"),
+        .map_err(|source| FedError::SaveState {
+            what: "a FedNGM message",
+            source,
         })
 }
 

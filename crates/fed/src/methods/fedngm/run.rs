@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::FedNgm;
 use super::settings::{ClientWeighting, FedNgmConfig, GraphSettings, member_weights};
 use crate::{
-    ClientsPerRound, FedError, Progress, Result, RoundMetrics, RunResult, SimConfig,
-    simulate_tables,
+    ClientsPerRound, FedError, Population, Progress, Result, RoundMetrics, RunResult, SimConfig,
+    simulate,
 };
 /// A client's data for [`run_fedngm`].
 #[derive(Clone, Copy, Debug)]
@@ -192,7 +192,7 @@ impl FedNgmRun {
 }
 
 /// Runs FedNGM (or FedNGR) over `clients`, with optional `public` rows for the server's
-/// distillation: the [`FedNgm`] method through [`simulate_tables`] for
+/// distillation: the [`FedNgm`] method through [`simulate`](crate::simulate) for
 /// [`FedNgmConfig::stages`] rounds, every client in every round, seeded by `cfg.seed`.
 /// `progress` receives the simulator's events ([`FedNgmRound::from_metrics`] reads a model
 /// round's figures off its end).
@@ -231,7 +231,13 @@ pub fn run_fedngm(
         local_eval: false,
         ..SimConfig::default()
     };
-    let result = simulate_tables(&mut method, &tables, None, Params::new(), &sim, progress)?;
+    let result = simulate(
+        &mut method,
+        Population::tables(&tables, None),
+        Params::new(),
+        &sim,
+        progress,
+    )?;
     FedNgmRun::from_simulation(method, result, &names)
 }
 

@@ -275,21 +275,23 @@ impl Default for FedNgmConfig {
 }
 
 impl FedNgmConfig {
-    /// Checks the settings that the parts do not check themselves.
+    /// Checks the settings that the parts do not check themselves. Errors name the key
+    /// within the table ([`FedError::MethodSetting`]: `method.rounds` in a run config; the
+    /// FedNGM experiment's `[fedngm]` names its own table).
     pub fn check(&self) -> Result<()> {
-        let bad = |field, reason: String| Err(FedError::InvalidSetting { field, reason });
+        let bad = |field, reason: String| Err(FedError::MethodSetting { field, reason });
         if self.rounds == 0 {
-            return bad("fedngm.rounds", "0 rounds; use at least 1".into());
+            return bad("rounds", "0 rounds; use at least 1".into());
         }
         if self.samples_per_client == 0 {
             return bad(
-                "fedngm.samples_per_client",
+                "samples_per_client",
                 "0 samples: the global model would have nothing to learn from".into(),
             );
         }
         if self.masked_copies > MAX_MASKED_COPIES {
             return bad(
-                "fedngm.masked_copies",
+                "masked_copies",
                 format!(
                     "{} copies of every sample; use at most {MAX_MASKED_COPIES} (each copy \
                      adds the whole sample set to the distillation)",
@@ -298,11 +300,11 @@ impl FedNgmConfig {
             );
         }
         if let Some(gamma) = self.gamma.filter(|g| !(g.is_finite() && *g >= 0.0)) {
-            return bad("fedngm.gamma", format!("{gamma} is not >= 0"));
+            return bad("gamma", format!("{gamma} is not >= 0"));
         }
         if !(0.0..=1.0).contains(&self.ngr_sparsity) {
             return bad(
-                "fedngm.ngr_sparsity",
+                "ngr_sparsity",
                 format!("{} is not a fraction in [0, 1]", self.ngr_sparsity),
             );
         }
@@ -310,8 +312,8 @@ impl FedNgmConfig {
             && (self.local.path != PathNorm::Raw || self.global.path != PathNorm::Raw)
         {
             return bad(
-                "fedngm.local.path / fedngm.global.path",
-                "FedNGR needs path = \"raw\" for both: with the row-normalised path matrix the \
+                "local.path",
+                "FedNGR needs path = \"raw\" in both [local] and [global]: with the row-normalised path matrix the \
                  sparsity penalty routes every input to one output and the graph reads out as \
                  a star"
                     .into(),

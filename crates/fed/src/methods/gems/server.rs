@@ -24,8 +24,9 @@ use super::{
 };
 
 impl Gems {
-    /// GEMS for clients of architecture `spec` (an MLP); `public` is the server's public set
-    /// for fine-tuning.
+    /// GEMS with checked `settings` ([`GemsSettings::check`]) for clients of architecture
+    /// `spec` (an MLP with a hidden layer); `public` is the server's public set for
+    /// fine-tuning.
     pub fn new(
         settings: GemsSettings,
         spec: ModelSpec,
@@ -33,7 +34,6 @@ impl Gems {
         seed: u64,
         public: Option<Arc<Dataset>>,
     ) -> Result<Self> {
-        settings.check()?;
         let Some(widths) = spec.mlp_widths() else {
             return Err(FedError::InvalidSetting {
                 field: "model.kind",
@@ -244,8 +244,8 @@ impl Method for Gems {
         }
         reply.params.check_finite()?;
         let bad = |reason: String| {
-            Err(FedError::InvalidSetting {
-                field: "reply",
+            Err(FedError::InvalidReply {
+                method: "gems",
                 reason,
             })
         };

@@ -173,8 +173,8 @@ impl Default for GemsSettings {
 }
 
 impl GemsSettings {
-    /// Checks the settings and builds GEMS for `ctx`'s architecture (an MLP), fine-tuning on
-    /// `ctx.validation` when asked to.
+    /// GEMS for `ctx`'s architecture (an MLP), fine-tuning on `ctx.validation` when asked to
+    /// (settings checked by [`GemsSettings::check`]).
     pub fn build(&self, ctx: &BuildContext) -> Result<Gems> {
         Gems::new(
             self.clone(),

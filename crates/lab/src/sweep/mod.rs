@@ -5,10 +5,16 @@
 //! step on those same models; FedAvg (common init) trains its own; the mean local model, the
 //! uniform ensemble and the pooled-data oracle are the papers' reference points. Several
 //! rounds: each method runs as a federation ([`simulate`]) and every round is a row.
+mod config;
+mod summary;
+
+pub use config::{SweepConfig, SweepMethod};
+use config::{method_key, partition_label};
+use summary::{summarise, sweep_lines, write_rows, write_summary};
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,241 +22,17 @@ use crate::error::{Context, Result, bail};
 use fedfuse_core::{ModelSpec, Params};
 use fedfuse_data::{Dataset, PartitionSpec, load_dataset};
 use fedfuse_fed::{
-    Aggregate, BuildContext, ClientsPerRound, FedAvgSettings, MethodConfig, PfnmSettings,
-    SimConfig, default_eps_grid, derive_seed, simulate,
+    Aggregate, BuildContext, ClientsPerRound, Population, SimConfig, derive_seed, simulate,
 };
-use fedfuse_fuse::MatchOrder;
-use fedfuse_train::{Init, Trainer, init_params};
+use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 use crate::Observer;
-use crate::config::TrainSection;
 use crate::oneshot::{LocalModel, Start, replies, train_locals};
 use crate::pipeline::{ServerSplit, client_data, server_split};
-use crate::table::{mean_std, write_atomic};
-
-/// Rows of a sweep.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SweepMethod {
-    /// PFNM.
-    Pfnm,
-    /// GPI-FNM, eps chosen on the validation split.
-    GpiFnm,
-    /// PFNM with deep networks matched from the input up ([`MatchOrder::BottomUp`]).
-    PfnmBottomUp,
-    /// GPI-FNM with deep networks matched from the input up.
-    GpiFnmBottomUp,
-    /// FedAvg of clients trained from their own initialisations.
-    FedavgSeparate,
-    /// FedAvg of clients trained from one common initialisation.
-    FedavgCommon,
-    /// Mean test accuracy of the local models.
-    Local,
-    /// Uniform softmax ensemble of the local models.
-    Ensemble,
-    /// One model trained on all clients' data pooled.
-    Oracle,
-}
-
-impl SweepMethod {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Pfnm => "PFNM",
-            Self::GpiFnm => "GPI-FNM",
-            Self::PfnmBottomUp => "PFNM (bottom-up)",
-            Self::GpiFnmBottomUp => "GPI-FNM (bottom-up)",
-            Self::FedavgSeparate => "FedAvg (separate inits)",
-            Self::FedavgCommon => "FedAvg (common init)",
-            Self::Local => "local (mean)",
-            Self::Ensemble => "ensemble",
-            Self::Oracle => "oracle (pooled)",
-        }
-    }
-}
-
-fn one_round() -> usize {
-    1
-}
-fn validation() -> f64 {
-    0.1
-}
-
-/// `[matching]` when the file has none: GPI-FNM's grid written out, as a file's table reads.
-fn default_matching() -> PfnmSettings {
-    PfnmSettings {
-        eps_grid: Some(default_eps_grid()),
-        ..PfnmSettings::default()
-    }
-}
-
-/// A sweep, as written in `experiments/*.toml`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SweepConfig {
-    /// Title of the table and plots.
-    pub title: String,
-    /// Dataset name (`mnist`, `digits`, ...).
-    pub dataset: String,
-    /// Folder holding the dataset's files (`--data-dir` overrides this).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_dir: Option<PathBuf>,
-    /// Seeds; every setting runs once per seed (mean and std are over seeds).
-    pub seeds: Vec<u64>,
-    /// Numbers of clients.
-    pub clients: Vec<usize>,
-    /// Hidden widths of the MLPs, one list per architecture (`[[100], [100, 100]]`).
-    pub hidden: Vec<Vec<usize>>,
-    /// Partitions.
-    pub partitions: Vec<PartitionSpec>,
-    /// Communication rounds (1: one-shot comparison on shared local models).
-    #[serde(default = "one_round")]
-    pub rounds: usize,
-    /// Rows of the table.
-    pub methods: Vec<SweepMethod>,
-    /// Fraction of the training set held out by the server to choose eps.
-    #[serde(default = "validation")]
-    pub validation_fraction: f64,
-    /// Initialisation of local models.
-    #[serde(default)]
-    pub init: Init,
-    /// PFNM / GPI-FNM settings: the keys of their `[method]` table, with its defaults.
-    /// `order` is each method's (`pfnm-bottom-up`); `eps` and `eps_grid` are GPI-FNM's.
-    #[serde(
-        default = "default_matching",
-        deserialize_with = "PfnmSettings::deserialize_gpi_fnm"
-    )]
-    pub matching: PfnmSettings,
-    /// Local training (per round).
-    #[serde(default)]
-    pub train: TrainSection,
-}
-
-impl SweepConfig {
-    /// Reads and checks `path`.
-    pub fn load(path: &Path) -> Result<Self> {
-        crate::config::load_checked(path, "sweep config", Self::check)
-    }
-
-    fn check(&self) -> Result<()> {
-        for (field, empty) in [
-            ("seeds", self.seeds.is_empty()),
-            ("clients", self.clients.is_empty()),
-            ("hidden", self.hidden.is_empty()),
-            ("partitions", self.partitions.is_empty()),
-            ("methods", self.methods.is_empty()),
-        ] {
-            if empty {
-                bail!("`{field}` must list at least one value");
-            }
-        }
-        if self.clients.contains(&0) {
-            bail!("`clients` must be at least 1");
-        }
-        if self.hidden.iter().any(|h| h.is_empty() || h.contains(&0)) {
-            bail!("`hidden`: every architecture needs at least one hidden layer of width >= 1");
-        }
-        if self.rounds == 0 {
-            bail!("`rounds` must be at least 1");
-        }
-        if !(self.validation_fraction > 0.0 && self.validation_fraction < 1.0) {
-            bail!(
-                "`validation_fraction` = {} must lie in (0, 1): GPI-FNM chooses eps on it",
-                self.validation_fraction
-            );
-        }
-        if self.rounds > 1
-            && let Some(m) = self.methods.iter().find(|m| {
-                matches!(
-                    m,
-                    SweepMethod::Local | SweepMethod::Ensemble | SweepMethod::Oracle
-                )
-            })
-        {
-            bail!(
-                "`methods`: `{}` is a one-round reference; with rounds > 1 use pfnm, gpi-fnm, \
-                 pfnm-bottom-up, gpi-fnm-bottom-up, fedavg-separate, fedavg-common",
-                method_key(*m)
-            );
-        }
-        if self.matching.order != MatchOrder::TopDown {
-            bail!(
-                "`matching.order`: each method sets its own order; list `pfnm-bottom-up` or \
-                 `gpi-fnm-bottom-up` in `methods` instead"
-            );
-        }
-        self.train.to_train_config().check()?;
-        // Every federated method's settings, checked once up front.
-        let spec = ModelSpec::mlp(1, &self.hidden[0], 2);
-        let validation = Dataset::new(vec![0.0], vec![0], vec![1], 2)?;
-        for m in &self.methods {
-            if let Some(mc) = self.method_config(*m) {
-                mc.build_with(BuildContext {
-                    spec: Some(spec.clone()),
-                    validation: Some(Arc::new(validation.clone())),
-                    ..BuildContext::default()
-                })
-                .with_context(|| format!("method `{}`", method_key(*m)))?;
-            }
-        }
-        Ok(())
-    }
-
-    fn pfnm(&self, order: MatchOrder) -> PfnmSettings {
-        PfnmSettings {
-            eps: None,
-            eps_grid: None,
-            order,
-            ..self.matching.clone()
-        }
-    }
-
-    fn gpi_fnm(&self, order: MatchOrder) -> PfnmSettings {
-        PfnmSettings {
-            order,
-            ..self.matching.clone()
-        }
-    }
-
-    fn method_config(&self, m: SweepMethod) -> Option<MethodConfig> {
-        match m {
-            SweepMethod::Pfnm => Some(MethodConfig::Pfnm(self.pfnm(MatchOrder::TopDown))),
-            SweepMethod::PfnmBottomUp => Some(MethodConfig::Pfnm(self.pfnm(MatchOrder::BottomUp))),
-            SweepMethod::GpiFnm => Some(MethodConfig::GpiFnm(self.gpi_fnm(MatchOrder::TopDown))),
-            SweepMethod::GpiFnmBottomUp => {
-                Some(MethodConfig::GpiFnm(self.gpi_fnm(MatchOrder::BottomUp)))
-            }
-            SweepMethod::FedavgSeparate => Some(MethodConfig::FedAvg(FedAvgSettings {
-                separate_inits: true,
-            })),
-            SweepMethod::FedavgCommon => Some(MethodConfig::FedAvg(FedAvgSettings {
-                separate_inits: false,
-            })),
-            SweepMethod::Local | SweepMethod::Ensemble | SweepMethod::Oracle => None,
-        }
-    }
-}
-
-fn method_key(m: SweepMethod) -> String {
-    toml::Value::try_from(m)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-/// A partition as a short label (`iid`, `dirichlet(0.5)`).
-fn partition_label(p: &PartitionSpec) -> String {
-    match p {
-        PartitionSpec::Iid {} => "iid".into(),
-        PartitionSpec::Dirichlet { alpha, .. } => format!("dirichlet({alpha})"),
-        other => toml::Value::try_from(other)
-            .ok()
-            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_string))
-            .unwrap_or_else(|| "partition".into()),
-    }
-}
+use crate::table::HiddenWidths;
 
 /// One measured row.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -264,28 +46,14 @@ struct Row {
     method: SweepMethod,
     accuracy: f64,
     loss: f64,
-    /// Hidden widths of the resulting model, `-`-joined (empty for local/ensemble).
-    widths: String,
+    /// Hidden widths of the resulting model (empty for local/ensemble).
+    widths: HiddenWidths,
     /// GPI-FNM's chosen eps.
     eps: Option<f64>,
     /// PFNM's or GPI-FNM's sigma, chosen on the validation split (with a `sigma_grid`).
     #[serde(default)]
     sigma: Option<f64>,
     seconds: f64,
-}
-
-fn widths_of(p: &Params) -> String {
-    ModelSpec::infer_mlp(p)
-        .ok()
-        .and_then(|s| s.mlp_widths())
-        .map(|w| {
-            w[1..w.len() - 1]
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("-")
-        })
-        .unwrap_or_default()
 }
 
 fn evaluate(p: &Params, test: &Dataset) -> Result<(f64, f64)> {
@@ -325,7 +93,7 @@ impl Sweep<'_> {
             method,
             accuracy: f64::NAN,
             loss: f64::NAN,
-            widths: String::new(),
+            widths: HiddenWidths::default(),
             eps: None,
             sigma: None,
             seconds: 0.0,
@@ -382,9 +150,7 @@ impl Sweep<'_> {
                 let started = Instant::now();
                 let run = simulate(
                     method.as_mut(),
-                    &trainer,
-                    &clients,
-                    self.test,
+                    Population::labelled(&trainer, &clients, self.test),
                     init.clone(),
                     &sim,
                     &|_| {},
@@ -396,14 +162,16 @@ impl Sweep<'_> {
                     row.loss = r.global_loss;
                     row.eps = r.method.get("eps").copied();
                     row.sigma = r.method.get("sigma").copied();
-                    row.widths = (0..s.hidden.len())
+                    // Matching reports the global widths; the others keep the clients'.
+                    let reported: Vec<usize> = (0..s.hidden.len())
                         .filter_map(|l| r.method.get(&format!("width.{l}")))
-                        .map(|w| w.to_string())
-                        .collect::<Vec<_>>()
-                        .join("-");
-                    if row.widths.is_empty() {
-                        row.widths = self.row(s, m, 0).hidden;
-                    }
+                        .map(|&w| w as usize)
+                        .collect();
+                    row.widths = HiddenWidths(if reported.is_empty() {
+                        s.hidden.to_vec()
+                    } else {
+                        reported
+                    });
                     row.seconds = per_round;
                     rows.push(row);
                 }
@@ -454,7 +222,7 @@ impl Sweep<'_> {
                         bail!("{} kept the initial model", m.label());
                     };
                     (row.accuracy, row.loss) = evaluate(&fused, self.test)?;
-                    row.widths = widths_of(&fused);
+                    row.widths = HiddenWidths::of(&fused);
                     let chosen = method.round_metrics();
                     row.eps = chosen.get("eps").copied();
                     row.sigma = chosen.get("sigma").copied();
@@ -477,7 +245,7 @@ impl Sweep<'_> {
                         bail!("FedAvg kept the initial model");
                     };
                     (row.accuracy, row.loss) = evaluate(&avg, self.test)?;
-                    row.widths = widths_of(&avg);
+                    row.widths = HiddenWidths::of(&avg);
                     row.seconds = started.elapsed().as_secs_f64();
                 }
                 SweepMethod::Local => {
@@ -488,7 +256,7 @@ impl Sweep<'_> {
                     let n = evals.len().max(1) as f64;
                     row.accuracy = evals.iter().map(|e| e.accuracy).sum::<f64>() / n;
                     row.loss = evals.iter().map(|e| e.loss).sum::<f64>() / n;
-                    row.widths = widths_of(&init);
+                    row.widths = HiddenWidths::of(&init);
                     row.seconds = local_seconds;
                 }
                 SweepMethod::Ensemble => {
@@ -515,7 +283,7 @@ impl Sweep<'_> {
                         derive_seed(s.seed, 1, usize::MAX),
                     )?;
                     (row.accuracy, row.loss) = evaluate(&fitted.params, self.test)?;
-                    row.widths = widths_of(&fitted.params);
+                    row.widths = HiddenWidths::of(&fitted.params);
                     row.seconds = started.elapsed().as_secs_f64();
                     oracle.insert(key, row.clone());
                 }
@@ -688,220 +456,10 @@ fn publish(
     })
 }
 
-fn write_rows(out: &Path, rows: &[Row]) -> Result<()> {
-    let mut csv = String::from(
-        "partition,clients,hidden,layers,seed,round,method,accuracy,loss,widths,eps,sigma,seconds\n",
-    );
-    for r in rows {
-        let _ = writeln!(
-            csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{:.3}",
-            r.partition,
-            r.clients,
-            r.hidden,
-            r.layers,
-            r.seed,
-            r.round,
-            method_key(r.method),
-            r.accuracy,
-            r.loss,
-            r.widths,
-            r.eps.map_or(String::new(), |e| e.to_string()),
-            r.sigma.map_or(String::new(), |e| e.to_string()),
-            r.seconds
-        );
-    }
-    write_atomic(&out.join("results.csv"), csv.as_bytes())
-}
-
-/// Mean and spread over seeds of one (partition, clients, hidden, round, method).
-#[derive(Clone, Debug)]
-struct Summary {
-    partition: String,
-    clients: usize,
-    hidden: String,
-    layers: usize,
-    round: usize,
-    method: SweepMethod,
-    n: usize,
-    accuracy_mean: f64,
-    accuracy_std: f64,
-    loss_mean: f64,
-    /// Mean total hidden width.
-    width_mean: f64,
-    eps: Vec<f64>,
-    sigma: Vec<f64>,
-}
-
-fn summarise(rows: &[Row]) -> Vec<Summary> {
-    /// (partition, layers, clients, hidden, round, method)
-    type Key = (String, usize, usize, String, usize, SweepMethod);
-    let mut groups: BTreeMap<Key, Vec<&Row>> = BTreeMap::new();
-    for r in rows {
-        groups
-            .entry((
-                r.partition.clone(),
-                r.layers,
-                r.clients,
-                r.hidden.clone(),
-                r.round,
-                r.method,
-            ))
-            .or_default()
-            .push(r);
-    }
-    groups
-        .into_iter()
-        .map(|((partition, layers, clients, hidden, round, method), g)| {
-            let acc: Vec<f64> = g.iter().map(|r| r.accuracy).collect();
-            let (accuracy_mean, accuracy_std) = mean_std(&acc);
-            let widths: Vec<f64> = g
-                .iter()
-                .filter(|r| !r.widths.is_empty())
-                .map(|r| {
-                    r.widths
-                        .split('-')
-                        .filter_map(|w| w.parse::<f64>().ok())
-                        .sum()
-                })
-                .collect();
-            Summary {
-                partition,
-                clients,
-                hidden,
-                layers,
-                round,
-                method,
-                n: g.len(),
-                accuracy_mean,
-                accuracy_std,
-                loss_mean: g.iter().map(|r| r.loss).sum::<f64>() / g.len() as f64,
-                width_mean: if widths.is_empty() {
-                    f64::NAN
-                } else {
-                    widths.iter().sum::<f64>() / widths.len() as f64
-                },
-                eps: g.iter().filter_map(|r| r.eps).collect(),
-                sigma: g.iter().filter_map(|r| r.sigma).collect(),
-            }
-        })
-        .collect()
-}
-
-fn write_summary(out: &Path, cfg: &SweepConfig, summary: &[Summary]) -> Result<()> {
-    let mut csv = String::from(
-        "partition,clients,hidden,layers,round,method,seeds,accuracy_mean,accuracy_std,loss_mean,\
-         hidden_units_mean,eps_chosen,sigma_chosen\n",
-    );
-    let mut md = format!(
-        "# {}\n\nDataset `{}`; {} seed(s); test accuracy, mean ± std over seeds; hidden units = \
-         total global hidden width (mean); eps and sigma as chosen on the validation split, one \
-         per seed.\n\n| partition | J | hidden | round | method | accuracy | hidden units | eps \
-         chosen | sigma chosen |\n|---|---|---|---|---|---|---|---|---|\n",
-        cfg.title,
-        cfg.dataset,
-        cfg.seeds.len()
-    );
-    let joined = |v: &[f64]| {
-        v.iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let or_dash = |s: String| if s.is_empty() { "–".to_string() } else { s };
-    for s in summary {
-        let (eps, sigma) = (joined(&s.eps), joined(&s.sigma));
-        let _ = writeln!(
-            csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            s.partition,
-            s.clients,
-            s.hidden,
-            s.layers,
-            s.round,
-            method_key(s.method),
-            s.n,
-            s.accuracy_mean,
-            s.accuracy_std,
-            s.loss_mean,
-            s.width_mean,
-            eps,
-            sigma
-        );
-        let width = if s.width_mean.is_nan() {
-            "–".to_string()
-        } else {
-            format!("{:.0}", s.width_mean)
-        };
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {:.4} ± {:.4} | {} | {} | {} |",
-            s.partition,
-            s.clients,
-            s.hidden,
-            s.round,
-            s.method.label(),
-            s.accuracy_mean,
-            s.accuracy_std,
-            width,
-            or_dash(eps),
-            or_dash(sigma)
-        );
-    }
-    write_atomic(&out.join("summary.csv"), csv.as_bytes())?;
-    write_atomic(&out.join("summary.md"), md.as_bytes())
-}
-
-/// Lines of the sweep's plots: one chart per partition (and per fixed other axis), x the axis
-/// that varies (round, clients or depth), one line per method.
-fn sweep_lines(cfg: &SweepConfig, summary: &[Summary]) -> Vec<crate::plot::Chart> {
-    let axis = if cfg.rounds > 1 {
-        "round"
-    } else if cfg.clients.len() > 1 || cfg.hidden.len() == 1 {
-        "clients"
-    } else {
-        "hidden layers"
-    };
-    type Points = Vec<(f64, f64, f64)>;
-    let mut charts: BTreeMap<String, BTreeMap<SweepMethod, Points>> = BTreeMap::new();
-    for s in summary {
-        let (facet, x) = match axis {
-            "round" => (
-                format!("{}, J={}, hidden {}", s.partition, s.clients, s.hidden),
-                s.round as f64,
-            ),
-            "clients" => (
-                format!("{}, hidden {}", s.partition, s.hidden),
-                s.clients as f64,
-            ),
-            _ => (format!("{}, J={}", s.partition, s.clients), s.layers as f64),
-        };
-        charts
-            .entry(facet)
-            .or_default()
-            .entry(s.method)
-            .or_default()
-            .push((x, s.accuracy_mean, s.accuracy_std));
-    }
-    charts
-        .into_iter()
-        .map(|(facet, lines)| crate::plot::Chart {
-            title: format!("{}: {facet}", cfg.title),
-            x_label: axis.to_string(),
-            lines: lines
-                .into_iter()
-                .map(|(m, points)| crate::plot::Line {
-                    label: m.label().to_string(),
-                    points,
-                })
-                .collect(),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::mean_std;
 
     #[test]
     fn every_experiment_is_valid() {

@@ -50,6 +50,7 @@ use std::collections::HashMap;
 
 use safetensors::tensor::{Dtype, SafeTensors, View};
 
+use crate::container;
 use crate::{CoreError, Params, Result, Tensor};
 
 /// Most values the sparse tensors of one record may expand to when decoded (2^28, 1 GiB of
@@ -73,8 +74,6 @@ const TAG_RUNS: u8 = 3;
 /// version.
 pub(crate) const SPARSE_KEY: &str = "fedfuse.sparse";
 const FORMAT_VERSION: &str = "1";
-/// The key io.rs writes tensor order under: part of the wire format, so it is repeated here.
-const ORDER_KEY: &str = "fedfuse.order";
 
 /// How a blob codes the positions of its stored values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -705,11 +704,7 @@ impl View for Wire<'_> {
     }
     fn data(&self) -> Cow<'_, [u8]> {
         match self {
-            // Same bytes io.rs writes: little-endian f32, which is the memory on such machines.
-            Self::Dense(t) if cfg!(target_endian = "little") => {
-                Cow::Borrowed(bytemuck::cast_slice(&t.data))
-            }
-            Self::Dense(t) => Cow::Owned(t.data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+            Self::Dense(t) => container::le_bytes(t),
             Self::Blob { bytes, .. } => Cow::Borrowed(bytes),
         }
     }
@@ -744,11 +739,6 @@ pub(crate) fn params_to_container(
     params: &Params,
     mut metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>> {
-    let order = serde_json::to_string(params.names()).map_err(|e| CoreError::Decode {
-        what: "tensor names".into(),
-        reason: e.to_string(),
-    })?;
-    metadata.insert(ORDER_KEY.to_string(), order);
     metadata.insert(SPARSE_KEY.to_string(), FORMAT_VERSION.to_string());
     let mut budget = MAX_SPARSE_VALUES;
     let mut views = Vec::with_capacity(params.len());
@@ -762,10 +752,7 @@ pub(crate) fn params_to_container(
         };
         views.push((name.to_string(), wire));
     }
-    safetensors::serialize(views, Some(metadata)).map_err(|e| CoreError::Decode {
-        what: "parameters".into(),
-        reason: e.to_string(),
-    })
+    container::serialize(params, views, metadata)
 }
 
 /// True when `bytes` is a safetensors container marked as possibly holding sparse blobs.
@@ -785,11 +772,11 @@ pub(crate) fn params_from_container(bytes: &[u8]) -> Result<(Params, HashMap<Str
         what: what.to_string(),
         reason,
     };
-    let st =
-        SafeTensors::deserialize(bytes).map_err(|e| bad("safetensors buffer", e.to_string()))?;
-    let (_, header) =
-        SafeTensors::read_metadata(bytes).map_err(|e| bad("safetensors header", e.to_string()))?;
-    let mut metadata = header.metadata().clone().unwrap_or_default();
+    let container::Container {
+        tensors: st,
+        mut metadata,
+        order,
+    } = container::parse(bytes)?;
     match metadata.remove(SPARSE_KEY) {
         Some(v) if v == FORMAT_VERSION => {}
         Some(v) => {
@@ -805,24 +792,12 @@ pub(crate) fn params_from_container(bytes: &[u8]) -> Result<(Params, HashMap<Str
             ));
         }
     }
-    let order = metadata.remove(ORDER_KEY).ok_or_else(|| {
+    let names = order.ok_or_else(|| {
         bad(
             "sparse record",
-            format!("header metadata lacks `{ORDER_KEY}`"),
+            format!("header metadata lacks `{}`", container::ORDER_KEY),
         )
     })?;
-    let names: Vec<String> = serde_json::from_str(&order)
-        .map_err(|e| bad(&format!("`{ORDER_KEY}` metadata"), e.to_string()))?;
-    if names.len() != st.len() {
-        return Err(bad(
-            "sparse record",
-            format!(
-                "`{ORDER_KEY}` lists {} tensors but the buffer holds {}",
-                names.len(),
-                st.len()
-            ),
-        ));
-    }
     let mut budget = MAX_SPARSE_VALUES;
     let mut params = Params::new();
     for name in names {

@@ -1,17 +1,22 @@
 //! The experiment config: TOML with `deny_unknown_fields`, `--set` overrides, one `check()`.
+mod file;
+mod sections;
+
+use file::apply_override;
+pub use file::{load_checked, read_settings_file};
+pub use sections::{
+    DatasetSection, ModelKind, ModelSection, OptimizerName, TableSection, TrainSection, cdc_split,
+};
 
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Result, bail};
-use crate::pipeline::SyntheticTables;
-use fedfuse_core::ModelSpec;
-use fedfuse_data::{CdcSplit, PartitionSpec};
+use fedfuse_data::PartitionSpec;
 use fedfuse_fed::{
     BuildContext, ClientsPerRound, DpSampling, FedNgmConfig, FedNgrConfig, Method, MethodConfig,
     PrivacySettings, ReplyBounds, Sampling, ServerStepConfig, SimConfig,
 };
-use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
 
 /// At most this many rounds: a typo such as `rounds = 1e15` is refused at load instead of
@@ -105,279 +110,6 @@ fn is_every_round(n: &NonZeroUsize) -> bool {
 }
 fn iid() -> PartitionSpec {
     PartitionSpec::Iid {}
-}
-
-/// `[dataset]`
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatasetSection {
-    /// `digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`.
-    pub name: String,
-    /// Fraction of each client's partition kept as its local test split.
-    #[serde(default = "test_fraction")]
-    pub local_test_fraction: f64,
-    /// Fraction of the training set the server holds out as its validation split before the
-    /// rest is partitioned (used to choose GPI-FNM's `eps`; default 0.1 for methods that need
-    /// it, else 0). Never the test set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub validation_fraction: Option<f64>,
-}
-
-fn test_fraction() -> f64 {
-    0.2
-}
-
-/// `[table]`: a tabular dataset, each client's rows and the held-out rows the server scores
-/// the global model on.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum TableSection {
-    /// Rows of one Gaussian graphical model with a random graph (drawn with the run's seed),
-    /// `rows_per_client` for each client, then `test_rows` held out.
-    Synthetic(SyntheticTables),
-    /// The CDC 2015 linked infant-death file (`cdc-infant-2015/` under `data_dir`): one
-    /// client per group of `split`, every `test_every`-th row of each held out.
-    Cdc {
-        /// `residence_status` (3 clients) or `birth_quarter` (4).
-        #[serde(default = "crate::pipeline::cdc_split_name")]
-        split: String,
-        /// Features left out (e.g. `age_at_death_days`, which gives the death-age bucket
-        /// away).
-        #[serde(default)]
-        drop: Vec<String>,
-        /// Every `test_every`-th row of each client is held out.
-        #[serde(default = "crate::pipeline::test_every")]
-        test_every: usize,
-    },
-}
-
-impl TableSection {
-    /// Checks the settings against `clients`.
-    fn check(&self, clients: usize) -> Result<()> {
-        match self {
-            TableSection::Synthetic(SyntheticTables {
-                features,
-                rows_per_client,
-                test_rows,
-                edge_prob,
-                ..
-            }) => {
-                if *features < 2 || *rows_per_client < 2 || *test_rows == 0 {
-                    bail!("[table]: need features >= 2, rows_per_client >= 2 and test_rows >= 1");
-                }
-                if !(0.0..=1.0).contains(edge_prob) {
-                    bail!("`table.edge_prob` = {edge_prob} is not a probability");
-                }
-            }
-            TableSection::Cdc {
-                split, test_every, ..
-            } => {
-                let n = cdc_split(split).context("[table]")?.clients().len();
-                if clients != n {
-                    bail!("the CDC file split by {split} has {n} clients; set `clients = {n}`");
-                }
-                if *test_every < 2 {
-                    bail!("`table.test_every` = {test_every}: use 2 or more");
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The CDC client split called `name`.
-pub fn cdc_split(name: &str) -> Result<CdcSplit> {
-    match name {
-        "residence_status" => Ok(CdcSplit::ResidenceStatus),
-        "birth_quarter" => Ok(CdcSplit::BirthQuarter),
-        other => {
-            bail!("split = {other:?}: use \"residence_status\" or \"birth_quarter\"")
-        }
-    }
-}
-
-/// Network kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelKind {
-    /// Fully connected, ReLU.
-    Mlp,
-    /// LeNet-5.
-    Lenet5,
-}
-
-/// `[model]`
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelSection {
-    /// `mlp` or `lenet5`.
-    pub kind: ModelKind,
-    /// Hidden widths (MLP only).
-    #[serde(default)]
-    pub hidden: Vec<usize>,
-    /// Initialisation: `default` (PyTorch's) or `pfnm` (N(0, 0.1) weights, 0.1 biases).
-    #[serde(default)]
-    pub init: Init,
-}
-
-/// Optimizer names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum OptimizerName {
-    /// SGD with optional momentum.
-    #[default]
-    Sgd,
-    /// Adam.
-    Adam,
-    /// AMSGrad.
-    Amsgrad,
-}
-
-/// `[train]`
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TrainSection {
-    /// `sgd`, `adam` or `amsgrad`.
-    pub optimizer: OptimizerName,
-    /// Learning rate.
-    pub lr: f64,
-    /// Local epochs per round.
-    pub epochs: usize,
-    /// Mini-batch size.
-    pub batch_size: usize,
-    /// SGD momentum.
-    pub momentum: f64,
-    /// L2 weight decay.
-    pub weight_decay: f64,
-    /// Adam beta1.
-    pub beta1: f64,
-    /// Adam beta2.
-    pub beta2: f64,
-    /// Adam epsilon.
-    pub eps: f64,
-    /// Dropout probability on the fully connected hidden layers, 0 for none.
-    pub dropout: f64,
-}
-
-impl Default for TrainSection {
-    /// The trainer's defaults, with Adam's moments for when `optimizer` names it.
-    fn default() -> Self {
-        let train = TrainConfig::default();
-        let (momentum, weight_decay) = match train.optimizer {
-            OptimizerConfig::Sgd {
-                momentum,
-                weight_decay,
-            } => (momentum, weight_decay),
-            OptimizerConfig::Adam { weight_decay, .. } => (0.0, weight_decay),
-        };
-        Self {
-            optimizer: OptimizerName::Sgd,
-            lr: train.lr,
-            epochs: train.epochs,
-            batch_size: train.batch_size,
-            momentum,
-            weight_decay,
-            beta1: OptimizerConfig::ADAM_BETA1,
-            beta2: OptimizerConfig::ADAM_BETA2,
-            eps: OptimizerConfig::ADAM_EPS,
-            dropout: train.dropout,
-        }
-    }
-}
-
-impl TrainSection {
-    /// Refuses keys in `[train]` that the chosen optimizer does not read (they would silently
-    /// do nothing): `beta1`, `beta2`, `eps` with SGD, `momentum` with Adam or AMSGrad.
-    fn check_keys_used(&self, given: &toml::Table) -> Result<()> {
-        // A default value is let through: a resolved config.toml lists every key.
-        let defaults = TrainSection::default();
-        let unused: &[(&str, f64, f64)] = match self.optimizer {
-            OptimizerName::Sgd => &[
-                ("beta1", self.beta1, defaults.beta1),
-                ("beta2", self.beta2, defaults.beta2),
-                ("eps", self.eps, defaults.eps),
-            ],
-            OptimizerName::Adam | OptimizerName::Amsgrad => {
-                &[("momentum", self.momentum, defaults.momentum)]
-            }
-        };
-        if let Some((key, ..)) = unused
-            .iter()
-            .find(|(k, v, d)| given.contains_key(*k) && v != d)
-        {
-            bail!(
-                "`train.{key}` does nothing with `train.optimizer = \"{}\"`; remove it or choose \
-                 an optimizer that uses it",
-                match self.optimizer {
-                    OptimizerName::Sgd => "sgd",
-                    OptimizerName::Adam => "adam",
-                    OptimizerName::Amsgrad => "amsgrad",
-                }
-            );
-        }
-        Ok(())
-    }
-
-    /// The trainer's typed settings.
-    pub fn to_train_config(&self) -> TrainConfig {
-        let optimizer = match self.optimizer {
-            OptimizerName::Sgd => OptimizerConfig::Sgd {
-                momentum: self.momentum,
-                weight_decay: self.weight_decay,
-            },
-            OptimizerName::Adam | OptimizerName::Amsgrad => OptimizerConfig::Adam {
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-                weight_decay: self.weight_decay,
-                amsgrad: self.optimizer == OptimizerName::Amsgrad,
-            },
-        };
-        TrainConfig {
-            optimizer,
-            lr: self.lr,
-            epochs: self.epochs,
-            batch_size: self.batch_size,
-            dropout: self.dropout,
-        }
-    }
-}
-
-impl ModelSection {
-    /// The architecture for samples of `sample_shape` and `classes` classes.
-    pub fn spec(&self, sample_shape: &[usize], classes: usize) -> Result<ModelSpec> {
-        let spec = match self.kind {
-            ModelKind::Mlp => ModelSpec::mlp(sample_shape.iter().product(), &self.hidden, classes),
-            ModelKind::Lenet5 => {
-                let [c, h, w] = sample_shape else {
-                    bail!(
-                        "model.kind = \"lenet5\" needs image samples [channels, height, width]; \
-                         this dataset's samples have shape {sample_shape:?}: use model.kind = \"mlp\""
-                    );
-                };
-                if h != w {
-                    bail!("model.kind = \"lenet5\" needs square images, got {h}x{w}");
-                }
-                if !self.hidden.is_empty() {
-                    bail!("model.hidden applies to `mlp` only; remove it for `lenet5`");
-                }
-                ModelSpec::LeNet5 {
-                    channels: *c,
-                    side: *h,
-                    classes,
-                }
-            }
-        };
-        spec.validate().context("model")?;
-        if spec.num_params() > MAX_PARAMS {
-            bail!(
-                "the model has {} parameters, above the limit of {MAX_PARAMS}; use smaller \
-                 `model.hidden` widths",
-                spec.num_params()
-            );
-        }
-        Ok(spec)
-    }
 }
 
 impl Config {
@@ -527,22 +259,30 @@ impl Config {
                 method_name(&self.method)
             );
         }
-        // Settings only; the architecture and validation split come at run time.
-        let spec = match model.kind {
-            ModelKind::Mlp => ModelSpec::mlp(1, &model.hidden, 2),
-            ModelKind::Lenet5 => ModelSpec::LeNet5 {
-                channels: 1,
-                side: 28,
-                classes: 10,
-            },
-        };
-        let validation = fedfuse_data::Dataset::new(vec![0.0], vec![0], vec![1], 2)?;
-        self.build_method(BuildContext {
-            spec: Some(spec),
-            validation: Some(std::sync::Arc::new(validation)),
-            ..BuildContext::default()
-        })?;
+        self.check_method()
+    }
+
+    /// The `[method]` table's settings, and the `[privacy]` and `[server]` tables with the
+    /// method they wrap; the architecture and validation split come at run time.
+    fn check_method(&self) -> Result<()> {
+        self.method.check()?;
+        if let Some(privacy) = &self.privacy {
+            privacy.check_for(&self.method)?;
+            DpSampling::of(&self.sim_sampling(), self.clients)?;
+        }
+        if let Some(server) = &self.server {
+            server.check_for(&self.method)?;
+        }
         Ok(())
+    }
+
+    /// Who takes part in a round, as the privacy accountant needs it.
+    fn sim_sampling(&self) -> SimConfig {
+        SimConfig {
+            clients_per_round: self.clients_per_round,
+            sampling: self.sampling,
+            ..SimConfig::default()
+        }
     }
 
     /// The method of `[method]`, inside its `[privacy]` wrapper, then its `[server]` step.
@@ -550,16 +290,11 @@ impl Config {
         let seed = ctx.seed;
         let mut method = self.method.build_with(ctx)?;
         if let Some(privacy) = &self.privacy {
-            let sim = SimConfig {
-                clients_per_round: self.clients_per_round,
-                sampling: self.sampling,
-                ..SimConfig::default()
-            };
-            let sampling = DpSampling::of(&sim, self.clients)?;
-            method = privacy.wrap(&self.method, method, sampling, seed)?;
+            let sampling = DpSampling::of(&self.sim_sampling(), self.clients)?;
+            method = privacy.wrap(method, sampling, seed)?;
         }
         if let Some(server) = &self.server {
-            method = server.wrap(&self.method, method)?;
+            method = server.wrap(method)?;
         }
         Ok(method)
     }
@@ -619,9 +354,13 @@ impl Config {
                 self.rounds
             );
         }
-        self.method
-            .build_with(BuildContext::default())
-            .map_err(crate::LabError::from)?;
+        self.method.check()?;
+        if fedngm.gamma.is_some() {
+            bail!(
+                "`method.gamma` weighs the distillation's loss on public rows, and a run has \
+                 none; remove it"
+            );
+        }
         Ok(())
     }
 
@@ -644,66 +383,6 @@ fn method_name(m: &MethodConfig) -> String {
         .ok()
         .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
         .unwrap_or_default()
-}
-
-/// Sets `key.path` to `value` (parsed as TOML, else taken as a string).
-fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
-    let Some((path, raw)) = assignment.split_once('=') else {
-        bail!("--set `{assignment}`: expected key.path=value");
-    };
-    let keys: Vec<&str> = path.trim().split('.').collect();
-    if keys.iter().any(|k| k.is_empty()) {
-        bail!("--set `{assignment}`: empty key in `{path}`");
-    }
-    let raw = raw.trim();
-    let value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
-        Ok(mut t) => t
-            .remove("v")
-            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
-        Err(_) => toml::Value::String(raw.to_string()),
-    };
-    let (last, parents) = keys.split_last().context("empty --set key")?;
-    let mut table = root;
-    for k in parents {
-        let entry = table
-            .entry(k.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = match entry {
-            toml::Value::Table(t) => t,
-            _ => bail!("--set `{assignment}`: `{k}` is not a table"),
-        };
-    }
-    table.insert(last.to_string(), value);
-    Ok(())
-}
-
-/// The text of the settings file `path` (a `what`: "config", "comparison"); a missing file
-/// is named with where the shipped ones are, since a newcomer's first mistake is a path typed
-/// from another folder.
-pub fn read_settings_file(path: &Path, what: &str) -> Result<String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "{what} {} does not exist (looked from {}); the shipped ones are in the \
-             repository's examples/ and experiments/ folders",
-            path.display(),
-            std::env::current_dir().map_or_else(|_| "here".into(), |d| d.display().to_string())
-        ),
-        Err(e) => Err(e).with_context(|| format!("cannot read {what} {}", path.display())),
-    }
-}
-
-/// Reads the TOML file `path` as a `what` (e.g. "sweep config") and checks it with `check`;
-/// every error names the file.
-pub fn load_checked<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    what: &str,
-    check: impl FnOnce(&T) -> Result<()>,
-) -> Result<T> {
-    let text = read_settings_file(path, what)?;
-    let cfg: T = toml::from_str(&text).with_context(|| format!("{what} {}", path.display()))?;
-    check(&cfg).with_context(|| format!("{what} {}", path.display()))?;
-    Ok(cfg)
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use fedfuse_data::{
     select_classes,
 };
 use fedfuse_fed::{
-    ClientsPerRound, Gems, GemsSettings, SimConfig, derive_seed, finetune_output_layer,
+    ClientsPerRound, Gems, GemsSettings, Population, SimConfig, derive_seed, finetune_output_layer,
     hidden_features, simulate,
 };
 use fedfuse_fuse::gems::dense::mlp_layers;
@@ -33,7 +33,7 @@ use crate::config::TrainSection;
 use crate::finished::{Finished, settings_of};
 use crate::pipeline::client_data;
 use crate::plot::{Chart, Line, write_chart};
-use crate::table::{Stats, Tables, group_first_seen};
+use crate::table::{HiddenWidths, Stats, Tables, group_first_seen};
 
 /// How the learners' data are made.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -147,7 +147,7 @@ struct Row {
     model: String,
     accuracy: f64,
     loss: f64,
-    width: String,
+    width: HiddenWidths,
 }
 
 /// The learners, the aggregated test set and the public pool of one seed.
@@ -271,20 +271,6 @@ impl GemsExperiment {
     }
 }
 
-fn widths(params: &Params) -> String {
-    ModelSpec::infer_mlp(params)
-        .ok()
-        .and_then(|s| s.mlp_widths())
-        .map(|w| {
-            w[1..w.len() - 1]
-                .iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join("-")
-        })
-        .unwrap_or_default()
-}
-
 /// Everything for one seed.
 fn run_seed(
     cfg: &GemsExperiment,
@@ -307,7 +293,7 @@ fn run_seed(
             model,
             accuracy: e.accuracy,
             loss: e.loss,
-            width: widths(params),
+            width: HiddenWidths::of(params),
         })
     };
     let fit = |start: &Params, data: &Dataset, cfg: &TrainConfig, s: u64| -> Result<Params> {
@@ -397,9 +383,7 @@ fn run_seed(
         };
         let result = simulate(
             &mut gems,
-            &trainer,
-            &l.clients,
-            &l.test,
+            Population::labelled(&trainer, &l.clients, &l.test),
             init_params(&spec, cfg.init, seed),
             &sim,
             &|_| {},
@@ -416,7 +400,7 @@ fn run_seed(
                     model: "GEMS".into(),
                     accuracy: f64::NAN,
                     loss: f64::NAN,
-                    width: String::new(),
+                    width: HiddenWidths::default(),
                 });
                 continue;
             }
@@ -528,10 +512,7 @@ fn stats(g: &[&Row], f: impl Fn(&Row) -> f64) -> (f64, f64, usize) {
 fn mean_width(g: &[&Row]) -> f64 {
     let w: Vec<f64> = g
         .iter()
-        .filter_map(|r| {
-            let parts: Vec<f64> = r.width.split('-').filter_map(|x| x.parse().ok()).collect();
-            (!parts.is_empty()).then(|| parts.iter().sum())
-        })
+        .filter_map(|r| r.width.total().map(|w| w as f64))
         .collect();
     if w.is_empty() {
         f64::NAN

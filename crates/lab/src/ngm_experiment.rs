@@ -17,11 +17,11 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::error::{Context, Result, bail};
+use crate::error::{Context, LabError, Result, bail};
 use fedfuse_core::Params;
 use fedfuse_data::{CdcExtra, CdcOptions, Table, conditional_mean};
 use fedfuse_fed::{
-    FedNgmClient, FedNgmConfig, FedNgmRun, run_fedngm, score_ensemble, score_marginal,
+    FedError, FedNgmClient, FedNgmConfig, FedNgmRun, run_fedngm, score_ensemble, score_marginal,
     score_prediction, stitch_client,
 };
 use fedfuse_fuse::{Graph, edge_precision_recall, recover_graph};
@@ -77,6 +77,17 @@ pub enum NgmData {
     },
 }
 
+/// A FedNGM settings error with its key as this file writes it: `fedngm.rounds` where a run
+/// config's `[method]` table says `method.rounds`.
+fn in_table(table: &str, e: FedError) -> LabError {
+    match e {
+        FedError::MethodSetting { field, reason } => {
+            LabError::Invalid(format!("invalid setting `{table}.{field}`: {reason}"))
+        }
+        other => other.into(),
+    }
+}
+
 /// A FedNGM experiment, as written in `experiments/ngm-*.toml`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,9 +126,9 @@ impl NgmExperiment {
         if self.seeds.is_empty() {
             bail!("`seeds` is empty: give at least one seed");
         }
-        self.fedngm.check().context("[fedngm]")?;
+        self.fedngm.check().map_err(|e| in_table("fedngm", e))?;
         if let Some(r) = &self.fedngr {
-            r.check().context("[fedngr]")?;
+            r.check().map_err(|e| in_table("fedngr", e))?;
         }
         match &self.data {
             NgmData::Synthetic {
@@ -660,6 +671,36 @@ mod tests {
                 .expect("parses");
         let err = format!("{:#}", cdc.check().unwrap_err());
         assert!(err.contains("residence_status"), "{err}");
+    }
+
+    /// The same FedNGM setting is `fedngm.rounds` here and `method.rounds` in a run config:
+    /// each message names the key as its file writes it.
+    #[test]
+    fn a_fedngm_setting_is_named_as_each_file_writes_it() {
+        let synth =
+            "[data]\nkind='synthetic'\nfeatures=4\nclients=2\nrows_per_client=50\nedge_prob=0.5\n";
+        let exp: NgmExperiment = toml::from_str(&format!(
+            "title='t'\nseeds=[0]\n{synth}[fedngm]\nrounds=0\n[fedngr]\nmasked_copies=99\n"
+        ))
+        .expect("parses");
+        let err = format!("{:#}", exp.check().unwrap_err());
+        assert!(err.contains("invalid setting `fedngm.rounds`"), "{err}");
+        let exp: NgmExperiment = toml::from_str(&format!(
+            "title='t'\nseeds=[0]\n{synth}[fedngr]\nmasked_copies=99\n"
+        ))
+        .expect("parses");
+        let err = format!("{:#}", exp.check().unwrap_err());
+        assert!(
+            err.contains("invalid setting `fedngr.masked_copies`"),
+            "{err}"
+        );
+        let run = crate::Config::parse(
+            "rounds = 3\nclients = 2\n[table]\nkind = 'synthetic'\nfeatures = 4\n\
+             rows_per_client = 50\nedge_prob = 0.5\n[method]\nname = 'fedngm'\nrounds = 0\n",
+            &[],
+        );
+        let err = format!("{:#}", run.unwrap_err());
+        assert!(err.contains("invalid setting `method.rounds`"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,283 @@
+//! The sections of a run config below its top-level keys: `[dataset]`, `[table]`, `[model]`
+//! and `[train]`, each with its defaults and its own checks.
+
+use super::MAX_PARAMS;
+use crate::error::{Context, Result, bail};
+use crate::pipeline::SyntheticTables;
+use fedfuse_core::ModelSpec;
+use fedfuse_data::CdcSplit;
+use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
+use serde::{Deserialize, Serialize};
+
+/// `[dataset]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSection {
+    /// `digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`.
+    pub name: String,
+    /// Fraction of each client's partition kept as its local test split.
+    #[serde(default = "test_fraction")]
+    pub local_test_fraction: f64,
+    /// Fraction of the training set the server holds out as its validation split before the
+    /// rest is partitioned (used to choose GPI-FNM's `eps`; default 0.1 for methods that need
+    /// it, else 0). Never the test set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_fraction: Option<f64>,
+}
+
+fn test_fraction() -> f64 {
+    0.2
+}
+
+/// `[table]`: a tabular dataset, each client's rows and the held-out rows the server scores
+/// the global model on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TableSection {
+    /// Rows of one Gaussian graphical model with a random graph (drawn with the run's seed),
+    /// `rows_per_client` for each client, then `test_rows` held out.
+    Synthetic(SyntheticTables),
+    /// The CDC 2015 linked infant-death file (`cdc-infant-2015/` under `data_dir`): one
+    /// client per group of `split`, every `test_every`-th row of each held out.
+    Cdc {
+        /// `residence_status` (3 clients) or `birth_quarter` (4).
+        #[serde(default = "crate::pipeline::cdc_split_name")]
+        split: String,
+        /// Features left out (e.g. `age_at_death_days`, which gives the death-age bucket
+        /// away).
+        #[serde(default)]
+        drop: Vec<String>,
+        /// Every `test_every`-th row of each client is held out.
+        #[serde(default = "crate::pipeline::test_every")]
+        test_every: usize,
+    },
+}
+
+impl TableSection {
+    /// Checks the settings against `clients`.
+    pub(super) fn check(&self, clients: usize) -> Result<()> {
+        match self {
+            TableSection::Synthetic(SyntheticTables {
+                features,
+                rows_per_client,
+                test_rows,
+                edge_prob,
+                ..
+            }) => {
+                if *features < 2 || *rows_per_client < 2 || *test_rows == 0 {
+                    bail!("[table]: need features >= 2, rows_per_client >= 2 and test_rows >= 1");
+                }
+                if !(0.0..=1.0).contains(edge_prob) {
+                    bail!("`table.edge_prob` = {edge_prob} is not a probability");
+                }
+            }
+            TableSection::Cdc {
+                split, test_every, ..
+            } => {
+                let n = cdc_split(split).context("[table]")?.clients().len();
+                if clients != n {
+                    bail!("the CDC file split by {split} has {n} clients; set `clients = {n}`");
+                }
+                if *test_every < 2 {
+                    bail!("`table.test_every` = {test_every}: use 2 or more");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The CDC client split called `name`.
+pub fn cdc_split(name: &str) -> Result<CdcSplit> {
+    match name {
+        "residence_status" => Ok(CdcSplit::ResidenceStatus),
+        "birth_quarter" => Ok(CdcSplit::BirthQuarter),
+        other => {
+            bail!("split = {other:?}: use \"residence_status\" or \"birth_quarter\"")
+        }
+    }
+}
+
+/// Network kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// Fully connected, ReLU.
+    Mlp,
+    /// LeNet-5.
+    Lenet5,
+}
+
+/// `[model]`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// `mlp` or `lenet5`.
+    pub kind: ModelKind,
+    /// Hidden widths (MLP only).
+    #[serde(default)]
+    pub hidden: Vec<usize>,
+    /// Initialisation: `default` (PyTorch's) or `pfnm` (N(0, 0.1) weights, 0.1 biases).
+    #[serde(default)]
+    pub init: Init,
+}
+
+/// Optimizer names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    /// SGD with optional momentum.
+    #[default]
+    Sgd,
+    /// Adam.
+    Adam,
+    /// AMSGrad.
+    Amsgrad,
+}
+
+/// `[train]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSection {
+    /// `sgd`, `adam` or `amsgrad`.
+    pub optimizer: OptimizerName,
+    /// Learning rate.
+    pub lr: f64,
+    /// Local epochs per round.
+    pub epochs: usize,
+    /// Mini-batch size.
+    pub batch_size: usize,
+    /// SGD momentum.
+    pub momentum: f64,
+    /// L2 weight decay.
+    pub weight_decay: f64,
+    /// Adam beta1.
+    pub beta1: f64,
+    /// Adam beta2.
+    pub beta2: f64,
+    /// Adam epsilon.
+    pub eps: f64,
+    /// Dropout probability on the fully connected hidden layers, 0 for none.
+    pub dropout: f64,
+}
+
+impl Default for TrainSection {
+    /// The trainer's defaults, with Adam's moments for when `optimizer` names it.
+    fn default() -> Self {
+        let train = TrainConfig::default();
+        let (momentum, weight_decay) = match train.optimizer {
+            OptimizerConfig::Sgd {
+                momentum,
+                weight_decay,
+            } => (momentum, weight_decay),
+            OptimizerConfig::Adam { weight_decay, .. } => (0.0, weight_decay),
+        };
+        Self {
+            optimizer: OptimizerName::Sgd,
+            lr: train.lr,
+            epochs: train.epochs,
+            batch_size: train.batch_size,
+            momentum,
+            weight_decay,
+            beta1: OptimizerConfig::ADAM_BETA1,
+            beta2: OptimizerConfig::ADAM_BETA2,
+            eps: OptimizerConfig::ADAM_EPS,
+            dropout: train.dropout,
+        }
+    }
+}
+
+impl TrainSection {
+    /// Refuses keys in `[train]` that the chosen optimizer does not read (they would silently
+    /// do nothing): `beta1`, `beta2`, `eps` with SGD, `momentum` with Adam or AMSGrad.
+    pub(super) fn check_keys_used(&self, given: &toml::Table) -> Result<()> {
+        // A default value is let through: a resolved config.toml lists every key.
+        let defaults = TrainSection::default();
+        let unused: &[(&str, f64, f64)] = match self.optimizer {
+            OptimizerName::Sgd => &[
+                ("beta1", self.beta1, defaults.beta1),
+                ("beta2", self.beta2, defaults.beta2),
+                ("eps", self.eps, defaults.eps),
+            ],
+            OptimizerName::Adam | OptimizerName::Amsgrad => {
+                &[("momentum", self.momentum, defaults.momentum)]
+            }
+        };
+        if let Some((key, ..)) = unused
+            .iter()
+            .find(|(k, v, d)| given.contains_key(*k) && v != d)
+        {
+            bail!(
+                "`train.{key}` does nothing with `train.optimizer = \"{}\"`; remove it or choose \
+                 an optimizer that uses it",
+                match self.optimizer {
+                    OptimizerName::Sgd => "sgd",
+                    OptimizerName::Adam => "adam",
+                    OptimizerName::Amsgrad => "amsgrad",
+                }
+            );
+        }
+        Ok(())
+    }
+
+    /// The trainer's typed settings.
+    pub fn to_train_config(&self) -> TrainConfig {
+        let optimizer = match self.optimizer {
+            OptimizerName::Sgd => OptimizerConfig::Sgd {
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+            },
+            OptimizerName::Adam | OptimizerName::Amsgrad => OptimizerConfig::Adam {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+                amsgrad: self.optimizer == OptimizerName::Amsgrad,
+            },
+        };
+        TrainConfig {
+            optimizer,
+            lr: self.lr,
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            dropout: self.dropout,
+        }
+    }
+}
+
+impl ModelSection {
+    /// The architecture for samples of `sample_shape` and `classes` classes.
+    pub fn spec(&self, sample_shape: &[usize], classes: usize) -> Result<ModelSpec> {
+        let spec = match self.kind {
+            ModelKind::Mlp => ModelSpec::mlp(sample_shape.iter().product(), &self.hidden, classes),
+            ModelKind::Lenet5 => {
+                let [c, h, w] = sample_shape else {
+                    bail!(
+                        "model.kind = \"lenet5\" needs image samples [channels, height, width]; \
+                         this dataset's samples have shape {sample_shape:?}: use model.kind = \"mlp\""
+                    );
+                };
+                if h != w {
+                    bail!("model.kind = \"lenet5\" needs square images, got {h}x{w}");
+                }
+                if !self.hidden.is_empty() {
+                    bail!("model.hidden applies to `mlp` only; remove it for `lenet5`");
+                }
+                ModelSpec::LeNet5 {
+                    channels: *c,
+                    side: *h,
+                    classes,
+                }
+            }
+        };
+        spec.validate().context("model")?;
+        if spec.num_params() > MAX_PARAMS {
+            bail!(
+                "the model has {} parameters, above the limit of {MAX_PARAMS}; use smaller \
+                 `model.hidden` widths",
+                spec.num_params()
+            );
+        }
+        Ok(spec)
+    }
+}

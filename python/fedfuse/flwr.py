@@ -399,9 +399,8 @@ def make_client_app(config: str | os.PathLike | None = None, overrides: Iterable
     def evaluate(msg: Message, context: Context) -> Message:
         fedfuse_client, pid = client(context)
         loss, accuracy, n = fedfuse_client.evaluate(from_recorddict(msg.content))
-        metrics = {"num-examples": n}
-        if n:
-            metrics.update({"loss": loss, "accuracy": accuracy})
+        # The same keys from every node, whatever its data (Flower's strategies require it).
+        metrics = {"num-examples": n, "loss": loss, "accuracy": accuracy}
         return Message(
             RecordDict({METRICS: MetricRecord(metrics), CONFIG: ConfigRecord({PARTITION_ID: pid})}),
             reply_to=msg,

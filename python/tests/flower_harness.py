@@ -178,11 +178,27 @@ class Deployment:
         self.start_superlink()
         for i in range(self.nodes):
             self.start_node(i)
-        self._wait(
-            lambda: all("SuperNode ID:" in self.log(f"node{i}") for i in range(self.nodes)),
-            120,
-            "every SuperNode to register",
-        )
+        # A port `free_port` found free can be taken before the node binds it (every HTTP
+        # connection on the machine draws its source port from the same range): such a node
+        # is started again on another port.
+        for attempt in range(4):
+            try:
+                self._wait(
+                    lambda: all("SuperNode ID:" in self.log(f"node{i}") for i in range(self.nodes)),
+                    120,
+                    "every SuperNode to register",
+                )
+                return self
+            except RuntimeError:
+                clashed = [
+                    i for i in range(self.nodes)
+                    if self.procs[f"node{i}"].poll() is not None
+                    and "address already in use" in self.log(f"node{i}")
+                ]
+                if not clashed or attempt == 3:
+                    raise
+                for i in clashed:
+                    self.start_node(i)
         return self
 
     def start_node(self, i: int) -> None:

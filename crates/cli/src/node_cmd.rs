@@ -52,6 +52,19 @@ pub struct NodeArgs {
     /// Plain HTTP, no TLS (loopback and tests).
     #[arg(long)]
     pub insecure: bool,
+    /// Seconds between polls for work while idle (Flower's SuperNode polls every 3; each
+    /// pause is drawn within 25% of it). Each poll costs the SuperLink an HTTP request.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3.0, value_parser = parse_poll)]
+    pub poll: f64,
+}
+
+fn parse_poll(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.1..=3600.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "`{text}` is not a number of seconds from 0.1 to 3600"
+        )),
+    }
 }
 
 /// `--superlink` as HOST:PORT with a port Flower could listen on (1-65535), so a mistyped
@@ -109,11 +122,12 @@ impl Handler for FedfuseClient {
                     .fed
                     .client_evaluate(self.id, &content)
                     .map_err(|e| format!("client {}: {e}", self.id))?;
-                let mut metrics = vec![(NUM_EXAMPLES.into(), MetricValue::Int(n as i64))];
-                if n > 0 {
-                    metrics.push(("loss".into(), MetricValue::Float(loss)));
-                    metrics.push(("accuracy".into(), MetricValue::Float(accuracy)));
-                }
+                // The same keys from every node, whatever its data.
+                let metrics = vec![
+                    (NUM_EXAMPLES.into(), MetricValue::Int(n as i64)),
+                    ("loss".into(), MetricValue::Float(loss)),
+                    ("accuracy".into(), MetricValue::Float(accuracy)),
+                ];
                 Ok(RecordDict(vec![
                     (METRICS.into(), Record::Metrics(metrics)),
                     (CONFIG.into(), Record::Config(vec![self.slot()])),
@@ -164,12 +178,28 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
             .with_context(|| format!("--own-data {source}"))?;
         fed.use_own_data(&cfg, args.partition_id, data, &source)?;
     }
+    // Flower's strategies need the same metric keys from every node: where clients measure
+    // their local accuracy, this one must be able to.
+    let measured = cfg.local_eval
+        && cfg
+            .dataset
+            .as_ref()
+            .is_some_and(|d| d.local_test_fraction > 0.0);
+    if measured && fed.data.local_test_len(args.partition_id) == 0 {
+        bail!(
+            "client {} has no local test sample (a partition of one sample), so its train replies \
+             could not carry `local_accuracy` as the other nodes' do; give every client at least 2 \
+             samples (`partition.min_partition_size`), or set `local_eval = false`",
+            args.partition_id
+        );
+    }
     let key = match &args.auth_key {
         Some(path) => Some(NodeKey::from_file(path)?),
         None => None,
     };
     let opts = NodeOptions {
         first_contact_wait: std::time::Duration::from_secs(args.wait_for_superlink),
+        poll: std::time::Duration::from_secs_f64(args.poll),
         ..NodeOptions::new(Connection {
             superlink: args.superlink.clone(),
             insecure: args.insecure,
@@ -199,4 +229,72 @@ pub fn run_node(args: NodeArgs) -> Result<()> {
     run(&opts, key, &mut client, &stop, &log)
         .with_context(|| format!("SuperLink {}", args.superlink))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use super::*;
+    use std::path::Path;
+
+    /// Flower's stock strategies refuse a round whose replies differ in their metric keys
+    /// (`InconsistentMessageReplies`). Here 200 clients of the digits share 1,438 samples, so
+    /// many partitions hold 2 or 3, whose 20% local test split once rounded to nothing.
+    #[test]
+    fn every_nodes_replies_carry_the_same_metric_keys() {
+        let quickstart = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/quickstart.toml"
+        );
+        let sets: Vec<String> = [
+            "clients=200",
+            "partition.min_partition_size=2",
+            "partition.alpha=2",
+            "train.epochs=1",
+        ]
+        .map(String::from)
+        .to_vec();
+        let cfg = Config::load(Path::new(quickstart), &sets).unwrap();
+        let mut client = FedfuseClient {
+            fed: Federation::prepare(&cfg).unwrap(),
+            id: 0,
+        };
+        let sizes: Vec<usize> = (0..200)
+            .map(|id| client.fed.data.num_examples(id))
+            .collect();
+        let smallest = sizes.iter().min().copied().unwrap_or_default();
+        assert!(
+            smallest <= 3,
+            "the test needs tiny partitions; smallest has {smallest}"
+        );
+        let instruction = client
+            .fed
+            .method
+            .instruct(1, 0, &client.fed.init)
+            .unwrap()
+            .to_flower()
+            .unwrap();
+        let instruction = RecordDict::from_content(instruction);
+        let mut keys = |kind: &str, id: usize| -> Vec<String> {
+            client.id = id;
+            let reply = client.handle(kind, &instruction).unwrap();
+            let content = reply.to_content().unwrap();
+            let mut keys: Vec<String> = content.metrics.iter().map(|(k, _)| k.clone()).collect();
+            keys.sort();
+            keys
+        };
+        let ids: Vec<usize> = (0..200)
+            .filter(|&id| sizes[id] <= 2 || id % 50 == 0)
+            .collect();
+        assert!(ids.len() > 4, "{ids:?}");
+        for kind in ["train", "evaluate"] {
+            let first = keys(kind, ids[0]);
+            for &id in &ids[1..] {
+                assert_eq!(keys(kind, id), first, "{kind} reply of client {id}");
+            }
+        }
+        // The train replies carry the local accuracy Flower's FedAvg averages.
+        assert!(keys("train", ids[0]).iter().any(|k| k == "local_accuracy"));
+    }
 }

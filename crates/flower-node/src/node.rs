@@ -12,6 +12,8 @@ use crate::{NodeError, Result};
 
 /// Flower's error code for a ClientApp that raised.
 pub const CLIENT_APP_RAISED_EXCEPTION: i64 = 2;
+/// Flower's error code for a message the node could not get (its objects never came).
+pub const MESSAGE_UNAVAILABLE: i64 = 3;
 /// Flower's error code for a self-registration the SuperLink does not allow.
 const REGISTRATION_DISABLED: i64 = 2001;
 /// The SuperLink's node id, the source of instructions.
@@ -35,10 +37,14 @@ pub struct NodeOptions {
     pub connection: Connection,
     /// Seconds between heartbeats (Flower's default is 30).
     pub heartbeat: Duration,
-    /// Pause between polls when there is nothing to do.
+    /// Pause between polls when there is nothing to do (Flower's SuperNode: 3 s), drawn
+    /// from 75% to 125% of it so that many nodes do not poll in step.
     pub poll: Duration,
-    /// Longest wait for an object the SuperLink has not received yet.
+    /// Longest wait for an object the SuperLink has not received yet (Flower's: 2 hours).
     pub object_wait: Duration,
+    /// First and longest pause between pulls of an object not available yet (Flower's: 1 s,
+    /// doubling up to 10 s, with jitter).
+    pub object_backoff: (Duration, Duration),
     /// Longest pause between reconnection attempts.
     pub max_backoff: Duration,
     /// How long the first contact keeps trying a SuperLink that does not answer yet (one
@@ -52,8 +58,9 @@ impl NodeOptions {
         Self {
             connection,
             heartbeat: Duration::from_secs(30),
-            poll: Duration::from_secs(1),
-            object_wait: Duration::from_secs(60),
+            poll: Duration::from_secs(3),
+            object_wait: Duration::from_secs(7200),
+            object_backoff: (Duration::from_secs(1), Duration::from_secs(10)),
             max_backoff: Duration::from_secs(30),
             first_contact_wait: Duration::from_secs(60),
         }
@@ -68,6 +75,46 @@ fn now_secs() -> f64 {
 
 /// A progress line for the person running the node.
 pub type Log<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// Draws the pauses of polling and retry loops, so that nodes which started or failed
+/// together do not all come back at once. Timing only: nothing a run computes depends on it.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        let mut seed = [0u8; 8];
+        // Any seed will do; the clock is the fallback.
+        if getrandom::fill(&mut seed).is_err() {
+            seed = now_secs().to_bits().to_le_bytes();
+        }
+        Self(u64::from_le_bytes(seed))
+    }
+
+    /// A uniform draw in [0, 1) (SplitMix64).
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// `d` scaled by a draw from [lo, hi).
+    fn scale(&mut self, d: Duration, (lo, hi): (f64, f64)) -> Duration {
+        d.mul_f64(lo + (hi - lo) * self.unit())
+    }
+
+    /// A back-off pause: `d` times a draw from [0.5, 1) ("equal jitter").
+    fn backoff(&mut self, d: Duration) -> Duration {
+        self.scale(d, (0.5, 1.0))
+    }
+
+    /// A polling pause: `d` times a draw from [0.75, 1.25), `d` on average.
+    fn poll(&mut self, d: Duration) -> Duration {
+        self.scale(d, (0.75, 1.25))
+    }
+}
 
 /// Sleeps up to `d`, waking early when `stop` is set.
 fn nap(d: Duration, stop: &AtomicBool) {
@@ -154,19 +201,25 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Pulls every object of `tree` (retrying those the SuperLink does not hold yet).
+    /// Pulls every object of `tree`, waiting for those the SuperLink does not hold yet as
+    /// Flower's client does: a pause that doubles from `opts.object_backoff.0` up to its
+    /// second value, with jitter, for up to `opts.object_wait` per object.
     fn pull_objects(
         &self,
         run_id: u64,
         tree: &proto::ObjectTree,
-        wait: Duration,
+        opts: &NodeOptions,
         stop: &AtomicBool,
+        jitter: &mut Jitter,
     ) -> Result<Pulled> {
+        let wait = opts.object_wait;
+        let (first, cap) = opts.object_backoff;
         let mut pulled = Pulled::new();
         let mut todo = vec![tree];
         while let Some(t) = todo.pop() {
             todo.extend(t.children.iter());
             let deadline = Instant::now() + wait;
+            let mut pause = first;
             loop {
                 let r: proto::PullObjectResponse = self.fleet.call(
                     "pull-object",
@@ -186,25 +239,30 @@ impl<'a> Session<'a> {
                     pulled.insert(&t.object_id, r.object_content)?;
                     break;
                 }
-                if Instant::now() > deadline || stop.load(Ordering::Relaxed) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || stop.load(Ordering::Relaxed) {
                     return Err(NodeError::Object(format!(
                         "object {} was not available within {:?}",
                         t.object_id, wait
                     )));
                 }
-                std::thread::sleep(Duration::from_millis(100));
+                nap(jitter.backoff(pause).min(left), stop);
+                pause = (pause * 2).min(cap);
             }
         }
         Ok(pulled)
     }
 
-    /// Pulls, runs and answers at most one message; whether there was one.
+    /// Pulls, runs and answers at most one message; whether there was one. A message whose
+    /// objects never come (or cannot be read) is answered with Flower's "message unavailable"
+    /// error, so that the round counts it as a failure instead of waiting out its timeout,
+    /// and is then the loop's error, which backs off.
     fn step(
         &self,
         handler: &mut dyn Handler,
         opts: &NodeOptions,
         stop: &AtomicBool,
-        log: Log<'_>,
+        (jitter, log): (&mut Jitter, Log<'_>),
     ) -> Result<bool> {
         let pulled: proto::PullMessagesResponse = self.fleet.call(
             "pull-messages",
@@ -223,13 +281,25 @@ impl<'a> Session<'a> {
             .metadata
             .clone()
             .ok_or_else(|| NodeError::Object("a message without metadata".into()))?;
-        if tree.object_id != meta.message_id {
-            return Err(NodeError::Object(format!(
+        let content = if tree.object_id != meta.message_id {
+            Err(NodeError::Object(format!(
                 "message {}: its object tree is rooted at {}",
                 meta.message_id, tree.object_id
-            )));
-        }
-        let objects = self.pull_objects(meta.run_id, tree, opts.object_wait, stop)?;
+            )))
+        } else {
+            self.pull_objects(meta.run_id, tree, opts, stop, jitter)
+                .and_then(|objects| Ok(objects.inflate(&meta.message_id)?.1))
+        };
+        let content = match content {
+            Ok(content) => content,
+            Err(NodeError::Object(reason)) => {
+                if let Err(e) = self.answer(&meta, Err((MESSAGE_UNAVAILABLE, &reason)), 0.0) {
+                    log(&format!("could not report the unavailable message: {e}"));
+                }
+                return Err(NodeError::Object(reason));
+            }
+            Err(other) => return Err(other),
+        };
         let _: proto::ConfirmMessageReceivedResponse = self.fleet.call(
             "confirm-message-received",
             &proto::ConfirmMessageReceivedRequest {
@@ -247,10 +317,43 @@ impl<'a> Session<'a> {
             ));
             return Ok(true);
         }
-        let (_, content) = objects.inflate(&meta.message_id)?;
         let clock = Instant::now();
         let outcome = handler.handle(&meta.message_type, &content);
         let runtime = clock.elapsed().as_secs_f64();
+        match &outcome {
+            Ok(reply) => self.answer(&meta, Ok(reply), runtime)?,
+            Err(reason) => {
+                log(&format!(
+                    "{} failed: {}",
+                    crate::shown(&meta.message_type),
+                    crate::shown(reason)
+                ));
+                self.answer(&meta, Err((CLIENT_APP_RAISED_EXCEPTION, reason)), runtime)?;
+            }
+        }
+        if outcome.is_ok() {
+            // fedfuse's strategies name the round in the group id; Flower's leave it empty.
+            let group = if meta.group_id.is_empty() {
+                String::new()
+            } else {
+                format!(" (group {})", crate::shown(&meta.group_id))
+            };
+            log(&format!(
+                "{}{group} answered in {runtime:.2} s",
+                crate::shown(&meta.message_type)
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Pushes the reply to `meta`'s message: `content`, or Flower's error with a code and a
+    /// reason; then the objects the SuperLink asks for.
+    fn answer(
+        &self,
+        meta: &proto::Metadata,
+        content: std::result::Result<&RecordDict, (i64, &str)>,
+        runtime: f64,
+    ) -> Result<()> {
         let now = now_secs();
         let reply_meta = proto::Metadata {
             run_id: meta.run_id,
@@ -269,23 +372,16 @@ impl<'a> Session<'a> {
             src_task_id: None,
             dst_task_id: meta.src_task_id,
         };
-        let reply = match &outcome {
+        let reply = match content {
             Ok(content) => deflate(reply_meta, Some(content), None),
-            Err(reason) => {
-                log(&format!(
-                    "{} failed: {}",
-                    crate::shown(&meta.message_type),
-                    crate::shown(reason)
-                ));
-                deflate(
-                    reply_meta,
-                    None,
-                    Some(proto::Error {
-                        code: CLIENT_APP_RAISED_EXCEPTION,
-                        reason: reason.clone(),
-                    }),
-                )
-            }
+            Err((code, reason)) => deflate(
+                reply_meta,
+                None,
+                Some(proto::Error {
+                    code,
+                    reason: reason.to_string(),
+                }),
+            ),
         };
         let pushed: proto::PushMessagesResponse = self.fleet.call(
             "push-messages",
@@ -311,19 +407,7 @@ impl<'a> Session<'a> {
                 },
             )?;
         }
-        if outcome.is_ok() {
-            // fedfuse's strategies name the round in the group id; Flower's leave it empty.
-            let group = if meta.group_id.is_empty() {
-                String::new()
-            } else {
-                format!(" (group {})", crate::shown(&meta.group_id))
-            };
-            log(&format!(
-                "{}{group} answered in {runtime:.2} s",
-                crate::shown(&meta.message_type)
-            ));
-        }
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -395,18 +479,20 @@ fn open_first<'f>(
 ) -> Result<Option<Session<'f>>> {
     let give_up = Instant::now() + opts.first_contact_wait;
     let mut backoff = Duration::from_millis(500);
+    let mut jitter = Jitter::new();
     loop {
         match Session::open(fleet, self_registered, opts.heartbeat) {
             Ok(session) => return Ok(Some(session)),
             Err(NodeError::Unreachable { rpc, reason }) if Instant::now() < give_up => {
                 let left = give_up.saturating_duration_since(Instant::now());
+                let pause = jitter.backoff(backoff).min(left);
                 log(&format!(
                     "no SuperLink answers at {} yet ({rpc}: {reason}); trying again in \
-                     {backoff:?}, for up to {}s more",
+                     {pause:.1?}, for up to {}s more",
                     opts.connection.superlink,
                     left.as_secs()
                 ));
-                nap(backoff.min(left), stop);
+                nap(pause, stop);
                 if stop.load(Ordering::Relaxed) {
                     return Ok(None);
                 }
@@ -450,28 +536,31 @@ pub fn run(
     std::thread::scope(|scope| {
         scope.spawn(|| heartbeats(&fleet, &node_id, opts.heartbeat, [stop, &done], log));
         let mut backoff = Duration::from_secs(1);
+        let mut jitter = Jitter::new();
         while !stop.load(Ordering::Relaxed) {
-            match session.step(handler, opts, stop, log) {
+            match session.step(handler, opts, stop, (&mut jitter, log)) {
                 Ok(true) => backoff = Duration::from_secs(1),
                 Ok(false) => {
                     backoff = Duration::from_secs(1);
-                    nap(opts.poll, stop);
+                    nap(jitter.poll(opts.poll), stop);
                 }
                 Err(NodeError::Object(reason)) => {
                     // One bad message: say so and go on with the next, after the same pause
                     // as other failures, so a SuperLink serving it again and again does not
                     // get a tight loop of pulls.
+                    let pause = jitter.backoff(backoff);
                     log(&format!(
-                        "a message could not be read: {reason}; next poll in {backoff:?}"
+                        "a message could not be read: {reason}; next poll in {pause:.1?}"
                     ));
-                    nap(backoff, stop);
+                    nap(pause, stop);
                     backoff = (backoff * 2).min(opts.max_backoff);
                 }
                 Err(e) => {
+                    let pause = jitter.backoff(backoff);
                     log(&format!(
-                        "lost the SuperLink ({e}); retrying in {backoff:?}"
+                        "lost the SuperLink ({e}); retrying in {pause:.1?}"
                     ));
-                    nap(backoff, stop);
+                    nap(pause, stop);
                     backoff = (backoff * 2).min(opts.max_backoff);
                     if stop.load(Ordering::Relaxed) {
                         break;
@@ -517,26 +606,38 @@ mod tests {
     use super::*;
     use prost::Message as _;
     use std::io::{BufRead, BufReader, Read, Write};
-    use std::sync::Arc;
     use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Mutex};
 
-    /// A SuperLink that lets a node join and then serves, at every pull, a message it cannot
-    /// read (its object tree is rooted elsewhere). Counts the pulls.
-    fn broken_superlink(pulls: Arc<AtomicUsize>) -> String {
+    /// What a fake SuperLink serves and what it saw.
+    #[derive(Default)]
+    struct Fake {
+        /// The message every pull returns (none: nothing to do).
+        message: Option<(proto::Message, proto::ObjectTree)>,
+        /// Objects by id; a pull of one is "not available yet" this many times first.
+        objects: std::collections::HashMap<String, Vec<u8>>,
+        unavailable: AtomicUsize,
+        pulls: AtomicUsize,
+        object_pulls: AtomicUsize,
+        pushed: Mutex<Vec<proto::Message>>,
+    }
+
+    /// A SuperLink at 127.0.0.1 that lets a node join and serves `fake`.
+    fn superlink(fake: Arc<Fake>) -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
-                let pulls = pulls.clone();
+                let fake = fake.clone();
                 // One thread per connection: the node's heartbeats use their own.
-                std::thread::spawn(move || serve(stream, &pulls));
+                std::thread::spawn(move || serve(stream, &fake));
             }
         });
         addr
     }
 
-    fn serve(stream: std::net::TcpStream, pulls: &AtomicUsize) {
+    fn serve(stream: std::net::TcpStream, fake: &Fake) {
         let mut reader = BufReader::new(stream.try_clone().unwrap());
         let mut stream = stream;
         loop {
@@ -569,24 +670,45 @@ mod tests {
                     proto::SendNodeHeartbeatResponse { success: true }.encode_to_vec()
                 }
                 "pull-messages" => {
-                    pulls.fetch_add(1, Ordering::Relaxed);
+                    fake.pulls.fetch_add(1, Ordering::Relaxed);
+                    let (messages_list, message_object_trees) = match &fake.message {
+                        Some((m, t)) => (vec![m.clone()], vec![t.clone()]),
+                        None => (Vec::new(), Vec::new()),
+                    };
                     proto::PullMessagesResponse {
-                        messages_list: vec![proto::Message {
-                            metadata: Some(proto::Metadata {
-                                message_id: "a".into(),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }],
-                        message_object_trees: vec![proto::ObjectTree {
-                            object_id: "b".into(),
-                            children: Vec::new(),
-                        }],
+                        messages_list,
+                        message_object_trees,
                         ..Default::default()
                     }
                     .encode_to_vec()
                 }
-                // Registration, deactivation: empty replies.
+                "pull-object" => {
+                    fake.object_pulls.fetch_add(1, Ordering::Relaxed);
+                    let id = proto::PullObjectRequest::decode(&body[..])
+                        .unwrap()
+                        .object_id;
+                    let wait = fake
+                        .unavailable
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                        .is_ok();
+                    let content = fake.objects.get(&id);
+                    proto::PullObjectResponse {
+                        object_found: content.is_some(),
+                        object_available: content.is_some() && !wait,
+                        object_content: if wait {
+                            Vec::new()
+                        } else {
+                            content.cloned().unwrap_or_default()
+                        },
+                    }
+                    .encode_to_vec()
+                }
+                "push-messages" => {
+                    let request = proto::PushMessagesRequest::decode(&body[..]).unwrap();
+                    fake.pushed.lock().unwrap().extend(request.messages_list);
+                    proto::PushMessagesResponse::default().encode_to_vec()
+                }
+                // Registration, confirmation, deactivation: empty replies.
                 _ => Vec::new(),
             };
             let head = format!(
@@ -599,41 +721,170 @@ mod tests {
         }
     }
 
-    struct Never;
+    /// A `train` message of empty content, as a SuperLink holds it.
+    fn train_message() -> (
+        proto::Message,
+        proto::ObjectTree,
+        std::collections::HashMap<String, Vec<u8>>,
+    ) {
+        let meta = proto::Metadata {
+            run_id: 1,
+            message_type: "train".into(),
+            ttl: 3600.0,
+            created_at: now_secs(),
+            ..Default::default()
+        };
+        let d = deflate(meta, Some(&RecordDict::default()), None);
+        (d.message, d.tree, d.objects)
+    }
 
-    impl Handler for Never {
-        fn handle(&mut self, _: &str, _: &RecordDict) -> std::result::Result<RecordDict, String> {
-            Err("no message should get this far".into())
+    struct Echo;
+
+    impl Handler for Echo {
+        fn handle(&mut self, _: &str, c: &RecordDict) -> std::result::Result<RecordDict, String> {
+            Ok(c.clone())
         }
     }
 
-    #[test]
-    fn a_message_it_cannot_read_is_pulled_again_only_after_a_pause() {
-        let pulls = Arc::new(AtomicUsize::new(0));
-        let opts = NodeOptions::new(Connection {
-            superlink: broken_superlink(pulls.clone()),
+    /// Runs a node against `fake` for `for_ms`; returns its log.
+    fn run_for(fake: Arc<Fake>, opts: impl Fn(&mut NodeOptions), for_ms: u64) -> Vec<String> {
+        let mut o = NodeOptions::new(Connection {
+            superlink: superlink(fake),
             insecure: true,
             root_certificates: None,
         });
+        opts(&mut o);
         let stop = AtomicBool::new(false);
-        let lines = std::sync::Mutex::new(Vec::new());
+        let lines = Mutex::new(Vec::new());
         let log = |line: &str| lines.lock().unwrap().push(line.to_string());
         std::thread::scope(|scope| {
             scope.spawn(|| {
-                std::thread::sleep(Duration::from_millis(3500));
+                std::thread::sleep(Duration::from_millis(for_ms));
                 stop.store(true, Ordering::Relaxed);
             });
-            run(&opts, None, &mut Never, &stop, &log).unwrap();
+            run(&o, None, &mut Echo, &stop, &log).unwrap();
         });
-        let lines = lines.into_inner().unwrap();
-        // Pulls at about 0, 1 and 3 s (1 s doubling); without the pause, thousands.
-        let n = pulls.load(Ordering::Relaxed);
-        assert!((2..=4).contains(&n), "{n} pulls in 3.5 s: {lines:?}");
+        lines.into_inner().unwrap()
+    }
+
+    #[test]
+    fn a_message_it_cannot_read_is_answered_as_unavailable_and_pulled_again_after_a_pause() {
+        // Every pull: a message whose object tree is rooted elsewhere.
+        let mut message = train_message().0;
+        message.metadata.as_mut().unwrap().message_id = "a".into();
+        let fake = Arc::new(Fake {
+            message: Some((
+                message,
+                proto::ObjectTree {
+                    object_id: "b".into(),
+                    children: Vec::new(),
+                },
+            )),
+            ..Fake::default()
+        });
+        let lines = run_for(fake.clone(), |_| {}, 3500);
+        // Pauses of 0.5-1 s, 1-2 s, 2-4 s: at most five pulls in 3.5 s; without them,
+        // thousands.
+        let n = fake.pulls.load(Ordering::Relaxed);
+        assert!((2..=5).contains(&n), "{n} pulls in 3.5 s: {lines:?}");
         assert!(
             lines
                 .iter()
                 .any(|l| l.contains("could not be read") && l.contains("next poll in")),
             "{lines:?}"
         );
+        // Each one was answered, so the round counts a failure instead of waiting.
+        let pushed = fake.pushed.lock().unwrap();
+        assert_eq!(pushed.len(), n, "{lines:?}");
+        let error = pushed[0].error.clone().unwrap();
+        assert_eq!(error.code, MESSAGE_UNAVAILABLE);
+        assert!(error.reason.contains("rooted at b"), "{}", error.reason);
+        assert_eq!(
+            pushed[0].metadata.as_ref().unwrap().reply_to_message_id,
+            "a"
+        );
+    }
+
+    #[test]
+    fn objects_not_available_yet_are_waited_for_with_a_growing_pause() {
+        let (message, tree, objects) = train_message();
+        let fake = Arc::new(Fake {
+            message: Some((message, tree)),
+            objects,
+            unavailable: AtomicUsize::new(4),
+            ..Fake::default()
+        });
+        let lines = run_for(
+            fake.clone(),
+            |o| o.object_backoff = (Duration::from_millis(100), Duration::from_millis(400)),
+            1600,
+        );
+        // Four refusals, then the objects: pauses of at most 0.1 + 0.2 + 0.4 + 0.4 s, at
+        // least half that; a 100 ms spin would have pulled far more often in the same time.
+        let pushed = fake.pushed.lock().unwrap();
+        assert!(!pushed.is_empty(), "{lines:?}");
+        assert!(pushed[0].error.is_none(), "{:?}", pushed[0].error);
+        assert!(
+            lines.iter().any(|l| l.contains("train answered")),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn an_object_that_never_comes_ends_in_an_unavailable_reply_after_the_wait() {
+        let (message, tree, objects) = train_message();
+        let fake = Arc::new(Fake {
+            message: Some((message, tree)),
+            objects,
+            unavailable: AtomicUsize::new(usize::MAX),
+            ..Fake::default()
+        });
+        let lines = run_for(
+            fake.clone(),
+            |o| {
+                o.object_wait = Duration::from_millis(1500);
+                o.object_backoff = (Duration::from_millis(100), Duration::from_millis(400));
+            },
+            1800,
+        );
+        // Pauses of at least 50, 100, 200, 200, ... ms: at most 11 pulls in the 1.5 s wait;
+        // a fixed 100 ms pause would pull 15 times.
+        let pulls = fake.object_pulls.load(Ordering::Relaxed);
+        assert!((4..=11).contains(&pulls), "{pulls} object pulls: {lines:?}");
+        let pushed = fake.pushed.lock().unwrap();
+        let error = pushed.first().and_then(|m| m.error.clone()).unwrap();
+        assert_eq!(error.code, MESSAGE_UNAVAILABLE);
+        assert!(
+            error.reason.contains("not available within"),
+            "{}",
+            error.reason
+        );
+    }
+
+    #[test]
+    fn an_idle_node_polls_at_flowers_cadence_with_jitter() {
+        assert_eq!(
+            NodeOptions::new(Connection {
+                superlink: String::new(),
+                insecure: true,
+                root_certificates: None,
+            })
+            .poll,
+            Duration::from_secs(3)
+        );
+        let fake = Arc::new(Fake::default());
+        let lines = run_for(fake.clone(), |o| o.poll = Duration::from_millis(200), 2100);
+        // Pauses of 150-250 ms: 9 to 15 pulls in 2.1 s (a pull itself takes about 1 ms).
+        let n = fake.pulls.load(Ordering::Relaxed);
+        assert!((8..=15).contains(&n), "{n} pulls: {lines:?}");
+        let mut j = Jitter(1);
+        let draws: Vec<Duration> = (0..1000).map(|_| j.poll(Duration::from_secs(3))).collect();
+        assert!(
+            draws
+                .iter()
+                .all(|d| (2.25..3.75).contains(&d.as_secs_f64()))
+        );
+        let mean = draws.iter().map(Duration::as_secs_f64).sum::<f64>() / 1000.0;
+        assert!((mean - 3.0).abs() < 0.05, "{mean}");
     }
 }

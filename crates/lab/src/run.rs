@@ -287,19 +287,21 @@ impl Federation {
         Ok(reply.to_flower()?)
     }
 
-    /// `(loss, accuracy, examples)` of the model in `content` on client `id`'s own test split
-    /// (no examples for a table, whose model is no classifier, or an empty split).
+    /// `(loss, accuracy, examples)` of the model in `content` on client `id`'s own test split.
+    /// A table (whose model is no classifier) or an empty split gives `(0, 0, 0)`: every
+    /// node's evaluate reply then carries the same keys, as Flower's strategies require, and
+    /// zero examples weigh nothing in their weighted means.
     pub fn client_evaluate(&self, id: usize, content: &FlowerContent) -> Result<(f64, f64, usize)> {
         let record = Record::from_flower(content)?;
         let FederationData::Labelled {
             trainer, clients, ..
         } = &self.data
         else {
-            return Ok((f64::NAN, f64::NAN, 0));
+            return Ok((0.0, 0.0, 0));
         };
         let data = &clients[id].test;
         if data.is_empty() {
-            return Ok((f64::NAN, f64::NAN, 0));
+            return Ok((0.0, 0.0, 0));
         }
         let e = trainer.evaluate(&record.params, data)?;
         Ok((e.loss, e.accuracy, data.len()))
@@ -419,6 +421,14 @@ impl FederationData {
         match self {
             Self::Labelled { clients, .. } => clients[id].train.len(),
             Self::Tables { clients, .. } => clients[id].n_rows(),
+        }
+    }
+
+    /// Client `id`'s local test rows (none for a table).
+    pub fn local_test_len(&self, id: usize) -> usize {
+        match self {
+            Self::Labelled { clients, .. } => clients[id].test.len(),
+            Self::Tables { .. } => 0,
         }
     }
 }

@@ -600,8 +600,8 @@ impl Client {
         Ok(content_to_py(py, reply))
     }
 
-    /// `(loss, accuracy, examples)` of the model in `content` on this client's own test split
-    /// (no examples for a table: its model is no classifier).
+    /// `(loss, accuracy, examples)` of the model in `content` on this client's own test split;
+    /// `(0, 0, 0)` for a table (its model is no classifier) or an empty split.
     fn evaluate(&self, py: Python<'_>, content: PyContent<'_>) -> PyResult<(f64, f64, usize)> {
         let content = content_from_py(content);
         py.detach(|| {

@@ -198,8 +198,9 @@ pub fn partition_with(
 /// Turns partitions into per-client local train/test sets.
 ///
 /// Each client's indices are shuffled, then the last `round(test_fraction * len)` become its
-/// test set (capped so that at least one training sample remains). Errors name the client whose
-/// partition is empty or holds an index outside `ds`.
+/// test set: at least one when `test_fraction` is positive, and never all (at least one
+/// training sample remains). Errors name the client whose partition is empty or holds an
+/// index outside `ds`.
 pub fn client_splits(
     ds: &Dataset,
     parts: &[Vec<usize>],
@@ -230,7 +231,10 @@ pub fn client_splits(
             }
             let mut idx = part.clone();
             idx.shuffle(rng);
-            let n_test = ((test_fraction * idx.len() as f64).round() as usize).min(idx.len() - 1);
+            // At least one test row when there are any: a client whose share rounds to none
+            // would report no local accuracy while the others do.
+            let share = (test_fraction * idx.len() as f64).round() as usize;
+            let n_test = if test_fraction > 0.0 { share.max(1) } else { 0 }.min(idx.len() - 1);
             let (train, test) = idx.split_at(idx.len() - n_test);
             Ok(ClientData {
                 train: ds.subset(train),

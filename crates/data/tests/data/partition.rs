@@ -326,6 +326,16 @@ fn client_splits_split_each_partition() {
     // at least one training sample, even with a big test fraction
     let one = client_splits(&ds, &[vec![5]], 0.9, &mut rng(0)).unwrap();
     assert_eq!((one[0].train.len(), one[0].test.len()), (1, 0));
+    // and at least one test sample where 0.2 of the partition rounds to none (every client
+    // then reports a local accuracy), none with a fraction of 0
+    let small = client_splits(&ds, &[vec![1, 2], vec![3, 4, 6]], 0.2, &mut rng(0)).unwrap();
+    assert!(
+        small.iter().all(|c| c.test.len() == 1),
+        "{:?}",
+        small.iter().map(|c| c.test.len()).collect::<Vec<_>>()
+    );
+    let none = client_splits(&ds, &[vec![1, 2]], 0.0, &mut rng(0)).unwrap();
+    assert_eq!(none[0].test.len(), 0);
     let e = client_splits(&ds, &[vec![1, 2], vec![]], 0.2, &mut rng(0))
         .unwrap_err()
         .to_string();

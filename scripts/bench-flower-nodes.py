@@ -18,74 +18,24 @@ import argparse
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "python" / "tests")]
+sys.path[:0] = [str(ROOT / "python" / "tests"), str(ROOT / "scripts")]
 
 from flower_harness import Deployment  # noqa: E402
 from numpy_digits import write_partitions  # noqa: E402
+from proc_memory import PeakRss  # noqa: E402
 
 NUMPY_APP = ROOT / "python" / "tests" / "apps" / "numpy_mlp"
 CONFIG = ROOT / "examples" / "flower" / "fedfuse_quickstart" / "run.toml"
 FEDFUSE = ROOT / "target" / "release" / "fedfuse"
 
 
-def rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # stat's 5th field (after pid and comm) is the pgrp
-            pids.append(int(entry.name))
-    return pids
-
-
-class PeakRss:
-    """Peak RSS of each node (its whole process group), sampled in the background."""
-
-    def __init__(self, d: Deployment, names: list[str]):
-        self.d, self.names = d, names
-        self.peak = {n: 0 for n in names}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self.done.is_set():
-            for n in self.names:
-                pgid = self.d.procs[n].pid
-                total = sum(rss_kib(p) for p in group_pids(pgid))
-                self.peak[n] = max(self.peak[n], total)
-            time.sleep(0.2)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
-
-
 def measure(name: str, d: Deployment, nodes: list[str], run_config: str, rounds: tuple[int, int]):
     wall = {}
-    with PeakRss(d, nodes) as rss:
+    with PeakRss(d.procs, nodes) as rss:
         for r in rounds:
             start = time.perf_counter()
             d.run(NUMPY_APP, f"{run_config} rounds={r}", timeout=3600)

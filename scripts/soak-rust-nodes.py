@@ -24,14 +24,14 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "python" / "tests")]
+sys.path[:0] = [str(ROOT / "python" / "tests"), str(ROOT / "scripts")]
 
 from flower_harness import Deployment  # noqa: E402
+from proc_memory import PeakRss  # noqa: E402
 
 NUMPY_APP = ROOT / "python" / "tests" / "apps" / "numpy_mlp"
 CONFIG = ROOT / "examples" / "flower" / "fedfuse_quickstart" / "run.toml"
@@ -45,46 +45,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime: stat's fields 14, 15
 
 
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def superlink_cpu(d: Deployment, seconds: float) -> float:
     """The SuperLink's CPU over the next `seconds`, in % of one core."""
     pid = d.procs["superlink"].pid
     before, start = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
     return 100 * (cpu_seconds(pid) - before) / (time.monotonic() - start)
-
-
-class PeakRss:
-    """Each node's peak resident memory, sampled every second in the background."""
-
-    def __init__(self, d: Deployment, names: list[str]):
-        self.d, self.names = d, names
-        self.peak = {n: 0.0 for n in names}
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self.done.is_set():
-            for n in self.names:
-                self.peak[n] = max(self.peak[n], rss_mb(self.d.procs[n].pid))
-            time.sleep(1.0)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
 
 
 def phase_counts(log: str, phase: str) -> list[tuple[int, int]]:
@@ -106,7 +72,7 @@ def rust_nodes(tmp: Path, n: int, rounds: int, idle: float) -> str:
             ])
         d._wait(lambda: all("joined" in d.log(x) for x in names), 900, "the Rust nodes to join")
         idle_cpu = superlink_cpu(d, idle)
-        with PeakRss(d, names) as rss:
+        with PeakRss(d.procs, names, every=1.0) as rss:
             pid = d.procs["superlink"].pid
             before, start = cpu_seconds(pid), time.monotonic()
             done = d.run(
@@ -119,7 +85,7 @@ def rust_nodes(tmp: Path, n: int, rounds: int, idle: float) -> str:
             busy_cpu = 100 * (cpu_seconds(pid) - before) / wall
         log = done.stdout + done.stderr
         train, evaluate = phase_counts(log, "train"), phase_counts(log, "evaluate")
-        peaks = [rss.peak[x] for x in names]
+        peaks = [rss.peak[x] / 1024 for x in names]
         counts = lambda c: " ".join(f"{r}/{f}" for r, f in c) or "none logged"  # noqa: E731
         return (
             f"| {n} | {wall / rounds:.1f} s | {counts(train)} | {counts(evaluate)} "

@@ -297,4 +297,41 @@ mod tests {
         // The train replies carry the local accuracy Flower's FedAvg averages.
         assert!(keys("train", ids[0]).iter().any(|k| k == "local_accuracy"));
     }
+
+    /// Without local test samples nobody measures a local accuracy, and every evaluate reply
+    /// still carries `loss` and `accuracy` (with 0 examples, which weigh nothing).
+    #[test]
+    fn without_local_test_samples_no_node_sends_a_local_accuracy() {
+        let quickstart = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/quickstart.toml"
+        );
+        let sets = ["dataset.local_test_fraction=0", "train.epochs=1"].map(String::from);
+        let cfg = Config::load(Path::new(quickstart), &sets).unwrap();
+        let mut client = FedfuseClient {
+            fed: Federation::prepare(&cfg).unwrap(),
+            id: 0,
+        };
+        let instruction = client
+            .fed
+            .method
+            .instruct(1, 0, &client.fed.init)
+            .unwrap()
+            .to_flower()
+            .unwrap();
+        let instruction = RecordDict::from_content(instruction);
+        for id in 0..client.fed.data.num_clients() {
+            client.id = id;
+            for (kind, expected) in [
+                ("train", &["num-examples", "train_loss"][..]),
+                ("evaluate", &["accuracy", "loss", "num-examples"][..]),
+            ] {
+                let reply = client.handle(kind, &instruction).unwrap();
+                let content = reply.to_content().unwrap();
+                let mut keys: Vec<&str> = content.metrics.iter().map(|(k, _)| k.as_str()).collect();
+                keys.sort_unstable();
+                assert_eq!(keys, expected, "{kind} reply of client {id}");
+            }
+        }
+    }
 }

@@ -238,28 +238,40 @@ mod tests {
     use super::*;
     use std::path::Path;
 
+    /// A node's handler for the digits quickstart with `sets`, and round 1's train
+    /// instruction as the SuperLink would carry it.
+    fn quickstart_client(sets: &[&str]) -> (FedfuseClient, RecordDict) {
+        let quickstart = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/quickstart.toml"
+        );
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let cfg = Config::load(Path::new(quickstart), &sets).unwrap();
+        let client = FedfuseClient {
+            fed: Federation::prepare(&cfg).unwrap(),
+            id: 0,
+        };
+        let instruction = client
+            .fed
+            .method
+            .instruct(1, 0, &client.fed.init)
+            .unwrap()
+            .to_flower()
+            .unwrap();
+        (client, RecordDict::from_content(instruction))
+    }
+
     /// Flower's stock strategies refuse a round whose replies differ in their metric keys
     /// (`InconsistentMessageReplies`). Here 200 clients of the digits share 1,438 samples, so
     /// many partitions hold 2 or 3, whose 20% local test split once rounded to nothing.
     #[test]
     fn every_nodes_replies_carry_the_same_metric_keys() {
-        let quickstart = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../examples/quickstart.toml"
-        );
-        let sets: Vec<String> = [
+        let (mut client, instruction) = quickstart_client(&[
             "clients=200",
             "partition.min_partition_size=2",
             "partition.alpha=2",
             "train.epochs=1",
-        ]
-        .map(String::from)
-        .to_vec();
-        let cfg = Config::load(Path::new(quickstart), &sets).unwrap();
-        let mut client = FedfuseClient {
-            fed: Federation::prepare(&cfg).unwrap(),
-            id: 0,
-        };
+        ]);
         let sizes: Vec<usize> = (0..200)
             .map(|id| client.fed.data.num_examples(id))
             .collect();
@@ -268,14 +280,6 @@ mod tests {
             smallest <= 3,
             "the test needs tiny partitions; smallest has {smallest}"
         );
-        let instruction = client
-            .fed
-            .method
-            .instruct(1, 0, &client.fed.init)
-            .unwrap()
-            .to_flower()
-            .unwrap();
-        let instruction = RecordDict::from_content(instruction);
         let mut keys = |kind: &str, id: usize| -> Vec<String> {
             client.id = id;
             let reply = client.handle(kind, &instruction).unwrap();
@@ -302,24 +306,8 @@ mod tests {
     /// still carries `loss` and `accuracy` (with 0 examples, which weigh nothing).
     #[test]
     fn without_local_test_samples_no_node_sends_a_local_accuracy() {
-        let quickstart = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../examples/quickstart.toml"
-        );
-        let sets = ["dataset.local_test_fraction=0", "train.epochs=1"].map(String::from);
-        let cfg = Config::load(Path::new(quickstart), &sets).unwrap();
-        let mut client = FedfuseClient {
-            fed: Federation::prepare(&cfg).unwrap(),
-            id: 0,
-        };
-        let instruction = client
-            .fed
-            .method
-            .instruct(1, 0, &client.fed.init)
-            .unwrap()
-            .to_flower()
-            .unwrap();
-        let instruction = RecordDict::from_content(instruction);
+        let (mut client, instruction) =
+            quickstart_client(&["dataset.local_test_fraction=0", "train.epochs=1"]);
         for id in 0..client.fed.data.num_clients() {
             client.id = id;
             for (kind, expected) in [

@@ -183,7 +183,7 @@ impl Config {
                 "`replies.max_update_norm` measures a reply against the global model, and \
                  `{}`'s replies are not models of its layout (own-init, sparse or sub-models, \
                  statistics); remove it",
-                method_name(&self.method)
+                self.method.name()
             );
         }
         if let Some(column) = self.partition.column() {
@@ -214,13 +214,13 @@ impl Config {
             bail!(
                 "method `{}` trains classifiers on labelled samples; [table] is for `fedngm` and \
                  `fedngr`: give [dataset] and [model] instead",
-                method_name(&self.method)
+                self.method.name()
             );
         }
         let (Some(dataset), Some(model)) = (&self.dataset, &self.model) else {
             bail!(
                 "method `{}` needs a [dataset] and a [model] section",
-                method_name(&self.method)
+                self.method.name()
             );
         };
         if let Some((i, &w)) = model
@@ -250,13 +250,13 @@ impl Config {
             bail!(
                 "method `{}` chooses eps on a server validation split: set \
                  `dataset.validation_fraction` above 0 (e.g. 0.1), or a single `method.eps`",
-                method_name(&self.method)
+                self.method.name()
             );
         }
         if self.method.matching() && model.kind != ModelKind::Mlp {
             bail!(
                 "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
-                method_name(&self.method)
+                self.method.name()
             );
         }
         self.check_method()
@@ -309,7 +309,7 @@ impl Config {
 
     /// The checks of a run of the tabular method `fedngm`.
     fn check_tabular(&self, fedngm: &FedNgmConfig) -> Result<()> {
-        let name = method_name(&self.method);
+        let name = self.method.name();
         let Some(table) = &self.table else {
             bail!(
                 "method `{name}` federates tables: give a [table] section (kind = \"synthetic\" \
@@ -375,14 +375,6 @@ impl Config {
                 0.0
             })
     }
-}
-
-/// The method's name as written in configs.
-fn method_name(m: &MethodConfig) -> String {
-    toml::Value::try_from(m)
-        .ok()
-        .and_then(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

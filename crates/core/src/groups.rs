@@ -30,13 +30,15 @@ use std::ops::Range;
 
 use crate::{CoreError, ModelSpec, ParamShape, Params, Result};
 
-/// The groups of one layer: `units` groups of `fan_in` weights and one bias each.
+/// The groups of one layer: `units` groups of `fan_in` weights and one value of each
+/// per-unit tensor (the bias, and the scale and shift of a norm that follows) each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupedLayer {
     /// Name of the weight tensor; its first axis indexes the groups.
     pub weight: String,
-    /// Name of the bias tensor, one value per group.
-    pub bias: String,
+    /// Names of the `[units]` tensors whose entry `u` belongs to group `u`: the bias, and
+    /// a following norm's weight and bias (zeroing those too makes the unit's output 0).
+    pub per_unit: Vec<String>,
     /// Groups (output units or filters) in the layer.
     pub units: usize,
     /// Weights per group: the weight's row length (`in`, or `in * kh * kw`).
@@ -44,9 +46,19 @@ pub struct GroupedLayer {
 }
 
 impl GroupedLayer {
+    /// A layer whose groups are rows of `weight` with their entry of `bias`.
+    pub fn dense(weight: &str, bias: &str, units: usize, fan_in: usize) -> Self {
+        Self {
+            weight: weight.into(),
+            per_unit: vec![bias.into()],
+            units,
+            fan_in,
+        }
+    }
+
     /// Values per group, the bias included: `|g|` in the L0 penalty.
     pub fn size(&self) -> usize {
-        self.fan_in + 1
+        self.fan_in + self.per_unit.len()
     }
 }
 
@@ -85,13 +97,22 @@ impl GroupLayout {
     /// order. An MLP without hidden layers has none.
     pub fn of_model(spec: &ModelSpec) -> Self {
         let shapes = spec.param_shapes();
+        if let ModelSpec::Sequential { input, layers } = spec {
+            // A checked spec chains; one that does not has no groups to gate.
+            let layers = crate::layers::gate_points(input, layers)
+                .map(|points| points.into_iter().map(|p| p.group).collect())
+                .unwrap_or_default();
+            return Self::from_parts(shapes, layers);
+        }
         let mut layers: Vec<GroupedLayer> = shapes
             .chunks_exact(2)
-            .map(|pair| GroupedLayer {
-                weight: pair[0].name.clone(),
-                bias: pair[1].name.clone(),
-                units: pair[0].shape.first().copied().unwrap_or(0),
-                fan_in: pair[0].shape.iter().skip(1).product(),
+            .map(|pair| {
+                GroupedLayer::dense(
+                    &pair[0].name,
+                    &pair[1].name,
+                    pair[0].shape.first().copied().unwrap_or(0),
+                    pair[0].shape.iter().skip(1).product(),
+                )
             })
             .collect();
         layers.pop();
@@ -108,21 +129,28 @@ impl GroupLayout {
         for l in &layers {
             let bad = |what: String| {
                 Err(CoreError::LayoutMismatch(format!(
-                    "grouped layer `{}` / `{}` ({} groups of {} weights): {what}",
-                    l.weight, l.bias, l.units, l.fan_in
+                    "grouped layer `{}` / {:?} ({} groups of {} weights): {what}",
+                    l.weight, l.per_unit, l.units, l.fan_in
                 )))
             };
-            let (Some(w), Some(b)) = (find(&l.weight), find(&l.bias)) else {
+            let Some(w) = find(&l.weight) else {
                 return bad("a tensor is not in the layout".into());
             };
             let ws = &shapes[w].shape;
             if ws.first() != Some(&l.units) || ws.iter().skip(1).product::<usize>() != l.fan_in {
                 return bad(format!("the weight has shape {ws:?}"));
             }
-            if shapes[b].shape != [l.units] {
-                return bad(format!("the bias has shape {:?}", shapes[b].shape));
+            let mut members = vec![w];
+            for name in &l.per_unit {
+                let Some(b) = find(name) else {
+                    return bad(format!("`{name}` is not in the layout"));
+                };
+                if shapes[b].shape != [l.units] {
+                    return bad(format!("`{name}` has shape {:?}", shapes[b].shape));
+                }
+                members.push(b);
             }
-            for t in [w, b] {
+            for t in members {
                 if std::mem::replace(&mut used[t], true) {
                     return bad(format!("`{}` is grouped twice", shapes[t].name));
                 }
@@ -137,7 +165,9 @@ impl GroupLayout {
         let mut next = 0;
         for l in &layers {
             starts.push(next);
-            for (name, row_len) in [(&l.weight, l.fan_in), (&l.bias, 1)] {
+            let tensors =
+                std::iter::once((&l.weight, l.fan_in)).chain(l.per_unit.iter().map(|b| (b, 1)));
+            for (name, row_len) in tensors {
                 if let Some(t) = shapes.iter().position(|s| &s.name == name) {
                     rows[t] = Some(GroupedRows {
                         first: next,
@@ -204,33 +234,21 @@ impl GroupLayout {
         }
     }
 
-    /// Weight rows and bias of each grouped layer of `params` (checked against the layout).
-    fn layer_values<'a>(
-        &'a self,
-        params: &'a Params,
-    ) -> Result<impl Iterator<Item = (&'a GroupedLayer, &'a [f32], &'a [f32])>> {
-        self.check(params)?;
-        let values = self
-            .layers
-            .iter()
-            .map(|l| {
-                Ok((
-                    l,
-                    &params.require(&l.weight)?.data[..],
-                    &params.require(&l.bias)?.data[..],
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(values.into_iter())
-    }
-
-    /// Euclidean norm of each group, `||(w[u, ..], b[u])||_2`, accumulated in f64.
+    /// Euclidean norm of each group, `||(w[u, ..], b[u], ...)||_2`, accumulated in f64.
     pub fn norms(&self, params: &Params) -> Result<Vec<f64>> {
-        let mut out = Vec::with_capacity(self.num_groups());
-        for (l, w, b) in self.layer_values(params)? {
-            out.extend((0..l.units).map(|u| unit_norm(&w[u * l.fan_in..(u + 1) * l.fan_in], b[u])));
+        self.check(params)?;
+        let mut sq = vec![0.0f64; self.num_groups()];
+        for (i, (_, t)) in params.iter().enumerate() {
+            if let Some(rows) = self.grouped_rows(i) {
+                for (g, span) in rows.spans() {
+                    sq[g] += t.data[span]
+                        .iter()
+                        .map(|&v| f64::from(v).powi(2))
+                        .sum::<f64>();
+                }
+            }
         }
-        Ok(out)
+        Ok(sq.into_iter().map(f64::sqrt).collect())
     }
 
     /// Multiplies each group by `factor(group, norm)`, in place.
@@ -373,10 +391,6 @@ impl GroupLayout {
     }
 }
 
-fn unit_norm(row: &[f32], bias: f32) -> f64 {
-    (row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() + f64::from(bias).powi(2)).sqrt()
-}
-
 /// `v * s`, with a factor of 0 giving +0.0 (never -0.0), so that zeroed groups are plain zeros
 /// for sparse encoders.
 fn scaled(v: f32, s: f64) -> f32 {
@@ -493,12 +507,7 @@ mod tests {
     #[test]
     fn layouts_name_what_does_not_fit() {
         let shapes = ModelSpec::mlp(3, &[2], 5).param_shapes();
-        let layer = |w: &str, b: &str, units, fan_in| GroupedLayer {
-            weight: w.into(),
-            bias: b.into(),
-            units,
-            fan_in,
-        };
+        let layer = GroupedLayer::dense;
         let ok = GroupLayout::new(
             shapes.clone(),
             vec![layer("layers.0.weight", "layers.0.bias", 2, 3)],

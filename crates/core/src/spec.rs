@@ -1,5 +1,6 @@
 use serde::{Deserialize, Serialize};
 
+use crate::layers::{self, FeatureShape, LayerSpec, TensorRole};
 use crate::{CoreError, Params, Result};
 
 /// Hidden-layer activation.
@@ -12,7 +13,7 @@ pub enum Activation {
 }
 
 /// A network architecture: enough to build it and to know its parameter layout.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum ModelSpec {
     /// Fully connected network `input -> hidden[0] -> ... -> classes`, ReLU between layers.
@@ -35,6 +36,15 @@ pub enum ModelSpec {
         side: usize,
         /// Output classes.
         classes: usize,
+    },
+    /// A layer list (see [`crate::layers`]): PyTorch's `nn.Sequential` of the same layers, on
+    /// samples of shape `input` (`[channels, height, width]` or `[features]`); the last layer's
+    /// flat output is the class logits.
+    Sequential {
+        /// Shape of one sample.
+        input: Vec<usize>,
+        /// The layers, in order.
+        layers: Vec<LayerSpec>,
     },
 }
 
@@ -63,6 +73,33 @@ impl ModelSpec {
             input,
             hidden: hidden.to_vec(),
             classes,
+        }
+    }
+
+    /// A layer-list spec.
+    pub fn sequential(input: &[usize], layers: Vec<LayerSpec>) -> Self {
+        Self::Sequential {
+            input: input.to_vec(),
+            layers,
+        }
+    }
+
+    /// The shape after each layer and every tensor of a layer list (checked), or `None` for
+    /// the named architectures.
+    pub fn chain(&self) -> Result<Option<(Vec<FeatureShape>, Vec<ParamShape>)>> {
+        match self {
+            Self::Sequential { input, layers } => {
+                Ok(Some(layers::chain(FeatureShape::of(input)?, layers)?))
+            }
+            Self::Mlp { .. } | Self::LeNet5 { .. } => Ok(None),
+        }
+    }
+
+    /// The layers of a layer list (empty for the named architectures).
+    pub fn layer_list(&self) -> &[LayerSpec] {
+        match self {
+            Self::Sequential { layers, .. } => layers,
+            Self::Mlp { .. } | Self::LeNet5 { .. } => &[],
         }
     }
 
@@ -138,6 +175,23 @@ impl ModelSpec {
                     )));
                 }
             }
+            Self::Sequential { layers, .. } => {
+                let Some((shapes, _)) = self.chain()? else {
+                    return Ok(());
+                };
+                match shapes.last() {
+                    Some(FeatureShape::Flat(_)) => {}
+                    other => {
+                        return Err(CoreError::InvalidSpec(format!(
+                            "model.layers[{}] ({}) gives feature maps {:?}; the last layer must \
+                             give the class logits: end with flatten and linear",
+                            layers.len().saturating_sub(1),
+                            layers.last().map_or("none", LayerSpec::type_name),
+                            other.map(|s| s.dims()).unwrap_or_default()
+                        )));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -146,6 +200,10 @@ impl ModelSpec {
     pub fn classes(&self) -> usize {
         match self {
             Self::Mlp { classes, .. } | Self::LeNet5 { classes, .. } => *classes,
+            Self::Sequential { .. } => match self.chain() {
+                Ok(Some((shapes, _))) => shapes.last().map_or(0, |s| s.len()),
+                _ => 0,
+            },
         }
     }
 
@@ -154,6 +212,7 @@ impl ModelSpec {
         match self {
             Self::Mlp { input, .. } => *input,
             Self::LeNet5 { channels, side, .. } => channels * side * side,
+            Self::Sequential { input, .. } => input.iter().product(),
         }
     }
 
@@ -171,13 +230,19 @@ impl ModelSpec {
                 w.push(*classes);
                 Some(w)
             }
-            Self::LeNet5 { .. } => None,
+            Self::LeNet5 { .. } | Self::Sequential { .. } => None,
         }
     }
 
-    /// The parameter layout, in forward order, PyTorch names and shapes.
+    /// The tensor layout, in forward order, PyTorch names and shapes: its `state_dict`,
+    /// buffers (batch norm's running statistics) included. Empty for a layer list that does
+    /// not chain ([`Self::validate`] says why).
     pub fn param_shapes(&self) -> Vec<ParamShape> {
         match self {
+            Self::Sequential { .. } => match self.chain() {
+                Ok(Some((_, tensors))) => tensors,
+                _ => Vec::new(),
+            },
             Self::Mlp { .. } => {
                 let widths = self.mlp_widths().unwrap_or_default();
                 let mut out = Vec::with_capacity(2 * widths.len());
@@ -207,12 +272,21 @@ impl ModelSpec {
         }
     }
 
-    /// Total number of parameters.
+    /// Total number of parameters: what PyTorch's `sum(p.numel() for p in
+    /// model.parameters())` counts, buffers left out.
     pub fn num_params(&self) -> usize {
         self.param_shapes()
             .iter()
+            .filter(|p| TensorRole::of(&p.name) == TensorRole::Param)
             .map(|p| p.shape.iter().product::<usize>())
             .sum()
+    }
+
+    /// Whether any tensor is a buffer (batch norm's running statistics).
+    pub fn has_buffers(&self) -> bool {
+        self.param_shapes()
+            .iter()
+            .any(|p| TensorRole::of(&p.name) != TensorRole::Param)
     }
 }
 

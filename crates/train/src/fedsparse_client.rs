@@ -351,7 +351,7 @@ impl Trainer {
         let mut v_s = thresholds.to_vec();
         let mut adamax = Adamax::new(v_s.len());
         let mut optim = trainer::optimizer(&cfg.optimizer);
-        let widths = net.dropout_widths();
+        let widths = net.dropout_layers(cfg.dropout);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut order: Vec<usize> = (0..data.len()).collect();
         let mut steps = 0;
@@ -376,8 +376,7 @@ impl Trainer {
                     })
                     .collect();
                 let (x, targets) = self.batch(data, batch, &device);
-                let drop =
-                    trainer::dropout_masks(&widths, cfg.dropout, batch.len(), &mut rng, &device);
+                let drop = trainer::dropout_masks(&widths, batch.len(), &mut rng, &device);
                 let nll = trainer::cross_entropy(net.forward_train(x, &gates, &drop), targets);
                 let pen = penalty(&logit_pi, &units, anchor.as_deref(), &prior, &sizes, sparse);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
@@ -409,7 +408,7 @@ impl Trainer {
                 });
             }
         }
-        let mut trained = params::read(&net)?;
+        let mut trained = params::read(&net, spec)?;
         let logits = groups.gate_logits(&trained, &v_s, sparse.temperature)?;
         let pi = logits.iter().map(|&x| sigmoid_f64(x) as f32).collect();
         let z: Vec<bool> = logits
@@ -553,8 +552,8 @@ mod tests {
         let mut total = 0.0;
         let layout = GroupLayout::of_model(spec);
         for (l, g) in layout.layers().iter().enumerate() {
-            let (a, ab) = (ws.get(&g.weight).unwrap(), ws.get(&g.bias).unwrap());
-            let (b, bb) = (w.get(&g.weight).unwrap(), w.get(&g.bias).unwrap());
+            let (a, ab) = (ws.get(&g.weight).unwrap(), ws.get(&g.per_unit[0]).unwrap());
+            let (b, bb) = (w.get(&g.weight).unwrap(), w.get(&g.per_unit[0]).unwrap());
             let first = layout.layer_groups(l).start;
             for u in 0..g.units {
                 let row = |p: &fedfuse_core::Tensor, q: &fedfuse_core::Tensor| {

@@ -36,6 +36,7 @@ mod init;
 mod net;
 mod ngm;
 mod params;
+mod seq;
 mod trainer;
 
 pub use config::{OptimizerConfig, TrainConfig};

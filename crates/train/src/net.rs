@@ -7,6 +7,8 @@ use burn::nn::pool::MaxPool2d;
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 
+use crate::seq::{Mode, SeqNet};
+
 /// Fully connected network, ReLU between layers.
 #[derive(Module, Debug)]
 pub(crate) struct Mlp {
@@ -123,6 +125,7 @@ impl LeNet5 {
 pub(crate) enum Net {
     Mlp(Mlp),
     LeNet5(LeNet5),
+    Seq(SeqNet),
 }
 
 impl Net {
@@ -134,11 +137,15 @@ impl Net {
     /// multiplied by `gates`, one tensor per grouped layer; missing entries leave their layers
     /// ungated.
     pub(crate) fn forward_gated(&self, x: Tensor<2>, gates: &[Tensor<1>]) -> Tensor<2> {
-        self.forward_train(x, gates, &[])
+        match self {
+            Self::Seq(m) => m.forward(x, gates, &[], Mode::Eval),
+            _ => self.forward_train(x, gates, &[]),
+        }
     }
 
-    /// [`Self::forward_gated`] with the activations of the fully connected hidden layers (see
-    /// [`Self::dropout_widths`]) multiplied by per-sample masks `[batch, units]`, one per layer.
+    /// [`Self::forward_gated`] in training: the activations of the layers of
+    /// [`Self::dropout_layers`] multiplied by per-sample masks `[batch, units]`, one per layer,
+    /// and batch norm on the batch's statistics (updating the running ones).
     pub(crate) fn forward_train(
         &self,
         x: Tensor<2>,
@@ -148,20 +155,24 @@ impl Net {
         match self {
             Self::Mlp(m) => m.forward_train(x, gates, drop),
             Self::LeNet5(m) => m.forward_train(x, gates, drop),
+            Self::Seq(m) => m.forward(x, gates, drop, Mode::Train),
         }
     }
 
-    /// Widths of the layers that dropout acts on: every hidden layer of an MLP, fc1 and fc2
-    /// of LeNet-5.
-    pub(crate) fn dropout_widths(&self) -> Vec<usize> {
-        let out = |l: &Linear| l.weight.val().dims()[1];
-        match self {
+    /// `(width, p)` of the layers that dropout acts on: every hidden layer of an MLP, fc1 and
+    /// fc2 of LeNet-5, all with the training setting `p`; a layer list's dropout layers with
+    /// their own `p` (the setting does not apply). Layers with `p = 0` are left out.
+    pub(crate) fn dropout_layers(&self, p: f64) -> Vec<(usize, f64)> {
+        let out = |l: &Linear| (l.weight.val().dims()[1], p);
+        let named = match self {
             Self::Mlp(m) => {
                 let hidden = m.layers.len().saturating_sub(1);
                 m.layers.iter().take(hidden).map(out).collect()
             }
             Self::LeNet5(m) => vec![out(&m.fc1), out(&m.fc2)],
-        }
+            Self::Seq(m) => return m.dropout_layers(),
+        };
+        if p > 0.0 { named } else { Vec::new() }
     }
 
     /// Weights `[units, fan_in]` and biases `[units]` of the grouped layers, in the order of
@@ -179,6 +190,7 @@ impl Net {
                 linear_units(&m.fc1),
                 linear_units(&m.fc2),
             ],
+            Self::Seq(m) => m.group_units(),
         }
     }
 }

@@ -13,7 +13,7 @@ use fedfuse_core::{ModelSpec, Params};
 use crate::net::{LeNet5, Mlp, Net};
 use crate::{Result, TrainError};
 
-fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0.0; data.len()];
     for r in 0..rows {
         for c in 0..cols {
@@ -67,6 +67,7 @@ fn conv(
 pub(crate) fn build(spec: &ModelSpec, params: &Params, device: &Device) -> Result<Net> {
     params.check_layout(&spec.param_shapes())?;
     match spec {
+        ModelSpec::Sequential { .. } => Ok(Net::Seq(crate::seq::build(spec, params, device)?)),
         ModelSpec::Mlp { hidden, .. } => {
             let layers = (0..=hidden.len())
                 .map(|i| linear(params, &format!("layers.{i}"), device))
@@ -122,10 +123,12 @@ fn push_conv(out: &mut Params, prefix: &str, layer: &burn::nn::conv::Conv2d) -> 
     Ok(())
 }
 
-/// Reads the network's parameters back in PyTorch layout.
-pub(crate) fn read(net: &Net) -> Result<Params> {
+/// Reads the network's parameters back in PyTorch layout (a layer list's names come from
+/// `spec`, the spec it was built from).
+pub(crate) fn read(net: &Net, spec: &ModelSpec) -> Result<Params> {
     let mut out = Params::new();
     match net {
+        Net::Seq(m) => return crate::seq::read(m, spec),
         Net::Mlp(m) => {
             for (i, layer) in m.layers.iter().enumerate() {
                 push_linear(&mut out, &format!("layers.{i}"), layer)?;
@@ -173,6 +176,13 @@ pub(crate) fn sq_distance(net: &Net, anchor: &Net) -> Tensor<1> {
                 + lin(&a.fc2, &b.fc2)
                 + lin(&a.fc3, &b.fc3)
         }
+        (Net::Seq(a), Net::Seq(b)) => a
+            .flat_params()
+            .into_iter()
+            .zip(b.flat_params())
+            .map(|(x, y)| (x - y).square().sum())
+            .reduce(|s, t| s + t)
+            .unwrap_or_else(|| Tensor::zeros([1], &Device::flex())),
         // Both come from the same spec; a mix cannot be built.
         _ => Tensor::zeros([1], &Device::flex()),
     }

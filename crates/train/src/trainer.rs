@@ -257,7 +257,7 @@ impl Trainer {
             _ => None,
         };
         let mut optim = optimizer(&cfg.optimizer);
-        let widths = net.dropout_widths();
+        let widths = net.dropout_layers(cfg.dropout);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut order: Vec<usize> = (0..data.len()).collect();
         let mut steps = 0;
@@ -267,7 +267,7 @@ impl Trainer {
             let mut loss_sum = 0.0;
             for batch in order.chunks(cfg.batch_size) {
                 let (x, targets) = self.batch(data, batch, &device);
-                let drop = dropout_masks(&widths, cfg.dropout, batch.len(), &mut rng, &device);
+                let drop = dropout_masks(&widths, batch.len(), &mut rng, &device);
                 let nll = cross_entropy(net.forward_train(x, &gates, &drop), targets);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
                 let mut loss = match &prox {
@@ -308,7 +308,7 @@ impl Trainer {
             }
         }
         Ok(Fitted {
-            params: params::read(&net)?,
+            params: params::read(&net, &self.spec)?,
             loss: last_loss,
             steps,
             examples: data.len(),
@@ -391,24 +391,20 @@ impl Trainer {
     }
 }
 
-/// Inverted-dropout masks `[batch, units]`, one per width in `widths` (the layers of
-/// [`Net::dropout_widths`], read once per training call): each entry `1/(1 - p)` with
-/// probability `1 - p`, else 0. None when `p` is 0, so that training without dropout draws
-/// nothing from `rng`.
+/// Inverted-dropout masks `[batch, units]`, one per `(units, p)` in `layers` (the layers of
+/// [`Net::dropout_layers`], read once per training call): each entry `1/(1 - p)` with
+/// probability `1 - p`, else 0. None without such layers, so that training without dropout
+/// draws nothing from `rng`.
 pub(crate) fn dropout_masks(
-    widths: &[usize],
-    p: f64,
+    layers: &[(usize, f64)],
     batch: usize,
     rng: &mut StdRng,
     device: &Device,
 ) -> Vec<Tensor<2>> {
-    if p <= 0.0 {
-        return Vec::new();
-    }
-    let scale = (1.0 / (1.0 - p)) as f32;
-    widths
+    layers
         .iter()
-        .map(|&units| {
+        .map(|&(units, p)| {
+            let scale = (1.0 / (1.0 - p)) as f32;
             let mask: Vec<f32> = (0..batch * units)
                 .map(|_| {
                     let u: f64 = StandardUniform.sample(rng);
@@ -567,7 +563,7 @@ mod tests {
         let net = params::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
         let mut rng = StdRng::seed_from_u64(4);
         for p in [0.2, 0.5, 0.8] {
-            let masks = dropout_masks(&net.dropout_widths(), p, 64, &mut rng, &device);
+            let masks = dropout_masks(&net.dropout_layers(p), 64, &mut rng, &device);
             assert_eq!(masks.len(), 2);
             for (mask, units) in masks.into_iter().zip([300, 200]) {
                 assert_eq!(mask.dims(), [64, units]);
@@ -583,7 +579,7 @@ mod tests {
         }
         // No dropout draws nothing, so runs without it keep their random stream.
         let (mut used, mut fresh) = (StdRng::seed_from_u64(5), StdRng::seed_from_u64(5));
-        assert!(dropout_masks(&net.dropout_widths(), 0.0, 64, &mut used, &device).is_empty());
+        assert!(dropout_masks(&net.dropout_layers(0.0), 64, &mut used, &device).is_empty());
         let next = |r: &mut StdRng| -> f64 { StandardUniform.sample(r) };
         assert_eq!(next(&mut used), next(&mut fresh));
     }
@@ -597,6 +593,6 @@ mod tests {
             classes: 10,
         };
         let net = params::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
-        assert_eq!(net.dropout_widths(), vec![120, 84]);
+        assert_eq!(net.dropout_layers(0.5), vec![(120, 0.5), (84, 0.5)]);
     }
 }

@@ -7,12 +7,7 @@ use fedfuse_core::groups::{gate_probability, softplus};
 use fedfuse_core::{CoreError, GroupLayout, GroupedLayer, ModelSpec, Params};
 
 fn layer(weight: &str, bias: &str, units: usize, fan_in: usize) -> GroupedLayer {
-    GroupedLayer {
-        weight: weight.into(),
-        bias: bias.into(),
-        units,
-        fan_in,
-    }
+    GroupedLayer::dense(weight, bias, units, fan_in)
 }
 
 #[test]

@@ -4,5 +4,6 @@
 
 mod fuzz;
 mod groups;
+mod layers;
 mod npz;
 mod sparse;

@@ -187,7 +187,7 @@ fn kept_values(spec: &ModelSpec, kept: &[Vec<usize>]) -> Vec<Vec<bool>> {
                 *o = true;
             }
         }
-        if let (Some(w), Some(b)) = (index(&g.weight), index(&g.bias)) {
+        if let (Some(w), Some(b)) = (index(&g.weight), g.per_unit.first().and_then(|b| index(b))) {
             // Only ever clear: the previous layer has already cleared some of these columns.
             for (u, _) in on.iter().enumerate().filter(|(_, keep)| !**keep) {
                 mask[w][u * g.fan_in..(u + 1) * g.fan_in].fill(false);

@@ -464,7 +464,7 @@ impl Method for Pfnm {
             // units of each global layer.
             let fallback: Vec<Vec<usize>> = match &self.spec {
                 ModelSpec::Mlp { hidden, .. } => hidden.iter().map(|&w| (0..w).collect()).collect(),
-                ModelSpec::LeNet5 { .. } => Vec::new(),
+                ModelSpec::LeNet5 { .. } | ModelSpec::Sequential { .. } => Vec::new(),
             };
             let matched = self.matched.get(&client).unwrap_or(&fallback);
             Record::from_params(sub_model(global, matched)?)

@@ -28,12 +28,7 @@ fn mlp(fc_w: [f32; 4], fc_b: [f32; 2], out: [f32; 2]) -> Params {
 }
 
 fn layer(weight: &str, bias: &str, units: usize, fan_in: usize) -> GroupedLayer {
-    GroupedLayer {
-        weight: weight.into(),
-        bias: bias.into(),
-        units,
-        fan_in,
-    }
+    GroupedLayer::dense(weight, bias, units, fan_in)
 }
 
 /// The units of `fc` are its groups (2 input weights and a bias each); `out` is ungated.

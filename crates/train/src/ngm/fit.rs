@@ -251,7 +251,7 @@ pub(crate) fn read_out(out: Tensor<2>, layout: &LossLayout) -> Tensor<2> {
 pub(crate) fn mlp_layers(net: &Net) -> &[Linear] {
     match net {
         Net::Mlp(m) => &m.layers,
-        Net::LeNet5(_) => &[],
+        Net::LeNet5(_) | Net::Seq(_) => &[],
     }
 }
 
@@ -588,7 +588,7 @@ impl Ngm {
             .get(best_epoch.saturating_sub(1))
             .copied()
             .ok_or_else(|| TrainError::Backend("empty training history".into()))?;
-        let params = params::read(&best_net)?;
+        let params = params::read(&best_net, &spec)?;
         let p_best = self.path_values(&best_net, cfg.path)?;
         Ok(NgmFit {
             params,

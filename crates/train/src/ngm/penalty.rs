@@ -68,7 +68,7 @@ fn path_product(params: &Params, normalise: bool) -> Result<Vec<f32>> {
     let spec = ModelSpec::infer_mlp(params)?;
     let layers = match &spec {
         ModelSpec::Mlp { hidden, .. } => hidden.len() + 1,
-        ModelSpec::LeNet5 { .. } => 0,
+        ModelSpec::LeNet5 { .. } | ModelSpec::Sequential { .. } => 0,
     };
     let mut p: Vec<f64> = Vec::new();
     let mut cols = 0;

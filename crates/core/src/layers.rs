@@ -1,0 +1,718 @@
+//! Layer-list models: the layers of `[model] kind = "sequential"`, the shapes they chain, and
+//! the tensors they hold, named as PyTorch names the same `nn.Sequential`.
+//!
+//! Layer `i` of the list is child `i` of an `nn.Sequential`, so its tensors are `{i}.weight`,
+//! `{i}.bias`, and for batch norm also the buffers `{i}.running_mean`, `{i}.running_var` and
+//! `{i}.num_batches_tracked` (a scalar, I64 in files). Layers without tensors (ReLU, pooling,
+//! dropout, flatten) still take their index, as in PyTorch. A [`LayerSpec::Residual`] block is
+//! the basic block of He et al. (2016) with children `conv1`, `bn1`, `conv2`, `bn2` and, when
+//! the block changes width or stride, a projection `shortcut` (`shortcut.0` the 1x1
+//! convolution, `shortcut.1` its norm): the module tree of `scripts/zoo_reference.py`.
+//!
+//! ```
+//! use fedfuse_core::{LayerSpec, ModelSpec};
+//! let spec = ModelSpec::sequential(
+//!     &[1, 28, 28],
+//!     vec![
+//!         LayerSpec::conv2d(8, 3).with_padding(1),
+//!         LayerSpec::Relu,
+//!         LayerSpec::max_pool(2),
+//!         LayerSpec::Flatten,
+//!         LayerSpec::linear(10),
+//!     ],
+//! );
+//! spec.validate()?;
+//! let names: Vec<String> = spec.param_shapes().into_iter().map(|p| p.name).collect();
+//! assert_eq!(names, ["0.weight", "0.bias", "4.weight", "4.bias"]);
+//! assert_eq!(spec.classes(), 10);
+//! # Ok::<(), fedfuse_core::CoreError>(())
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CoreError, GroupedLayer, ParamShape, Result};
+
+/// Most layers one list may hold (a residual block counts once).
+pub const MAX_LAYERS: usize = 1000;
+
+/// Largest kernel, stride, padding or group count a layer may declare.
+const MAX_WINDOW: usize = 1024;
+
+/// Normalisation inside a residual block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockNorm {
+    /// `nn.BatchNorm2d` after each convolution (He et al.).
+    #[default]
+    Batch,
+    /// `nn.GroupNorm(groups, channels)` after each convolution (Hsieh et al. 2020, the usual
+    /// choice under non-IID data).
+    Group,
+    /// None; the convolutions then carry biases.
+    None,
+}
+
+/// One entry of a layer list. Widths are outputs; inputs follow from the layer before.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LayerSpec {
+    /// `nn.Conv2d(in, out, kernel, stride, padding, groups=groups, bias=bias)`, square kernel.
+    Conv2d {
+        /// Output channels.
+        out: usize,
+        /// Kernel side.
+        kernel: usize,
+        /// Stride.
+        #[serde(default = "one")]
+        stride: usize,
+        /// Zero padding on every side.
+        #[serde(default)]
+        padding: usize,
+        /// Channel groups (1: dense; `in`: depthwise).
+        #[serde(default = "one")]
+        groups: usize,
+        /// Whether the layer adds a bias.
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    /// `nn.MaxPool2d(kernel, stride)`; the stride defaults to the kernel.
+    #[serde(rename = "maxpool2d")]
+    MaxPool2d {
+        /// Window side.
+        kernel: usize,
+        /// Stride.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<usize>,
+    },
+    /// `nn.AvgPool2d(kernel, stride)`; the stride defaults to the kernel.
+    #[serde(rename = "avgpool2d")]
+    AvgPool2d {
+        /// Window side.
+        kernel: usize,
+        /// Stride.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<usize>,
+    },
+    /// `nn.AdaptiveAvgPool2d(1)`: `[c, h, w]` to `[c, 1, 1]`.
+    GlobalAvgpool,
+    /// `nn.BatchNorm2d(channels)` (affine, with running statistics).
+    #[serde(rename = "batchnorm2d")]
+    BatchNorm2d {
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+        /// Weight of the newest batch in the running statistics.
+        #[serde(default = "bn_momentum")]
+        momentum: f64,
+    },
+    /// `nn.BatchNorm1d(features)` on flat features.
+    #[serde(rename = "batchnorm1d")]
+    BatchNorm1d {
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+        /// Weight of the newest batch in the running statistics.
+        #[serde(default = "bn_momentum")]
+        momentum: f64,
+    },
+    /// `nn.GroupNorm(groups, channels)` (affine).
+    #[serde(rename = "groupnorm")]
+    GroupNorm {
+        /// Channel groups; must divide the channels.
+        groups: usize,
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+    },
+    /// `nn.LayerNorm(shape)` over every axis of one sample (affine).
+    #[serde(rename = "layernorm")]
+    LayerNorm {
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+    },
+    /// `nn.ReLU()`.
+    Relu,
+    /// `nn.Dropout(p)`: every value dropped with probability `p` in training.
+    Dropout {
+        /// Drop probability in `[0, 1)`.
+        p: f64,
+    },
+    /// `nn.Flatten()`: `[c, h, w]` to `[c * h * w]`.
+    Flatten,
+    /// `nn.Linear(in, out, bias=bias)` on flat features.
+    Linear {
+        /// Output features.
+        out: usize,
+        /// Whether the layer adds a bias.
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    /// He et al.'s basic block: `relu(norm2(conv2(relu(norm1(conv1(x))))) + shortcut(x))`, 3x3
+    /// convolutions, the first with `stride`; the shortcut is the identity, or a 1x1
+    /// convolution with `stride` and a norm when the width or the stride changes.
+    Residual {
+        /// Output channels.
+        out: usize,
+        /// Stride of the first convolution and of the projection.
+        #[serde(default = "one")]
+        stride: usize,
+        /// Normalisation after each convolution.
+        #[serde(default)]
+        norm: BlockNorm,
+        /// Groups of `norm = "group"`.
+        #[serde(default = "two")]
+        groups: usize,
+    },
+}
+
+fn one() -> usize {
+    1
+}
+fn two() -> usize {
+    2
+}
+fn yes() -> bool {
+    true
+}
+fn norm_eps() -> f64 {
+    1e-5
+}
+fn bn_momentum() -> f64 {
+    0.1
+}
+
+/// The shape of one sample between layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeatureShape {
+    /// Feature maps `[channels, height, width]`.
+    Image {
+        /// Channels.
+        c: usize,
+        /// Height.
+        h: usize,
+        /// Width.
+        w: usize,
+    },
+    /// A flat vector.
+    Flat(usize),
+}
+
+impl FeatureShape {
+    /// The shape of samples with axes `dims`: `[c, h, w]` images or `[d]` vectors.
+    pub fn of(dims: &[usize]) -> Result<Self> {
+        match *dims {
+            [c, h, w] if c > 0 && h > 0 && w > 0 => Ok(Self::Image { c, h, w }),
+            [d] if d > 0 => Ok(Self::Flat(d)),
+            _ => Err(CoreError::InvalidSpec(format!(
+                "a layer list takes samples of shape [channels, height, width] or [features], \
+                 all positive; got {dims:?}"
+            ))),
+        }
+    }
+
+    /// Values per sample.
+    pub fn len(self) -> usize {
+        match self {
+            Self::Image { c, h, w } => c * h * w,
+            Self::Flat(d) => d,
+        }
+    }
+
+    /// Whether a sample holds no value (never, for a checked shape).
+    pub fn is_empty(self) -> bool {
+        self.len() == 0
+    }
+
+    /// The axes, `[c, h, w]` or `[d]`.
+    pub fn dims(self) -> Vec<usize> {
+        match self {
+            Self::Image { c, h, w } => vec![c, h, w],
+            Self::Flat(d) => vec![d],
+        }
+    }
+
+    /// Channels: `c` of an image, the width of a vector.
+    pub fn channels(self) -> usize {
+        match self {
+            Self::Image { c, .. } => c,
+            Self::Flat(d) => d,
+        }
+    }
+}
+
+/// What a tensor of a layer list is to training.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorRole {
+    /// A parameter: trained, gated, penalised.
+    Param,
+    /// A running statistic of batch norm (`running_mean`, `running_var`): updated by
+    /// training batches, averaged by the server like a parameter, never differentiated.
+    Stat,
+    /// `num_batches_tracked`: a count, I64 in PyTorch's files.
+    Counter,
+}
+
+impl TensorRole {
+    /// The role of the tensor called `name`, by PyTorch's buffer names.
+    pub fn of(name: &str) -> Self {
+        let last = name.rsplit('.').next().unwrap_or(name);
+        match last {
+            "running_mean" | "running_var" => Self::Stat,
+            "num_batches_tracked" => Self::Counter,
+            _ => Self::Param,
+        }
+    }
+}
+
+/// Whether `name` is batch norm's `num_batches_tracked`, the one I64 tensor of PyTorch's files.
+pub fn is_counter(name: &str) -> bool {
+    TensorRole::of(name) == TensorRole::Counter
+}
+
+impl LayerSpec {
+    /// `nn.Conv2d(_, out, kernel)`: stride 1, no padding, bias.
+    pub fn conv2d(out: usize, kernel: usize) -> Self {
+        Self::Conv2d {
+            out,
+            kernel,
+            stride: 1,
+            padding: 0,
+            groups: 1,
+            bias: true,
+        }
+    }
+
+    /// This convolution with `padding` (other layers are returned as they are).
+    pub fn with_padding(mut self, p: usize) -> Self {
+        if let Self::Conv2d { padding, .. } = &mut self {
+            *padding = p;
+        }
+        self
+    }
+
+    /// This convolution without a bias (other layers are returned as they are).
+    pub fn without_bias(mut self) -> Self {
+        if let Self::Conv2d { bias, .. } | Self::Linear { bias, .. } = &mut self {
+            *bias = false;
+        }
+        self
+    }
+
+    /// `nn.MaxPool2d(kernel)`.
+    pub fn max_pool(kernel: usize) -> Self {
+        Self::MaxPool2d {
+            kernel,
+            stride: None,
+        }
+    }
+
+    /// `nn.Linear(_, out)` with a bias.
+    pub fn linear(out: usize) -> Self {
+        Self::Linear { out, bias: true }
+    }
+
+    /// `nn.BatchNorm2d` with PyTorch's defaults.
+    pub fn batch_norm2d() -> Self {
+        Self::BatchNorm2d {
+            eps: norm_eps(),
+            momentum: bn_momentum(),
+        }
+    }
+
+    /// A residual block of `out` channels.
+    pub fn residual(out: usize, stride: usize, norm: BlockNorm) -> Self {
+        Self::Residual {
+            out,
+            stride,
+            norm,
+            groups: 2,
+        }
+    }
+
+    /// The name of this layer's type in a layer list (`conv2d`, `residual`, ...).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Conv2d { .. } => "conv2d",
+            Self::MaxPool2d { .. } => "maxpool2d",
+            Self::AvgPool2d { .. } => "avgpool2d",
+            Self::GlobalAvgpool => "global_avgpool",
+            Self::BatchNorm2d { .. } => "batchnorm2d",
+            Self::BatchNorm1d { .. } => "batchnorm1d",
+            Self::GroupNorm { .. } => "groupnorm",
+            Self::LayerNorm { .. } => "layernorm",
+            Self::Relu => "relu",
+            Self::Dropout { .. } => "dropout",
+            Self::Flatten => "flatten",
+            Self::Linear { .. } => "linear",
+            Self::Residual { .. } => "residual",
+        }
+    }
+
+    /// Whether the layer is a normalisation whose tensors FedBN keeps on the clients.
+    pub fn is_norm(&self) -> bool {
+        matches!(
+            self,
+            Self::BatchNorm2d { .. }
+                | Self::BatchNorm1d { .. }
+                | Self::GroupNorm { .. }
+                | Self::LayerNorm { .. }
+        )
+    }
+
+    /// The shape this layer gives a sample of shape `input`, appending its tensors (named
+    /// under `prefix`) to `tensors`; an error says what does not fit, without naming the layer
+    /// (the caller does).
+    fn chain(
+        &self,
+        input: FeatureShape,
+        prefix: &str,
+        tensors: &mut Vec<ParamShape>,
+    ) -> std::result::Result<FeatureShape, String> {
+        let bounded = |what: &str, v: usize| {
+            if v == 0 || v > MAX_WINDOW {
+                Err(format!("{what} = {v} is outside 1..={MAX_WINDOW}"))
+            } else {
+                Ok(())
+            }
+        };
+        let image = || match input {
+            FeatureShape::Image { c, h, w } => Ok((c, h, w)),
+            FeatureShape::Flat(d) => Err(format!(
+                "takes feature maps [channels, height, width] but gets {d} flat features"
+            )),
+        };
+        let window = |side: usize, kernel: usize, stride: usize, pad: usize| {
+            let padded = side + 2 * pad;
+            if padded < kernel {
+                Err(format!(
+                    "a {kernel}x{kernel} window does not fit a side of {side} (padding {pad})"
+                ))
+            } else {
+                Ok((padded - kernel) / stride + 1)
+            }
+        };
+        let push = |tensors: &mut Vec<ParamShape>, name: &str, shape: &[usize]| {
+            tensors.push(ParamShape {
+                name: format!("{prefix}{name}"),
+                shape: shape.to_vec(),
+            });
+        };
+        let affine = |tensors: &mut Vec<ParamShape>, shape: &[usize]| {
+            push(tensors, "weight", shape);
+            push(tensors, "bias", shape);
+        };
+        let batch_norm = |tensors: &mut Vec<ParamShape>, c: usize, eps: f64, momentum: f64| {
+            check_eps(eps)?;
+            if !(momentum.is_finite() && (0.0..=1.0).contains(&momentum)) {
+                return Err(format!("momentum = {momentum} is outside [0, 1]"));
+            }
+            affine(tensors, &[c]);
+            push(tensors, "running_mean", &[c]);
+            push(tensors, "running_var", &[c]);
+            push(tensors, "num_batches_tracked", &[]);
+            Ok(())
+        };
+        Ok(match *self {
+            Self::Conv2d {
+                out,
+                kernel,
+                stride,
+                padding,
+                groups,
+                bias,
+            } => {
+                let (c, h, w) = image()?;
+                if out == 0 {
+                    return Err("out = 0: a layer needs at least one output".into());
+                }
+                bounded("kernel", kernel)?;
+                bounded("stride", stride)?;
+                bounded("groups", groups)?;
+                if padding > MAX_WINDOW {
+                    return Err(format!("padding = {padding} is above {MAX_WINDOW}"));
+                }
+                if c % groups != 0 || out % groups != 0 {
+                    return Err(format!(
+                        "groups = {groups} must divide both the {c} input and the {out} output \
+                         channels"
+                    ));
+                }
+                let (oh, ow) = (
+                    window(h, kernel, stride, padding)?,
+                    window(w, kernel, stride, padding)?,
+                );
+                push(tensors, "weight", &[out, c / groups, kernel, kernel]);
+                if bias {
+                    push(tensors, "bias", &[out]);
+                }
+                FeatureShape::Image {
+                    c: out,
+                    h: oh,
+                    w: ow,
+                }
+            }
+            Self::MaxPool2d { kernel, stride } | Self::AvgPool2d { kernel, stride } => {
+                let (c, h, w) = image()?;
+                let stride = stride.unwrap_or(kernel);
+                bounded("kernel", kernel)?;
+                bounded("stride", stride)?;
+                FeatureShape::Image {
+                    c,
+                    h: window(h, kernel, stride, 0)?,
+                    w: window(w, kernel, stride, 0)?,
+                }
+            }
+            Self::GlobalAvgpool => {
+                let (c, ..) = image()?;
+                FeatureShape::Image { c, h: 1, w: 1 }
+            }
+            Self::BatchNorm2d { eps, momentum } => {
+                let (c, ..) = image()?;
+                batch_norm(tensors, c, eps, momentum)?;
+                input
+            }
+            Self::BatchNorm1d { eps, momentum } => {
+                let FeatureShape::Flat(d) = input else {
+                    return Err(
+                        "takes flat features; use batchnorm2d on feature maps, or flatten first"
+                            .into(),
+                    );
+                };
+                batch_norm(tensors, d, eps, momentum)?;
+                input
+            }
+            Self::GroupNorm { groups, eps } => {
+                let (c, ..) = image()?;
+                check_eps(eps)?;
+                bounded("groups", groups)?;
+                if c % groups != 0 {
+                    return Err(format!("groups = {groups} does not divide {c} channels"));
+                }
+                affine(tensors, &[c]);
+                input
+            }
+            Self::LayerNorm { eps } => {
+                check_eps(eps)?;
+                affine(tensors, &input.dims());
+                input
+            }
+            Self::Relu => input,
+            Self::Dropout { p } => {
+                if !(p.is_finite() && (0.0..1.0).contains(&p)) {
+                    return Err(format!("p = {p} is outside [0, 1)"));
+                }
+                input
+            }
+            Self::Flatten => FeatureShape::Flat(input.len()),
+            Self::Linear { out, bias } => {
+                let FeatureShape::Flat(d) = input else {
+                    return Err(format!(
+                        "takes flat features but gets feature maps {:?}; add {{ type = \
+                         \"flatten\" }} before it",
+                        input.dims()
+                    ));
+                };
+                if out == 0 {
+                    return Err("out = 0: a layer needs at least one output".into());
+                }
+                push(tensors, "weight", &[out, d]);
+                if bias {
+                    push(tensors, "bias", &[out]);
+                }
+                FeatureShape::Flat(out)
+            }
+            Self::Residual {
+                out,
+                stride,
+                norm,
+                groups,
+            } => {
+                let (c, h, w) = image()?;
+                if out == 0 {
+                    return Err("out = 0: a block needs at least one channel".into());
+                }
+                bounded("stride", stride)?;
+                if norm == BlockNorm::Group && (groups == 0 || out % groups != 0) {
+                    return Err(format!("groups = {groups} does not divide {out} channels"));
+                }
+                let (oh, ow) = (window(h, 3, stride, 1)?, window(w, 3, stride, 1)?);
+                let conv_bias = norm == BlockNorm::None;
+                let conv = |tensors: &mut Vec<ParamShape>, name: &str, c_in: usize, k: usize| {
+                    push(tensors, &format!("{name}.weight"), &[out, c_in, k, k]);
+                    if conv_bias {
+                        push(tensors, &format!("{name}.bias"), &[out]);
+                    }
+                };
+                let norm_tensors = |tensors: &mut Vec<ParamShape>, name: &str| {
+                    let p = |t: &str| format!("{name}.{t}");
+                    if norm != BlockNorm::None {
+                        push(tensors, &p("weight"), &[out]);
+                        push(tensors, &p("bias"), &[out]);
+                    }
+                    if norm == BlockNorm::Batch {
+                        push(tensors, &p("running_mean"), &[out]);
+                        push(tensors, &p("running_var"), &[out]);
+                        push(tensors, &p("num_batches_tracked"), &[]);
+                    }
+                };
+                conv(tensors, "conv1", c, 3);
+                norm_tensors(tensors, "bn1");
+                conv(tensors, "conv2", out, 3);
+                norm_tensors(tensors, "bn2");
+                if has_projection(c, out, stride) {
+                    conv(tensors, "shortcut.0", c, 1);
+                    norm_tensors(tensors, "shortcut.1");
+                }
+                FeatureShape::Image {
+                    c: out,
+                    h: oh,
+                    w: ow,
+                }
+            }
+        })
+    }
+}
+
+fn check_eps(eps: f64) -> std::result::Result<(), String> {
+    if eps.is_finite() && eps > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("eps = {eps} is not a positive number"))
+    }
+}
+
+/// Whether a residual block of `out` channels and `stride` on `in_channels` inputs has a
+/// projection shortcut (else the identity).
+pub fn has_projection(in_channels: usize, out: usize, stride: usize) -> bool {
+    stride != 1 || in_channels != out
+}
+
+/// The shapes after each layer of `layers` on samples of shape `input`, and every tensor, in
+/// PyTorch's `state_dict` order; an error names the first layer that does not fit.
+pub fn chain(
+    input: FeatureShape,
+    layers: &[LayerSpec],
+) -> Result<(Vec<FeatureShape>, Vec<ParamShape>)> {
+    if layers.is_empty() || layers.len() > MAX_LAYERS {
+        return Err(CoreError::InvalidSpec(format!(
+            "a layer list holds 1 to {MAX_LAYERS} layers; this one has {}",
+            layers.len()
+        )));
+    }
+    let mut shapes = Vec::with_capacity(layers.len());
+    let mut tensors = Vec::new();
+    let mut at = input;
+    for (i, layer) in layers.iter().enumerate() {
+        at = layer
+            .chain(at, &format!("{i}."), &mut tensors)
+            .map_err(|why| {
+                CoreError::InvalidSpec(format!(
+                    "model.layers[{i}] ({}, input {:?}): {why}",
+                    layer.type_name(),
+                    at.dims()
+                ))
+            })?;
+        shapes.push(at);
+    }
+    Ok((shapes, tensors))
+}
+
+/// A grouped layer of a layer list (see [`crate::groups`]) and where its gate acts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatePoint {
+    /// The groups: filters or units, with their biases and the per-channel scale and shift of
+    /// a batch or group norm that directly follows.
+    pub group: GroupedLayer,
+    /// The layer whose output the gates multiply: the norm when one follows, else the layer;
+    /// for a residual block, the block itself, whose gates act inside it, after `bn1`.
+    pub layer: usize,
+}
+
+/// The groups of a layer list: every convolution and linear layer but the last (the one that
+/// writes the logits), and the inner channels of every residual block (`conv1`'s filters with
+/// `bn1`). A block's output channels are not grouped: the identity path carries them on, so
+/// zeroing `conv2` or the shortcut would not remove them. A convolution before a block is
+/// grouped, but zeroing one of its filters removes only that filter's contribution, for the
+/// blocks add to the channel.
+pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoint>> {
+    let (shapes, _) = chain(FeatureShape::of(input)?, layers)?;
+    let last = layers
+        .iter()
+        .rposition(|l| matches!(l, LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. }));
+    let mut points = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        let input = if i == 0 {
+            FeatureShape::of(input)?
+        } else {
+            shapes[i - 1]
+        };
+        let next_norm = |flat: bool| match layers.get(i + 1) {
+            Some(LayerSpec::BatchNorm2d { .. } | LayerSpec::GroupNorm { .. }) if !flat => true,
+            Some(LayerSpec::BatchNorm1d { .. }) => flat,
+            _ => false,
+        };
+        let (weight, fan_in, units, bias, flat) = match *layer {
+            LayerSpec::Conv2d {
+                out,
+                kernel,
+                groups,
+                bias,
+                ..
+            } => (
+                format!("{i}.weight"),
+                input.channels() / groups * kernel * kernel,
+                out,
+                bias,
+                false,
+            ),
+            LayerSpec::Linear { out, bias } => {
+                (format!("{i}.weight"), input.len(), out, bias, true)
+            }
+            LayerSpec::Residual { out, norm, .. } => {
+                let mut per_unit = Vec::new();
+                match norm {
+                    BlockNorm::None => per_unit.push(format!("{i}.conv1.bias")),
+                    BlockNorm::Batch | BlockNorm::Group => {
+                        per_unit.push(format!("{i}.bn1.weight"));
+                        per_unit.push(format!("{i}.bn1.bias"));
+                    }
+                }
+                points.push(GatePoint {
+                    group: GroupedLayer {
+                        weight: format!("{i}.conv1.weight"),
+                        per_unit,
+                        units: out,
+                        fan_in: input.channels() * 9,
+                    },
+                    layer: i,
+                });
+                continue;
+            }
+            _ => continue,
+        };
+        if Some(i) == last {
+            continue;
+        }
+        let mut per_unit = Vec::new();
+        if bias {
+            per_unit.push(format!("{i}.bias"));
+        }
+        let mut at = i;
+        if next_norm(flat) {
+            per_unit.push(format!("{}.weight", i + 1));
+            per_unit.push(format!("{}.bias", i + 1));
+            at = i + 1;
+        }
+        points.push(GatePoint {
+            group: GroupedLayer {
+                weight,
+                per_unit,
+                units,
+                fan_in,
+            },
+            layer: at,
+        });
+    }
+    Ok(points)
+}

@@ -1,0 +1,168 @@
+//! PyTorch parity of layer lists and the zoo: names, shapes, parameter counts, and logits of
+//! fixed weights on fixed inputs in eval and train mode, against the values that
+//! `scripts/zoo_reference.py` wrote with PyTorch (tests/fixtures/zoo_reference.json).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use burn::tensor::{Device, Tensor, TensorData};
+use fedfuse_core::{BlockNorm, LayerSpec, ModelSpec, Params, TensorRole, ZooModel};
+use serde::Deserialize;
+
+use crate::net::Net;
+use crate::params;
+
+#[derive(Deserialize)]
+struct Fixture {
+    batch: usize,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct TensorInfo {
+    name: String,
+    shape: Vec<usize>,
+    dtype: String,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    zoo: Option<String>,
+    input: Vec<usize>,
+    classes: usize,
+    norm: Option<BlockNorm>,
+    tensors: Vec<TensorInfo>,
+    num_params: usize,
+    eval_logits: Vec<f32>,
+    train_logits: Option<Vec<f32>>,
+    after_train: Option<std::collections::BTreeMap<String, Vec<f64>>>,
+    layers: Option<Vec<LayerSpec>>,
+}
+
+fn fixture() -> Fixture {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/zoo_reference.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The script's `wave`: integer hashing, exact in both languages.
+fn wave(n: usize, k: u64) -> impl Iterator<Item = f64> {
+    (0..n as u64).map(move |j| {
+        let h = (j * 2_654_435_761 + 97_531 * k + 12_345) % (1 << 32);
+        h as f64 / (1u64 << 32) as f64 * 2.0 - 1.0
+    })
+}
+
+/// The script's `value`, tensor by tensor.
+fn fixed_params(spec: &ModelSpec) -> Params {
+    let mut p = Params::new();
+    for (k, s) in spec.param_shapes().into_iter().enumerate() {
+        let n = s.shape.iter().product::<usize>();
+        let last = s.name.rsplit('.').next().unwrap();
+        let data: Vec<f32> = match (TensorRole::of(&s.name), last) {
+            (TensorRole::Counter, _) => vec![7.0],
+            (_, "running_mean") => wave(n, k as u64).map(|v| (0.1 * v) as f32).collect(),
+            (_, "running_var") => wave(n, k as u64).map(|v| (1.0 + 0.5 * v) as f32).collect(),
+            _ if s.shape.len() >= 2 => {
+                let fan_in = s.shape[1..].iter().product::<usize>() as f64;
+                let scale = (3.0 / fan_in).sqrt();
+                wave(n, k as u64).map(|v| (v * scale) as f32).collect()
+            }
+            (_, "weight") => wave(n, k as u64).map(|v| (1.0 + 0.2 * v) as f32).collect(),
+            _ => wave(n, k as u64).map(|v| (0.1 * v) as f32).collect(),
+        };
+        p.push(s.name, s.shape, data).unwrap();
+    }
+    p
+}
+
+fn spec_of(case: &Case) -> ModelSpec {
+    match case.zoo.as_deref() {
+        Some(name) => {
+            let zoo: ZooModel = serde_json::from_value(serde_json::json!(name)).unwrap();
+            zoo.spec(&case.input, case.classes, case.norm.unwrap_or_default(), 16)
+                .unwrap()
+        }
+        None => {
+            let spec = ModelSpec::sequential(&case.input, case.layers.clone().unwrap());
+            spec.validate().unwrap();
+            spec
+        }
+    }
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs() / w.abs().max(1.0))
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= tol,
+        "{what}: largest difference {worst:e} > {tol:e}"
+    );
+}
+
+#[test]
+fn the_zoo_and_layer_lists_match_pytorch() {
+    let fx = fixture();
+    assert!(fx.cases.len() >= 6);
+    let device = Device::flex();
+    for case in &fx.cases {
+        let spec = spec_of(case);
+        let shapes = spec.param_shapes();
+        let names: Vec<(&str, &[usize])> = shapes
+            .iter()
+            .map(|s| (s.name.as_str(), &s.shape[..]))
+            .collect();
+        let want: Vec<(&str, &[usize])> = case
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), &t.shape[..]))
+            .collect();
+        assert_eq!(names, want, "{}: state_dict", case.name);
+        for t in &case.tensors {
+            let int = t.dtype == "int64";
+            assert_eq!(int, fedfuse_core::layers::is_counter(&t.name), "{}", t.name);
+        }
+        assert_eq!(spec.num_params(), case.num_params, "{}", case.name);
+        assert_eq!(spec.classes(), case.classes, "{}", case.name);
+
+        let params = fixed_params(&spec);
+        let n = spec.input_len() * fx.batch;
+        let x: Vec<f32> = wave(n, 1000).map(|v| v as f32).collect();
+        let input = || {
+            Tensor::<2>::from_data(
+                TensorData::new(x.clone(), [fx.batch, n / fx.batch]),
+                &device,
+            )
+        };
+        let net = params::build(&spec, &params, &device).unwrap();
+        let logits: Vec<f32> = net.forward(input()).into_data().try_into_vec().unwrap();
+        close(
+            &format!("{} eval", case.name),
+            &logits,
+            &case.eval_logits,
+            1e-5,
+        );
+
+        if let Some(train) = &case.train_logits {
+            let Net::Seq(seq) = &net else { panic!() };
+            let out: Vec<f32> = seq
+                .forward(input(), &[], &[], super::Mode::Train)
+                .into_data()
+                .try_into_vec()
+                .unwrap();
+            close(&format!("{} train", case.name), &out, train, 1e-4);
+            let after = params::read(&net, &spec).unwrap();
+            for (name, want) in case.after_train.as_ref().unwrap() {
+                let got = &after.get(name).unwrap().data;
+                let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+                close(&format!("{} {name}", case.name), got, &want, 1e-5);
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# PyTorch for reference values and benchmarks only (never CI): a venv under target/ with a
+# pinned torch. The registry's wheel is the CUDA build (about 5 GB installed); it runs on the CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=target/torch-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    torch==2.15.0 numpy safetensors
+"$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'

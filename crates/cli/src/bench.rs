@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use fedfuse_core::{ModelSpec, Params, Record};
+use fedfuse_core::{BlockNorm, ModelSpec, Params, Record, ZooModel};
 use fedfuse_data::{ClientData, Dataset, load_dataset};
 use fedfuse_fed::{
     Aggregate, ClientContext, ClientsPerRound, FedAvg, Fold, Method, Population, Reply, SimConfig,
@@ -74,35 +74,88 @@ fn time_epochs(
     Ok(())
 }
 
-/// One epoch of local training, single thread, as DESIGN.md measured it.
-pub fn train(data_dir: &Path, repeats: usize, threads: usize) -> Result<ExitCode> {
+/// The networks `fedfuse bench train` times, with the samples and batch size of each: what
+/// `scripts/bench_torch_train.py` runs in PyTorch.
+pub const TRAIN_MODELS: [&str; 5] = ["mlp", "lenet5", "cnn-leaf", "vgg9", "resnet20"];
+
+/// `n` samples of 32x32x3 values in [0, 1) and 10 classes from a seeded generator: the
+/// conv benchmarks time arithmetic, which does not depend on what the pixels show.
+fn synthetic_images(n: usize) -> Result<Dataset> {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    let x = (0..n * 3 * 32 * 32).map(|_| rng.random::<f32>()).collect();
+    let y = (0..n).map(|i| (i % 10) as u32).collect();
+    Ok(Dataset::new(x, y, vec![3, 32, 32], 10)?)
+}
+
+/// One epoch of local training on each of `models` (see [`TRAIN_MODELS`]).
+pub fn train(
+    data_dir: &Path,
+    repeats: usize,
+    threads: usize,
+    models: &[String],
+) -> Result<ExitCode> {
+    if let Some(bad) = models.iter().find(|m| !TRAIN_MODELS.contains(&m.as_str())) {
+        bail!(
+            "unknown model `{bad}`; choose from {}",
+            TRAIN_MODELS.join(", ")
+        );
+    }
     let data = load_dataset("mnist", Some(data_dir)).context("MNIST for the benchmark")?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .context("thread pool")?;
     println!("local training, {threads} thread(s), {repeats} repeats");
+    let mnist = |n: usize| data.train.subset(&(0..n).collect::<Vec<_>>());
+    let zoo = |z: ZooModel, input: &[usize]| z.spec(input, 10, BlockNorm::Batch, 16);
     pool.install(|| -> Result<()> {
-        time_epochs(
-            "MLP 784-100-10",
-            ModelSpec::mlp(784, &[100], 10),
-            &data.train,
-            64,
-            repeats,
-        )?;
-        let subset = data.train.subset(&(0..5000).collect::<Vec<_>>());
-        time_epochs(
-            "LeNet-5 28x28x1",
-            ModelSpec::LeNet5 {
-                channels: 1,
-                side: 28,
-                classes: 10,
-            },
-            &subset,
-            32,
-            repeats,
-        )
+        for name in models {
+            match name.as_str() {
+                "mlp" => time_epochs(
+                    "MLP 784-100-10",
+                    ModelSpec::mlp(784, &[100], 10),
+                    &data.train,
+                    64,
+                    repeats,
+                )?,
+                "lenet5" => time_epochs(
+                    "LeNet-5 28x28x1",
+                    ModelSpec::LeNet5 {
+                        channels: 1,
+                        side: 28,
+                        classes: 10,
+                    },
+                    &mnist(5000),
+                    32,
+                    repeats,
+                )?,
+                "cnn-leaf" => time_epochs(
+                    "cnn-leaf 28x28x1",
+                    zoo(ZooModel::CnnLeaf, &[1, 28, 28])?,
+                    &mnist(2000),
+                    32,
+                    repeats,
+                )?,
+                "vgg9" => time_epochs(
+                    "VGG-9 32x32x3",
+                    zoo(ZooModel::Vgg9, &[3, 32, 32])?,
+                    &synthetic_images(1000)?,
+                    32,
+                    repeats,
+                )?,
+                _ => time_epochs(
+                    "ResNet-20 32x32x3",
+                    zoo(ZooModel::Resnet20, &[3, 32, 32])?,
+                    &synthetic_images(1000)?,
+                    32,
+                    repeats,
+                )?,
+            }
+        }
+        Ok(())
     })?;
+    println!("peak memory {:.0} MiB", peak_rss_mib());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -132,7 +132,8 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
-    /// One epoch of local training on MNIST: MLP 784-100-10 and LeNet-5.
+    /// One epoch of local training: MLP 784-100-10, LeNet-5 and cnn-leaf on MNIST, VGG-9 and
+    /// ResNet-20 on 32x32x3 batches.
     Train {
         /// Folder with the MNIST files (default: the cache).
         #[arg(long)]
@@ -143,6 +144,13 @@ enum BenchCommand {
         /// Worker threads for the tensor library.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// The networks to time, comma-separated: mlp, lenet5, cnn-leaf, vgg9, resnet20.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "mlp,lenet5,cnn-leaf,vgg9,resnet20"
+        )]
+        models: Vec<String>,
     },
     /// Simulator throughput: many clients, a tiny local step, FedAvg.
     Sim {
@@ -274,10 +282,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 data_dir,
                 repeats,
                 threads,
+                models,
             } => crate::bench::train(
                 &data_dir.unwrap_or_else(crate::bench::default_mnist),
                 repeats.max(1),
                 threads.max(1),
+                &models,
             ),
             BenchCommand::Sim {
                 clients,

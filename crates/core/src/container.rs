@@ -39,6 +39,85 @@ impl View for F32View<'_> {
     }
 }
 
+/// Batch norm's `num_batches_tracked`, stored as PyTorch stores it: a little-endian I64.
+pub(crate) struct CounterView<'a> {
+    shape: &'a [usize],
+    bytes: Vec<u8>,
+}
+
+impl<'a> CounterView<'a> {
+    /// The counts of `t`, rounded, negatives as 0 (a count held in f32 is exact to 2^24).
+    pub(crate) fn of(t: &'a Tensor) -> Self {
+        let bytes = t
+            .data
+            .iter()
+            .flat_map(|v| (v.round().max(0.0) as i64).to_le_bytes())
+            .collect();
+        Self {
+            shape: &t.shape,
+            bytes,
+        }
+    }
+}
+
+impl View for CounterView<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        safetensors::Dtype::I64
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// A tensor of a model file: f32, or I64 for batch norm's counters.
+pub(crate) enum FileView<'a> {
+    F32(F32View<'a>),
+    Counter(CounterView<'a>),
+}
+
+impl<'a> FileView<'a> {
+    pub(crate) fn of(name: &str, t: &'a Tensor) -> Self {
+        if crate::layers::is_counter(name) {
+            Self::Counter(CounterView::of(t))
+        } else {
+            Self::F32(F32View(t))
+        }
+    }
+}
+
+impl View for FileView<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        match self {
+            Self::F32(v) => v.dtype(),
+            Self::Counter(v) => v.dtype(),
+        }
+    }
+    fn shape(&self) -> &[usize] {
+        match self {
+            Self::F32(v) => v.shape(),
+            Self::Counter(v) => v.shape(),
+        }
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        match self {
+            Self::F32(v) => v.data(),
+            Self::Counter(v) => v.data(),
+        }
+    }
+    fn data_len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.data_len(),
+            Self::Counter(v) => v.data_len(),
+        }
+    }
+}
+
 /// Serialises `views`, one per tensor of `params` in its order, with that order and
 /// `metadata` in the header.
 pub(crate) fn serialize<V: View>(

@@ -45,7 +45,10 @@ pub enum CoreError {
         reason: String,
     },
     /// A tensor has a dtype fedfuse does not read.
-    #[error("tensor `{name}` has dtype {dtype}; fedfuse reads F32, F16, BF16 and F64 tensors")]
+    #[error(
+        "tensor `{name}` has dtype {dtype}; fedfuse reads F32, F16, BF16 and F64 tensors, and \
+         I64 for batch norm's `num_batches_tracked`"
+    )]
     UnsupportedDtype {
         /// Tensor name.
         name: String,

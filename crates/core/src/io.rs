@@ -5,15 +5,18 @@ use std::path::Path;
 
 use safetensors::tensor::Dtype;
 
-use crate::container::{self, F32View};
+use crate::container::{self, FileView};
 use crate::{CoreError, Params, Result};
 
-/// Encodes `params` as safetensors bytes (little-endian f32), with `metadata` in the header.
+/// Encodes `params` as safetensors bytes (little-endian f32; batch norm's
+/// `num_batches_tracked` as I64, as PyTorch stores it), with `metadata` in the header.
 pub fn params_to_safetensors(
     params: &Params,
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>> {
-    let views = params.iter().map(|(n, t)| (n.to_string(), F32View(t)));
+    let views = params
+        .iter()
+        .map(|(n, t)| (n.to_string(), FileView::of(n, t)));
     container::serialize(params, views, metadata)
 }
 
@@ -67,6 +70,15 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
             .chunks_exact(2)
             .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
             .collect(),
+        // Batch norm's `num_batches_tracked`: a count, held as f32 (exact to 2^24 batches).
+        Dtype::I64 if crate::layers::is_counter(name) => bytes
+            .chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                i64::from_le_bytes(b) as f32
+            })
+            .collect(),
         other => {
             return Err(CoreError::UnsupportedDtype {
                 name: name.to_string(),
@@ -79,13 +91,19 @@ fn to_f32(name: &str, dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
 
 /// Order of tensors read from files without a recorded order: modules in natural order
 /// (digit runs compared as numbers, `layers.2` before `layers.10`), and inside a module
-/// PyTorch's registration order, `weight` then `bias`, then the rest (buffers) by name.
+/// PyTorch's registration order, `weight` then `bias`, then batch norm's buffers as PyTorch
+/// registers them, then the rest by name. (Child modules sort by name, which is PyTorch's order
+/// for lists, `0`, `1`, ..., and may not be for named children: a model's known layout
+/// rearranges them, [`Params::arranged`].)
 pub(crate) fn tensor_order_key(name: &str) -> (NaturalKey, u8, NaturalKey) {
     let (module, leaf) = name.rsplit_once('.').unwrap_or(("", name));
     let rank = match leaf {
         "weight" => 0,
         "bias" => 1,
-        _ => 2,
+        "running_mean" => 2,
+        "running_var" => 3,
+        "num_batches_tracked" => 4,
+        _ => 5,
     };
     (natural_key(module), rank, natural_key(leaf))
 }
@@ -142,7 +160,54 @@ pub fn load_safetensors(path: &Path) -> Result<Params> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::container::ORDER_KEY;
+    use crate::container::{F32View, ORDER_KEY};
+
+    #[test]
+    fn batch_norm_counters_are_i64_in_files_and_buffers_take_pytorchs_order() {
+        let mut p = Params::new();
+        p.push("1.weight", vec![2], vec![1.0, 1.0]).unwrap();
+        p.push("1.num_batches_tracked", vec![], vec![7.0]).unwrap();
+        let bytes = params_to_safetensors(&p, HashMap::new()).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let counter = st.tensor("1.num_batches_tracked").unwrap();
+        assert_eq!(counter.dtype(), Dtype::I64);
+        assert_eq!(counter.shape(), &[] as &[usize]);
+        assert_eq!(counter.data(), 7i64.to_le_bytes());
+        assert_eq!(params_from_safetensors(&bytes).unwrap().0, p);
+        // PyTorch's files keep no order: a module's buffers follow its weight and bias.
+        let mut names = vec![
+            "1.num_batches_tracked",
+            "1.running_var",
+            "0.weight",
+            "1.bias",
+            "1.running_mean",
+            "1.weight",
+        ];
+        names.sort_by_key(|n| tensor_order_key(n));
+        assert_eq!(
+            names,
+            [
+                "0.weight",
+                "1.weight",
+                "1.bias",
+                "1.running_mean",
+                "1.running_var",
+                "1.num_batches_tracked"
+            ]
+        );
+        // Integers elsewhere are still refused, naming the tensor.
+        let ints = 3i64.to_le_bytes();
+        let other = safetensors::serialize(
+            vec![(
+                "0.weight",
+                safetensors::tensor::TensorView::new(Dtype::I64, vec![1], &ints).unwrap(),
+            )],
+            None,
+        )
+        .unwrap();
+        let err = params_from_safetensors(&other).unwrap_err().to_string();
+        assert!(err.contains("`0.weight`") && err.contains("I64"), "{err}");
+    }
 
     #[test]
     fn an_order_that_does_not_name_every_tensor_once_is_refused() {
@@ -207,8 +272,8 @@ mod tests {
             vec![
                 "bn.weight",
                 "bn.bias",
-                "bn.num_batches_tracked",
                 "bn.running_mean",
+                "bn.num_batches_tracked",
                 "layers.1.weight",
                 "layers.2.weight",
                 "layers.2.bias",

@@ -205,6 +205,53 @@ impl Params {
         Ok(())
     }
 
+    /// These tensors in the order of `layout`, which must name each of them once with its
+    /// shape: a file written elsewhere (PyTorch's safetensors keep no order) fits a model.
+    pub fn arranged(&self, layout: &[ParamShape]) -> Result<Self> {
+        let wanted: std::collections::HashSet<&str> =
+            layout.iter().map(|s| s.name.as_str()).collect();
+        let few = |names: Vec<&str>| {
+            let n = names.len();
+            let shown: Vec<&str> = names.into_iter().take(8).collect();
+            format!(
+                "{n} ({}{})",
+                shown.join(", "),
+                if n > 8 { ", ..." } else { "" }
+            )
+        };
+        let missing: Vec<&str> = layout
+            .iter()
+            .map(|s| s.name.as_str())
+            .filter(|n| self.get(n).is_none())
+            .collect();
+        let extra: Vec<&str> = self
+            .names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !wanted.contains(n))
+            .collect();
+        if !missing.is_empty() || !extra.is_empty() {
+            return Err(CoreError::LayoutMismatch(format!(
+                "tensors the model has but these weights lack: {}; tensors these weights have \
+                 but the model lacks: {}",
+                few(missing),
+                few(extra)
+            )));
+        }
+        let mut out = Self::new();
+        for want in layout {
+            let t = self.require(&want.name)?;
+            if t.shape != want.shape {
+                return Err(CoreError::LayoutMismatch(format!(
+                    "tensor `{}` has shape {:?} where the model has {:?}",
+                    want.name, t.shape, want.shape
+                )));
+            }
+            out.push(want.name.clone(), t.shape.clone(), t.data.clone())?;
+        }
+        Ok(out)
+    }
+
     /// Checks that every value is finite, naming the first tensor that is not.
     pub fn check_finite(&self) -> Result<()> {
         for (name, t) in self.iter() {

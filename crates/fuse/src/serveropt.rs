@@ -28,8 +28,10 @@
 //! the default hyperparameters of Kingma & Ba").
 //!
 //! State is stored in f32 (one or two values per parameter); each update is computed in f64.
+//! Batch norm's running statistics and counters ([`TensorRole`]) are no parameters: they take
+//! the whole direction, so under FedOpt they are the clients' mean, as under FedAvg.
 
-use fedfuse_core::{ParamShape, Params, Record};
+use fedfuse_core::{ParamShape, Params, Record, TensorRole};
 
 use crate::{FuseError, Result};
 
@@ -498,6 +500,18 @@ impl ServerOptState {
         let t = self.steps;
         let mut out = Params::new();
         for (i, (name, x)) in global.iter().enumerate() {
+            if TensorRole::of(name) != TensorRole::Param {
+                // Running statistics are no parameters to optimise: they take the whole
+                // direction (FedOpt's: the clients' mean).
+                let data = x
+                    .data
+                    .iter()
+                    .zip(&deltas[i])
+                    .map(|(x, d)| (f64::from(*x) + d) as f32)
+                    .collect();
+                out.push(name, x.shape.clone(), data)?;
+                continue;
+            }
             let (m, v) = (&mut self.m[i], &mut self.v[i]);
             let data = x
                 .data
@@ -512,10 +526,15 @@ impl ServerOptState {
     }
 }
 
-/// `(1 - lr) x + lr y` per element, in f64.
+/// `(1 - lr) x + lr y` per element, in f64; running statistics take `y`.
 fn convex(x: &Params, y: &Params, lr: f64) -> Result<Params> {
     let mut out = Params::new();
     for ((name, a), (_, b)) in x.iter().zip(y.iter()) {
+        let lr = if TensorRole::of(name) == TensorRole::Param {
+            lr
+        } else {
+            1.0
+        };
         let data = a
             .data
             .iter()

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::error::{Context, LabError, Result, bail};
 use fedfuse_core::flower::FlowerContent;
-use fedfuse_core::{ConfigValue, Params, Record};
+use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset, client_splits};
 use fedfuse_fed::{
@@ -39,8 +39,13 @@ pub fn run_with(
     // killed run changes nothing): refuse now, not after the run, a folder that holds more.
     crate::table::check_replaceable(out, &crate::table::RUN_FILES)?;
     let saved = checkpoint::path_for(out);
-    let result = federate_with(cfg, observer, Some((&saved, resume)))?;
-    write_run_folder(out, cfg, &result)?;
+    let (result, spec) = federate_with(cfg, observer, Some((&saved, resume)))?;
+    // A zoo network's config.toml shows the layer list it expanded to.
+    let mut shown = cfg.clone();
+    if let (Some(model), Some(spec)) = (&cfg.model, &spec) {
+        shown.model = Some(model.showing_layers(spec));
+    }
+    write_run_folder(out, &shown, &result)?;
     // The run is whole in `out`: nothing left to resume.
     if let Err(e) = std::fs::remove_file(&saved)
         && e.kind() != std::io::ErrorKind::NotFound
@@ -102,9 +107,19 @@ pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()>
     crate::table::write_atomic(&out.join("model.safetensors"), &model)
 }
 
+/// The weights of `path` (`model.init_from`: a PyTorch `state_dict` as safetensors, or npz)
+/// in `spec`'s layout, finite.
+fn initial_weights(path: &Path, spec: &ModelSpec) -> Result<Params> {
+    let what = || format!("model.init_from = {}", path.display());
+    let loaded = fedfuse_core::load_params(path).with_context(what)?;
+    let params = loaded.arranged(&spec.param_shapes()).with_context(what)?;
+    params.check_finite().with_context(what)?;
+    Ok(params)
+}
+
 /// Loads the data of `cfg`, splits it among clients and runs the federation.
 pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
-    federate_with(cfg, observer, None)
+    Ok(federate_with(cfg, observer, None)?.0)
 }
 
 /// [`federate`], writing a checkpoint to `saved.0` after every round and, with `saved.1`,
@@ -113,7 +128,7 @@ fn federate_with(
     cfg: &Config,
     observer: &dyn Observer,
     saved: Option<(&Path, bool)>,
-) -> Result<RunResult> {
+) -> Result<(RunResult, Option<ModelSpec>)> {
     let mut fed = Federation::prepare(cfg)?;
     observer.note(&fed.run_summary());
     let mut session = Session::default();
@@ -167,7 +182,7 @@ fn federate_with(
         session,
     );
     observer.run_finished();
-    Ok(result?)
+    Ok((result?, fed.spec))
 }
 
 /// Everything a run of a federation starts from, built from its config the same way wherever
@@ -180,6 +195,8 @@ pub struct Federation {
     pub data: FederationData,
     /// The initial global model (empty for FedNGM, which builds its own).
     pub init: Params,
+    /// The classifier's architecture (none for tables).
+    pub spec: Option<ModelSpec>,
     /// Rounds, sampling, seeds and local training.
     pub sim: SimConfig,
     /// One line saying what runs, for the person running it, without the rounds (over Flower
@@ -220,7 +237,10 @@ impl Federation {
 
         let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;
         let trainer = Trainer::new(spec.clone())?;
-        let init = init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX));
+        let init = match &model.init_from {
+            Some(path) => initial_weights(path, &spec)?,
+            None => init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX)),
+        };
         let method = cfg.build_method(BuildContext {
             init: model.init,
             seed: cfg.seed,
@@ -250,6 +270,7 @@ impl Federation {
         );
         Ok(Self {
             method,
+            spec: Some(spec),
             data: FederationData::Labelled {
                 trainer,
                 clients,
@@ -488,6 +509,7 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
             test,
         },
         init: Params::new(),
+        spec: None,
         sim,
         summary,
     })

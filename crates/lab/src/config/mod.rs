@@ -259,7 +259,40 @@ impl Config {
                 self.method.name()
             );
         }
+        model.check_keys()?;
+        if model.kind.is_list() {
+            self.check_list_model(model)?;
+        }
         self.check_method()
+    }
+
+    /// What layer lists cannot do yet, or cannot do by design, refused by name.
+    fn check_list_model(&self, model: &ModelSection) -> Result<()> {
+        let kind = model.kind.name();
+        let name = self.method.name();
+        if self.train.dropout > 0.0 {
+            bail!(
+                "`train.dropout` acts on the hidden layers of `mlp` and `lenet5`; a layer list \
+                 has its own: add {{ type = \"dropout\", p = {} }} layers to model.layers (or \
+                 remove train.dropout)",
+                self.train.dropout
+            );
+        }
+        // GEMS, PFNM and GPI-FNM were refused above: they fuse MLPs.
+        if name == "feddrop" {
+            bail!(
+                "method `feddrop` drops the hidden units of `mlp` and `lenet5` only so far; on \
+                 `{kind}` use `fedsparse` or `fedl1`, which gate its filters and units"
+            );
+        }
+        if self.privacy.is_some() && model.has_batch_norm() {
+            bail!(
+                "[privacy] clips and noises the model's parameters, but batch norm's running \
+                 statistics are statistics of the clients' data that it would not cover: use \
+                 group norm (`model.norm = \"group\"` for resnet20, `groupnorm` layers) or none"
+            );
+        }
+        Ok(())
     }
 
     /// The `[method]` table's settings, and the `[privacy]` and `[server]` tables with the

@@ -4,7 +4,9 @@
 use super::MAX_PARAMS;
 use crate::error::{Context, Result, bail};
 use crate::pipeline::SyntheticTables;
-use fedfuse_core::ModelSpec;
+use std::path::PathBuf;
+
+use fedfuse_core::{BlockNorm, LayerSpec, ModelSpec, ZooModel};
 use fedfuse_data::CdcSplit;
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -98,28 +100,88 @@ pub fn cdc_split(name: &str) -> Result<CdcSplit> {
     }
 }
 
-/// Network kinds.
+/// Network kinds: the two named architectures, a layer list, or a zoo network (which expands
+/// to a layer list).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     /// Fully connected, ReLU.
+    #[serde(rename = "mlp")]
     Mlp,
     /// LeNet-5.
+    #[serde(rename = "lenet5")]
     Lenet5,
+    /// `model.layers`, PyTorch's `nn.Sequential` of them.
+    #[serde(rename = "sequential")]
+    Sequential,
+    /// LEAF's FEMNIST CNN.
+    #[serde(rename = "cnn-leaf")]
+    CnnLeaf,
+    /// FedMA's VGG-9.
+    #[serde(rename = "vgg9")]
+    Vgg9,
+    /// CIFAR ResNet-20 (`model.norm`, `model.width`).
+    #[serde(rename = "resnet20")]
+    Resnet20,
 }
+
+impl ModelKind {
+    /// The zoo network of this kind, if it is one.
+    pub fn zoo(self) -> Option<ZooModel> {
+        match self {
+            Self::CnnLeaf => Some(ZooModel::CnnLeaf),
+            Self::Vgg9 => Some(ZooModel::Vgg9),
+            Self::Resnet20 => Some(ZooModel::Resnet20),
+            Self::Mlp | Self::Lenet5 | Self::Sequential => None,
+        }
+    }
+
+    /// The name `[model] kind` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mlp => "mlp",
+            Self::Lenet5 => "lenet5",
+            Self::Sequential => "sequential",
+            Self::CnnLeaf => "cnn-leaf",
+            Self::Vgg9 => "vgg9",
+            Self::Resnet20 => "resnet20",
+        }
+    }
+
+    /// Whether the network is a layer list (`sequential` or a zoo network).
+    pub fn is_list(self) -> bool {
+        !matches!(self, Self::Mlp | Self::Lenet5)
+    }
+}
+
+/// ResNet-20's first stage width in the paper.
+const RESNET_WIDTH: usize = 16;
 
 /// `[model]`
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    /// `mlp` or `lenet5`.
+    /// `mlp`, `lenet5`, `sequential`, or a zoo network: `cnn-leaf`, `vgg9`, `resnet20`.
     pub kind: ModelKind,
     /// Hidden widths (MLP only).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<usize>,
+    /// The layers of `kind = "sequential"`; a zoo network's run folder lists its expansion
+    /// here, which must then match.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<LayerSpec>,
+    /// ResNet-20's normalisation: `batch` (default), `group` (2 groups) or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm: Option<BlockNorm>,
+    /// ResNet-20's first-stage width (16 in the paper; the stages have 1, 2 and 4 times it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<usize>,
     /// Initialisation: `default` (PyTorch's) or `pfnm` (N(0, 0.1) weights, 0.1 biases).
     #[serde(default)]
     pub init: Init,
+    /// Start from these weights (a PyTorch `state_dict` as `.safetensors`, or `.npz`) instead
+    /// of a fresh initialisation; their names and shapes must be the model's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
 }
 
 /// Optimizer names.
@@ -246,31 +308,118 @@ impl TrainSection {
 }
 
 impl ModelSection {
+    /// Refuses keys the kind does not read: they would silently do nothing.
+    pub(super) fn check_keys(&self) -> Result<()> {
+        let kind = self.kind.name();
+        if !self.hidden.is_empty() && self.kind != ModelKind::Mlp {
+            bail!("model.hidden applies to `mlp` only; remove it for `{kind}`");
+        }
+        if !self.layers.is_empty() && !self.kind.is_list() {
+            bail!(
+                "model.layers applies to `sequential` (and lists a zoo network's expansion); \
+                 remove it for `{kind}`, or set model.kind = \"sequential\""
+            );
+        }
+        if self.kind == ModelKind::Sequential && self.layers.is_empty() {
+            bail!(
+                "model.kind = \"sequential\" needs model.layers, e.g. [{{ type = \"flatten\" }}, \
+                 {{ type = \"linear\", out = 10 }}]"
+            );
+        }
+        if self.kind != ModelKind::Resnet20 {
+            for (key, given) in [
+                ("norm", self.norm.is_some()),
+                ("width", self.width.is_some()),
+            ] {
+                if given {
+                    bail!("model.{key} applies to `resnet20` only; remove it for `{kind}`");
+                }
+            }
+        }
+        if let Some(w) = self.width
+            && !(1..=1024).contains(&w)
+        {
+            bail!("model.width = {w} must lie in 1..=1024 (16 in the paper)");
+        }
+        if self.init_from.is_some() && self.init != Init::Default {
+            bail!("model.init_from gives the weights; remove model.init");
+        }
+        Ok(())
+    }
+
+    /// Whether the network has batch norms (whose running statistics are data statistics).
+    pub fn has_batch_norm(&self) -> bool {
+        match self.kind {
+            ModelKind::Resnet20 => self.norm.unwrap_or_default() == BlockNorm::Batch,
+            ModelKind::Sequential => self.layers.iter().any(|l| match l {
+                LayerSpec::BatchNorm1d { .. } | LayerSpec::BatchNorm2d { .. } => true,
+                LayerSpec::Residual { norm, .. } => *norm == BlockNorm::Batch,
+                _ => false,
+            }),
+            ModelKind::Mlp | ModelKind::Lenet5 | ModelKind::CnnLeaf | ModelKind::Vgg9 => false,
+        }
+    }
+
+    /// This section as a run folder's config.toml shows it: a zoo network with the layer list
+    /// it expanded to.
+    pub fn showing_layers(&self, spec: &ModelSpec) -> Self {
+        let mut shown = self.clone();
+        if self.kind.zoo().is_some() {
+            shown.layers = spec.layer_list().to_vec();
+        }
+        shown
+    }
+
     /// The architecture for samples of `sample_shape` and `classes` classes.
     pub fn spec(&self, sample_shape: &[usize], classes: usize) -> Result<ModelSpec> {
+        self.check_keys()?;
+        let kind = self.kind.name();
+        let image = || match sample_shape {
+            [c, h, w] => Ok([*c, *h, *w]),
+            _ => Err(crate::LabError::Invalid(format!(
+                "model.kind = \"{kind}\" needs image samples [channels, height, width]; this \
+                 dataset's samples have shape {sample_shape:?}: use model.kind = \"mlp\""
+            ))),
+        };
         let spec = match self.kind {
             ModelKind::Mlp => ModelSpec::mlp(sample_shape.iter().product(), &self.hidden, classes),
             ModelKind::Lenet5 => {
-                let [c, h, w] = sample_shape else {
-                    bail!(
-                        "model.kind = \"lenet5\" needs image samples [channels, height, width]; \
-                         this dataset's samples have shape {sample_shape:?}: use model.kind = \"mlp\""
-                    );
-                };
+                let [c, h, w] = image()?;
                 if h != w {
                     bail!("model.kind = \"lenet5\" needs square images, got {h}x{w}");
                 }
-                if !self.hidden.is_empty() {
-                    bail!("model.hidden applies to `mlp` only; remove it for `lenet5`");
-                }
                 ModelSpec::LeNet5 {
-                    channels: *c,
-                    side: *h,
+                    channels: c,
+                    side: h,
                     classes,
                 }
             }
+            ModelKind::Sequential => ModelSpec::sequential(sample_shape, self.layers.clone()),
+            ModelKind::CnnLeaf | ModelKind::Vgg9 | ModelKind::Resnet20 => {
+                image()?;
+                let zoo = self.kind.zoo().unwrap_or(ZooModel::CnnLeaf);
+                let layers = zoo.layers(
+                    classes,
+                    self.norm.unwrap_or_default(),
+                    self.width.unwrap_or(RESNET_WIDTH),
+                );
+                if !self.layers.is_empty() && self.layers != layers {
+                    bail!(
+                        "model.layers differs from `{kind}`'s layers for this data; remove \
+                         model.layers, or set model.kind = \"sequential\" to change them"
+                    );
+                }
+                ModelSpec::sequential(sample_shape, layers)
+            }
         };
         spec.validate().context("model")?;
+        if spec.classes() < classes {
+            bail!(
+                "the model gives {} outputs but the data has {classes} classes: make the last \
+                 layer's `out` {classes}",
+                spec.classes()
+            );
+        }
         if spec.num_params() > MAX_PARAMS {
             bail!(
                 "the model has {} parameters, above the limit of {MAX_PARAMS}; use smaller \

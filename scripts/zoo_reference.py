@@ -109,14 +109,14 @@ def vgg9(classes):
         nn.Linear(512, 512), nn.ReLU(), nn.Dropout(0.1), nn.Linear(512, classes))
 
 
-def resnet20(classes, norm, width=16):
+def resnet20(classes, norm, width=16, channels=3):
     makers = {
         "batch": nn.BatchNorm2d,
         "group": lambda c: nn.GroupNorm(2, c),
         "none": None,
     }
     make = makers[norm]
-    layers = [nn.Conv2d(3, width, 3, padding=1, bias=make is None)]
+    layers = [nn.Conv2d(channels, width, 3, padding=1, bias=make is None)]
     if make:
         layers.append(make(width))
     layers.append(nn.ReLU())

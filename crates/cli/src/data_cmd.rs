@@ -16,7 +16,7 @@ use fedfuse_lab::run::{Federation, FederationData};
 pub enum DataCommand {
     /// Download a dataset's files into the cache (or --dir), verifying sha256.
     Get {
-        /// Dataset name (`mnist`, `fashion-mnist`, `cifar10`).
+        /// Dataset name (`mnist`, `fashion-mnist`, `cifar10`, `cifar100`, `cifar100-coarse`).
         name: String,
         /// Destination folder (default: the cache folder of the dataset).
         #[arg(long)]

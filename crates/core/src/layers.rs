@@ -618,6 +618,42 @@ pub fn chain(
     Ok((shapes, tensors))
 }
 
+/// The names of the norms' scales and shifts in a layer list (`{i}.weight`, `{i}.bias` of a
+/// norm layer, and `bn1`, `bn2`, `shortcut.1` of residual blocks with norms): PyTorch starts
+/// them at 1 and 0, not like a layer's weights.
+pub fn norm_affine_names(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<String>> {
+    let (shapes, _) = chain(FeatureShape::of(input)?, layers)?;
+    let mut out = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        let c_in = if i == 0 {
+            FeatureShape::of(input)?.channels()
+        } else {
+            shapes[i - 1].channels()
+        };
+        let mut norm = |name: String| {
+            out.push(format!("{name}.weight"));
+            out.push(format!("{name}.bias"));
+        };
+        match *layer {
+            _ if layer.is_norm() => norm(i.to_string()),
+            LayerSpec::Residual {
+                out: c,
+                stride,
+                norm: kind,
+                ..
+            } if kind != BlockNorm::None => {
+                norm(format!("{i}.bn1"));
+                norm(format!("{i}.bn2"));
+                if has_projection(c_in, c, stride) {
+                    norm(format!("{i}.shortcut.1"));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
 /// A grouped layer of a layer list (see [`crate::groups`]) and where its gate acts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatePoint {

@@ -1,4 +1,5 @@
-//! CIFAR-10 binary batches and the minimal tar reader that unpacks the official archive.
+//! CIFAR-10 and CIFAR-100 binary files, CIFAR-100's fixed fine-to-coarse label map, and the
+//! minimal tar reader that unpacks the official archives.
 
 use std::io::Read;
 use std::path::Path;
@@ -45,6 +46,94 @@ pub fn read_cifar10_batch(path: &Path) -> Result<Dataset> {
         x.extend(rec[1..].iter().map(|&p| f32::from(p) / 255.0));
     }
     Dataset::new(x, y, vec![3, 32, 32], 10)
+}
+
+/// Bytes in one CIFAR-100 record: the coarse label, the fine label, then the image.
+const RECORD_BYTES_100: usize = 2 + IMAGE_BYTES;
+
+/// CIFAR-100's coarse label (superclass, `0..20`) of each fine label (`0..100`): entry `f` is
+/// the coarse label of fine label `f`. The hierarchy is fixed by the dataset (each superclass
+/// holds exactly five classes), and [`read_cifar100`] refuses a record that breaks it.
+///
+/// Taken from public code that builds Reddi et al.'s Pachinko split (GitHub
+/// `omarfoq/knn-per`, `data/cifar100/generate_data.py`, `COARSE_LABELS`); the same array
+/// appears in other CIFAR-100 loaders (the `sparse2coarse` helper, Continuum's
+/// `cifar100_coarse_labels`). Spot-checked against the class names in label order (fine 0
+/// `apple` -> 4 `fruit_and_vegetables`, 1 `aquarium_fish` -> 1 `fish`, 4 `beaver` -> 0
+/// `aquatic_mammals`, 99 `worm` -> 13 `non-insect_invertebrates`).
+pub const CIFAR100_COARSE_OF_FINE: [u8; 100] = [
+    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, //
+    3, 14, 9, 18, 7, 11, 3, 9, 7, 11, //
+    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, //
+    0, 11, 1, 10, 12, 14, 16, 9, 11, 5, //
+    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, //
+    16, 4, 17, 4, 2, 0, 17, 4, 18, 17, //
+    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, //
+    2, 10, 0, 1, 16, 12, 9, 13, 15, 13, //
+    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, //
+    18, 1, 2, 15, 6, 0, 17, 8, 14, 13, //
+];
+
+/// Which of a CIFAR-100 record's two labels [`read_cifar100`] keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cifar100Label {
+    /// The 100 fine classes (dataset `cifar100`).
+    Fine,
+    /// The 20 superclasses (dataset `cifar100-coarse`).
+    Coarse,
+}
+
+/// Reads a CIFAR-100 binary file (`train.bin`, `test.bin` of `cifar-100-binary.tar.gz`).
+///
+/// Each record is one coarse-label byte (0..=19), one fine-label byte (0..=99), then 3072
+/// pixel bytes, channel-major (CHW). Pixels are scaled to `[0, 1]` by dividing by 255;
+/// `sample_shape` is `[3, 32, 32]`. The dataset holds the fine labels (100 classes) or the
+/// coarse ones (20), as `label` says; the other is implied, since every record must follow
+/// [`CIFAR100_COARSE_OF_FINE`].
+pub fn read_cifar100(path: &Path, label: Cifar100Label) -> Result<Dataset> {
+    let bytes = read_maybe_gz(path)?;
+    if bytes.is_empty() || bytes.len() % RECORD_BYTES_100 != 0 {
+        return Err(DataError::format(
+            path,
+            format!(
+                "{} bytes is not a whole number of CIFAR-100 records ({RECORD_BYTES_100} bytes \
+                 each: 1 coarse label + 1 fine label + 3072 pixels); the file is truncated or \
+                 not a CIFAR-100 binary file",
+                bytes.len()
+            ),
+        ));
+    }
+    let n = bytes.len() / RECORD_BYTES_100;
+    let mut x = Vec::with_capacity(n * IMAGE_BYTES);
+    let mut y = Vec::with_capacity(n);
+    for (i, rec) in bytes.chunks_exact(RECORD_BYTES_100).enumerate() {
+        let (coarse, fine) = (rec[0], rec[1]);
+        let bad = |msg: String| Err(DataError::format(path, format!("record {i}: {msg}")));
+        if fine > 99 {
+            return bad(format!(
+                "fine label {fine} is outside 0..=99; is this a CIFAR-100 binary file?"
+            ));
+        }
+        let expected = CIFAR100_COARSE_OF_FINE[usize::from(fine)];
+        if coarse != expected {
+            return bad(format!(
+                "coarse label {coarse} does not match fine label {fine}, whose superclass is \
+                 {expected}; the file is corrupt or not CIFAR-100 (a CIFAR-10 batch has one \
+                 label byte per record, not two)"
+            ));
+        }
+        y.push(u32::from(match label {
+            Cifar100Label::Fine => fine,
+            Cifar100Label::Coarse => coarse,
+        }));
+        x.extend(rec[2..].iter().map(|&p| f32::from(p) / 255.0));
+    }
+    let classes = match label {
+        Cifar100Label::Fine => 100,
+        Cifar100Label::Coarse => 20,
+    };
+    Dataset::new(x, y, vec![3, 32, 32], classes)
 }
 
 /// Extracts the regular files of a (possibly gzip-compressed) tar archive whose base names are
@@ -129,6 +218,15 @@ mod tests {
         out.extend_from_slice(data);
         out.resize(out.len().div_ceil(512) * 512, 0);
         out
+    }
+
+    #[test]
+    fn every_superclass_holds_five_classes() {
+        let mut count = [0usize; 20];
+        CIFAR100_COARSE_OF_FINE
+            .iter()
+            .for_each(|&c| count[usize::from(c)] += 1);
+        assert_eq!(count, [5; 20]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! fedfuse datasets: loaders (IDX/MNIST, CIFAR-10, CSV, the bundled UCI digits), verified
-//! downloads with mirrors and resume, and federated partitioners with Flower Datasets semantics.
+//! fedfuse datasets: loaders (IDX/MNIST, CIFAR-10, CIFAR-100, CSV, the bundled UCI digits),
+//! verified downloads with mirrors and resume, and federated partitioners with Flower Datasets
+//! semantics (and Reddi et al.'s Pachinko split of CIFAR-100).
 //!
 //! Everything random takes an explicitly seeded RNG, so a seed pins a whole experiment's data.
 //!
@@ -23,7 +24,7 @@
 //! # }
 //! ```
 //!
-//! MNIST, Fashion-MNIST and CIFAR-10 are read from a folder filled by [`download`]
+//! MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 are read from a folder filled by [`download`]
 //! (`fedfuse data get NAME`), [`cache_dir`] by default.
 #![deny(missing_docs)]
 
@@ -44,7 +45,7 @@ pub use cdc::{
     CDC_2015_ZIP, CDC_FEATURES, CdcClient, CdcData, CdcExtra, CdcOptions, CdcSplit, CdcSummary,
     load_cdc,
 };
-pub use cifar::read_cifar10_batch;
+pub use cifar::{CIFAR100_COARSE_OF_FINE, Cifar100Label, read_cifar10_batch, read_cifar100};
 pub use csv::{ColumnRef, CsvOptions, CsvTable, LabelColumn, read_csv, read_csv_table};
 pub use dataset::{ClientData, Dataset, TrainTest};
 pub use download::{

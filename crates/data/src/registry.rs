@@ -6,7 +6,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use crate::cifar::{extract_tar, read_cifar10_batch};
+use crate::cifar::{Cifar100Label, extract_tar, read_cifar10_batch, read_cifar100};
 use crate::csv::{CsvOptions, LabelColumn, parse_csv};
 use crate::dataset::{Dataset, TrainTest};
 use crate::error::{DataError, Result};
@@ -101,6 +101,24 @@ const CIFAR10_BATCHES: &[&str] = &[
     "test_batch.bin",
 ];
 
+const CIFAR100_ARCHIVE: &str = "cifar-100-binary.tar.gz";
+const CIFAR100_FILES: &[RemoteFile] = &[RemoteFile {
+    name: CIFAR100_ARCHIVE,
+    // The sha256 that TensorFlow Datasets records for this file
+    // (`tensorflow_datasets/url_checksums/cifar100.txt`: 168,513,733 bytes; its entry for
+    // cifar-10-binary.tar.gz is the sha256 above), and other public loaders that verify this
+    // file (Julia, Go) record the same; the CIFAR page itself publishes only the MD5,
+    // 03b5dce01913d631647c71ecec9e9cb8.
+    sha256: "58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec",
+    // About 161 MiB.
+    max_bytes: 200 << 20,
+}];
+const CIFAR100_PARTS: &[&str] = &["train.bin", "test.bin"];
+
+const CIFAR_MIRRORS: &[&str] = &["https://www.cs.toronto.edu/~kriz/"];
+const CIFAR_CITATION: &str = "A. Krizhevsky, Learning Multiple Layers of Features from Tiny \
+                              Images, technical report, University of Toronto, 2009";
+
 static DATASETS: &[DatasetInfo] = &[
     DatasetInfo {
         name: "digits",
@@ -134,10 +152,26 @@ static DATASETS: &[DatasetInfo] = &[
     DatasetInfo {
         name: "cifar10",
         files: CIFAR10_FILES,
-        mirrors: &["https://www.cs.toronto.edu/~kriz/"],
+        mirrors: CIFAR_MIRRORS,
         description: "CIFAR-10: 50,000 + 10,000 32x32 colour images, 10 classes (binary version)",
-        citation: "A. Krizhevsky, Learning Multiple Layers of Features from Tiny Images, \
-                   technical report, University of Toronto, 2009",
+        citation: CIFAR_CITATION,
+    },
+    DatasetInfo {
+        name: "cifar100",
+        files: CIFAR100_FILES,
+        mirrors: CIFAR_MIRRORS,
+        description: "CIFAR-100: 50,000 + 10,000 32x32 colour images, 100 fine classes in 20 \
+                      superclasses (binary version); the one dataset `partition.kind = \
+                      \"pachinko\"` splits",
+        citation: CIFAR_CITATION,
+    },
+    DatasetInfo {
+        name: "cifar100-coarse",
+        files: CIFAR100_FILES,
+        mirrors: CIFAR_MIRRORS,
+        description: "CIFAR-100 labelled by its 20 superclasses (the same archive as cifar100, \
+                      also found in cifar100's folder)",
+        citation: CIFAR_CITATION,
     },
 ];
 
@@ -146,7 +180,8 @@ pub fn known_datasets() -> &'static [DatasetInfo] {
     DATASETS
 }
 
-/// Looks a dataset up by name (`"digits"`, `"mnist"`, `"fashion-mnist"`, `"cifar10"`).
+/// Looks a dataset up by name (`"digits"`, `"mnist"`, `"fashion-mnist"`, `"cifar10"`,
+/// `"cifar100"`, `"cifar100-coarse"`).
 pub fn dataset_info(name: &str) -> Result<&'static DatasetInfo> {
     DATASETS
         .iter()
@@ -196,6 +231,11 @@ pub fn default_dataset_dir(name: &str) -> PathBuf {
 /// * `"cifar10"` reads `data_batch_1..5.bin` and `test_batch.bin` from the same places (or their
 ///   `cifar-10-batches-bin/` subfolder), unpacking `cifar-10-binary.tar.gz` first if only the
 ///   archive is there. `sample_shape` is `[3, 32, 32]`.
+/// * `"cifar100"` (the 100 fine labels) and `"cifar100-coarse"` (the 20 superclasses) read
+///   `train.bin` and `test.bin` the same way, from the folder or its `cifar-100-binary/`
+///   subfolder, unpacking `cifar-100-binary.tar.gz` if only the archive is there;
+///   `cifar100-coarse` also looks in `cifar100`'s folder (`data_dir/cifar100`, or its cache
+///   folder), so one download serves both. See [`crate::read_cifar100`].
 ///
 /// Missing files give [`DataError::MissingFiles`], whose message names the folder and the
 /// `fedfuse data get NAME` command.
@@ -212,6 +252,8 @@ pub fn load_dataset(name: &str, data_dir: Option<&Path>) -> Result<TrainTest> {
             })
         }
         "cifar10" => load_cifar10(info, data_dir),
+        "cifar100" => load_cifar100(info, data_dir, Cifar100Label::Fine),
+        "cifar100-coarse" => load_cifar100(info, data_dir, Cifar100Label::Coarse),
         _ => Err(DataError::UnknownDataset {
             name: name.to_string(),
             known: DATASETS
@@ -365,42 +407,94 @@ fn idx_dataset(images: &Path, labels: &Path) -> Result<Dataset> {
     )
 }
 
-fn load_cifar10(info: &DatasetInfo, data_dir: Option<&Path>) -> Result<TrainTest> {
-    let roots: Vec<PathBuf> = match data_dir {
-        Some(d) => vec![d.to_path_buf(), d.join(info.name)],
-        None => vec![default_dataset_dir(info.name)],
-    };
-    let sub = "cifar-10-batches-bin";
-    let complete = |d: &Path| CIFAR10_BATCHES.iter().all(|f| d.join(f).is_file());
+/// Where a CIFAR archive unpacks, and the files `load_dataset` reads from it.
+struct CifarLayout {
+    archive: &'static str,
+    /// The archive's folder, which holds the files.
+    sub: &'static str,
+    files: &'static [&'static str],
+}
+
+const CIFAR10_LAYOUT: CifarLayout = CifarLayout {
+    archive: CIFAR10_ARCHIVE,
+    sub: "cifar-10-batches-bin",
+    files: CIFAR10_BATCHES,
+};
+
+const CIFAR100_LAYOUT: CifarLayout = CifarLayout {
+    archive: CIFAR100_ARCHIVE,
+    sub: "cifar-100-binary",
+    files: CIFAR100_PARTS,
+};
+
+/// The folder holding a CIFAR dataset's unpacked files: `roots` or their `sub` folder,
+/// unpacking the archive found in a root first when no folder has them all.
+fn cifar_dir(
+    info: &DatasetInfo,
+    data_dir: Option<&Path>,
+    roots: &[PathBuf],
+    layout: &CifarLayout,
+) -> Result<PathBuf> {
+    let complete = |d: &Path| layout.files.iter().all(|f| d.join(f).is_file());
     let mut found = roots
         .iter()
-        .flat_map(|r| [r.clone(), r.join(sub)])
+        .flat_map(|r| [r.clone(), r.join(layout.sub)])
         .find(|d| complete(d));
     if found.is_none()
-        && let Some(root) = roots.iter().find(|r| r.join(CIFAR10_ARCHIVE).is_file())
+        && let Some(root) = roots.iter().find(|r| r.join(layout.archive).is_file())
     {
-        let dest = root.join(sub);
+        let dest = root.join(layout.sub);
         std::fs::create_dir_all(&dest).map_err(|e| DataError::io("could not create", &dest, e))?;
-        extract_tar(&root.join(CIFAR10_ARCHIVE), &dest, CIFAR10_BATCHES)?;
+        extract_tar(&root.join(layout.archive), &dest, layout.files)?;
         found = Some(dest).filter(|d| complete(d));
     }
-    let Some(dir) = found else {
-        return Err(DataError::MissingFiles {
-            name: info.name.to_string(),
-            dir: roots[0].clone(),
-            missing: format!(
-                "{CIFAR10_ARCHIVE} (or {sub}/{})",
-                CIFAR10_BATCHES.join(", ")
-            ),
-            next: next_step(info, data_dir, &[CIFAR10_ARCHIVE]),
-        });
-    };
+    found.ok_or_else(|| DataError::MissingFiles {
+        name: info.name.to_string(),
+        dir: roots[0].clone(),
+        missing: format!(
+            "{} (or {}/{})",
+            layout.archive,
+            layout.sub,
+            layout.files.join(", ")
+        ),
+        next: next_step(info, data_dir, &[layout.archive]),
+    })
+}
+
+/// The folders a dataset may be in: `data_dir` and `data_dir/NAME`, or its cache folder.
+fn roots(name: &str, data_dir: Option<&Path>) -> Vec<PathBuf> {
+    match data_dir {
+        Some(d) => vec![d.to_path_buf(), d.join(name)],
+        None => vec![default_dataset_dir(name)],
+    }
+}
+
+fn load_cifar10(info: &DatasetInfo, data_dir: Option<&Path>) -> Result<TrainTest> {
+    let dir = cifar_dir(info, data_dir, &roots(info.name, data_dir), &CIFAR10_LAYOUT)?;
     let mut train = read_cifar10_batch(&dir.join(CIFAR10_BATCHES[0]))?;
     for f in &CIFAR10_BATCHES[1..5] {
         train.extend(&read_cifar10_batch(&dir.join(f))?)?;
     }
     let test = read_cifar10_batch(&dir.join(CIFAR10_BATCHES[5]))?;
     Ok(TrainTest { train, test })
+}
+
+fn load_cifar100(
+    info: &DatasetInfo,
+    data_dir: Option<&Path>,
+    label: Cifar100Label,
+) -> Result<TrainTest> {
+    let mut candidates = roots(info.name, data_dir);
+    if info.name != "cifar100" {
+        // One archive, two datasets: `cifar100-coarse` reads a download of `cifar100` too.
+        candidates
+            .push(data_dir.map_or_else(|| default_dataset_dir("cifar100"), |d| d.join("cifar100")));
+    }
+    let dir = cifar_dir(info, data_dir, &candidates, &CIFAR100_LAYOUT)?;
+    Ok(TrainTest {
+        train: read_cifar100(&dir.join(CIFAR100_PARTS[0]), label)?,
+        test: read_cifar100(&dir.join(CIFAR100_PARTS[1]), label)?,
+    })
 }
 
 /// The bundled UCI digits file (1,797 rows: 64 features in 0..=16, then the label).

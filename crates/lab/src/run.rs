@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 
 use crate::Observer;
 use crate::checkpoint;
-use crate::config::{Config, TableSection, cdc_split};
+use crate::config::{Config, Score, TableSection, cdc_split};
 use crate::pipeline::{ClientTables, cdc_tables, client_data, ggm_tables, server_split};
 
 /// Runs the experiment of `cfg`, writing the resolved config, results.json, metrics.csv, the
@@ -226,6 +226,7 @@ impl Federation {
         let data = load_dataset(&dataset.name, cfg.data_dir.as_deref())
             .with_context(|| format!("dataset `{}`", dataset.name))?;
         let mut rng = StdRng::seed_from_u64(cfg.seed);
+        let data = dataset.limit(data, &mut rng)?;
         let split = server_split(&data.train, cfg.validation_fraction(), &mut rng)?;
         let clients = client_data(
             &split.pool,
@@ -235,6 +236,11 @@ impl Federation {
             &mut rng,
         )?;
 
+        let scored = match (dataset.score, &split.validation) {
+            (Score::Validation, Some(v)) => Dataset::clone(v),
+            _ => data.test,
+        };
+        let scored_len = scored.len();
         let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;
         let trainer = Trainer::new(spec.clone())?;
         let init = match &model.init_from {
@@ -260,11 +266,15 @@ impl Federation {
             eval_every: cfg.eval_every,
         };
         let summary = format!(
-            "{} on {} ({} train / {} test samples), {} clients, model {} params",
+            "{} on {} ({} train / {} {} samples), {} clients, model {} params",
             method.name(),
             dataset.name,
             data.train.len(),
-            data.test.len(),
+            scored_len,
+            match dataset.score {
+                Score::Test => "test",
+                Score::Validation => "validation",
+            },
             cfg.clients,
             spec.num_params()
         );
@@ -274,7 +284,7 @@ impl Federation {
             data: FederationData::Labelled {
                 trainer,
                 clients,
-                test: data.test,
+                test: scored,
             },
             init,
             sim,

@@ -570,3 +570,108 @@ pub(super) fn continuous(
     order.sort_by(|&a, &b| score[a].total_cmp(&score[b]));
     Ok(array_split(&order, clients))
 }
+
+/// An index of `0..k` drawn with probability proportional to `weight` among the `open` ones
+/// (the closed ones at zero, the rest renormalised); uniform over the open ones when their
+/// weights are all zero (underflow at tiny concentrations); `None` when none is open.
+fn draw_open(
+    k: usize,
+    weight: impl Fn(usize) -> f64,
+    open: impl Fn(usize) -> bool,
+    rng: &mut impl Rng,
+) -> Option<usize> {
+    let w = |i: usize| if open(i) { weight(i) } else { 0.0 };
+    let mass: f64 = (0..k).map(w).sum();
+    if mass > 0.0 {
+        let u = rng.random::<f64>() * mass;
+        let mut cum = 0.0;
+        let mut pick = None;
+        for i in (0..k).filter(|&i| w(i) > 0.0) {
+            cum += w(i);
+            pick = Some(i);
+            if u < cum {
+                break;
+            }
+        }
+        pick
+    } else {
+        let open: Vec<usize> = (0..k).filter(|&i| open(i)).collect();
+        (!open.is_empty()).then(|| open[rng.random_range(0..open.len())])
+    }
+}
+
+/// Reddi et al.'s Pachinko allocation (see [`PartitionSpec::Pachinko`]): fine label `l` of
+/// `labels` belongs to coarse label `coarse_of[l]`; every label is below `coarse_of.len()`.
+/// Clients are filled in order, `per_client` samples each.
+pub(super) fn pachinko(
+    labels: &[u32],
+    coarse_of: &[u8],
+    clients: usize,
+    per_client: usize,
+    (alpha, beta): (f64, f64),
+    rng: &mut impl Rng,
+) -> Result<Vec<Vec<usize>>> {
+    let n = labels.len();
+    let needed = clients.saturating_mul(per_client);
+    if needed > n {
+        return Err(DataError::Partition(format!(
+            "pachinko: {clients} clients x samples_per_client {per_client} = {needed} exceeds \
+             the {n} samples; lower samples_per_client or the number of clients (without \
+             samples_per_client the samples are shared evenly)"
+        )));
+    }
+    let groups = coarse_of
+        .iter()
+        .map(|&c| usize::from(c) + 1)
+        .max()
+        .unwrap_or(0);
+    let mut fine_of: Vec<Vec<usize>> = vec![Vec::new(); groups];
+    for (fine, &coarse) in coarse_of.iter().enumerate() {
+        fine_of[usize::from(coarse)].push(fine);
+    }
+    // Each fine label's samples in random order, handed out from the end: a uniform draw
+    // without replacement.
+    let mut pool = by_class(labels, coarse_of.len());
+    pool.iter_mut().for_each(|p| p.shuffle(rng));
+    let mut group_left: Vec<usize> = fine_of
+        .iter()
+        .map(|fs| fs.iter().map(|&f| pool[f].len()).sum())
+        .collect();
+    let (coarse_gamma, fine_gamma) = (gamma(alpha)?, gamma(beta)?);
+    let mut parts = Vec::with_capacity(clients);
+    for client in 0..clients {
+        let coarse_p = dirichlet_draw(groups, &coarse_gamma, rng);
+        let fine_p: Vec<Vec<f64>> = fine_of
+            .iter()
+            .map(|fs| {
+                if fs.is_empty() {
+                    Vec::new()
+                } else {
+                    dirichlet_draw(fs.len(), &fine_gamma, rng)
+                }
+            })
+            .collect();
+        let mut part = Vec::with_capacity(per_client);
+        for _ in 0..per_client {
+            let drawn =
+                draw_open(groups, |g| coarse_p[g], |g| group_left[g] > 0, rng).and_then(|g| {
+                    let fs = &fine_of[g];
+                    let j =
+                        draw_open(fs.len(), |j| fine_p[g][j], |j| !pool[fs[j]].is_empty(), rng)?;
+                    Some((g, fs[j]))
+                });
+            // Cannot fail: no more samples are handed out than there are.
+            let Some(sample) = drawn.and_then(|(g, f)| {
+                group_left[g] -= 1;
+                pool[f].pop()
+            }) else {
+                return Err(DataError::Partition(format!(
+                    "pachinko: no sample left for client {client}"
+                )));
+            };
+            part.push(sample);
+        }
+        parts.push(part);
+    }
+    Ok(parts)
+}

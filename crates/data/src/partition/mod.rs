@@ -11,12 +11,13 @@ pub use spec::{ClassAssignment, GroupMode, PartitionSpec};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
+use crate::cifar::CIFAR100_COARSE_OF_FINE;
 use crate::dataset::{ClientData, Dataset};
 use crate::error::{DataError, Result};
 use crate::tabular::Column;
 use kinds::{
     contiguous, continuous, dirichlet, grouped_natural_id, id_to_size, iid, inner_dirichlet,
-    natural_ids, pathological, rows_by_group, shards,
+    natural_ids, pachinko, pathological, rows_by_group, shards,
 };
 
 /// Splits sample indices `0..labels.len()` among `clients` clients by a label-based spec.
@@ -44,7 +45,12 @@ pub fn partition(
 /// Exponential, NaturalId and Continuous use every sample exactly once; InnerDirichlet and
 /// Size use `sum(partition_sizes)` samples; Pathological drops the samples of classes nobody
 /// owns; Shards drops what is left over after the shards handed out; GroupedNaturalId with
-/// `drop-reminder` drops the samples of the ids left out.
+/// `drop-reminder` drops the samples of the ids left out; Pachinko uses
+/// `clients * samples_per_client`.
+///
+/// Pachinko reads `labels` as CIFAR-100's fine labels (`num_classes` must be 100) and takes
+/// each one's coarse label from [`crate::CIFAR100_COARSE_OF_FINE`]; any other number of
+/// classes is an error naming `partition.kind`.
 pub fn partition_with(
     labels: &[u32],
     column: Option<&Column>,
@@ -178,6 +184,34 @@ pub fn partition_with(
             },
             Some((name, c)),
         ) => grouped_natural_id(name, c, clients, group_size, mode, sort_unique_ids, rng)?,
+        (
+            &PartitionSpec::Pachinko {
+                alpha,
+                beta,
+                samples_per_client,
+            },
+            _,
+        ) => {
+            if num_classes != CIFAR100_COARSE_OF_FINE.len() {
+                return err(format!(
+                    "partition.kind = \"pachinko\" draws a coarse label, then a fine label \
+                     under it, so it needs each class's coarse label; fedfuse knows them for \
+                     CIFAR-100's 100 fine labels only (dataset `cifar100`), and these labels \
+                     have {num_classes} classes. Use dataset `cifar100` (not \
+                     `cifar100-coarse`, whose labels are the coarse ones already), or a kind \
+                     without a label hierarchy such as `dirichlet` or `inner_dirichlet`"
+                ));
+            }
+            let per_client = samples_per_client.unwrap_or(n / clients);
+            pachinko(
+                labels,
+                &CIFAR100_COARSE_OF_FINE,
+                clients,
+                per_client,
+                (alpha, beta),
+                rng,
+            )?
+        }
         (&PartitionSpec::Continuous { strictness, .. }, Some((name, c))) => {
             continuous(name, c, clients, strictness, rng)?
         }

@@ -11,7 +11,7 @@ pub(super) const DIRICHLET_TRIES: usize = 10;
 /// Every kind has the name and semantics of a Flower Datasets partitioner. The label-based
 /// kinds read only the labels; `natural_id`, `grouped_natural_id` and `continuous` split by
 /// the values of one more per-sample column (Flower's `partition_by`), which the caller passes
-/// to [`partition_with`].
+/// to [`partition_with`](crate::partition_with).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
@@ -117,6 +117,43 @@ pub enum PartitionSpec {
         /// How strongly the column orders the samples, in `[0, 1]`.
         strictness: f64,
     },
+    /// Reddi et al. 2021's CIFAR-100 split ("Adaptive Federated Optimization", ICLR 2021;
+    /// TensorFlow Federated's `tff.simulation.datasets.cifar100`: 500 clients of 100 images):
+    /// a two-level Pachinko allocation over CIFAR-100's superclasses, then their classes. It
+    /// needs each class's superclass, so it splits only `cifar100` (100 fine labels, grouped
+    /// by [`crate::CIFAR100_COARSE_OF_FINE`]); other datasets are refused.
+    ///
+    /// Clients are filled one after another. Client `c` draws a distribution over the 20
+    /// coarse labels from `Dir(alpha)` and, for each coarse label, one over its 5 fine labels
+    /// from `Dir(beta)`. Each of its samples then draws a coarse label from the first, a fine
+    /// label from that coarse label's distribution, and a sample of that fine label uniformly
+    /// without replacement from those left. A fine label whose samples are all gone gets
+    /// probability zero, its coarse label's distribution renormalised (TFF's description);
+    /// a coarse label whose fine labels are all gone is dropped from the coarse distribution
+    /// of this and every later client, renormalised (TFF's text does not say; the public
+    /// reference code, GitHub `omarfoq/knn-per`'s `pachinko_allocation_split`, does this).
+    ///
+    /// fedfuse's own choices: the draws come from the run's seeded RNG, so the clients are
+    /// not those of TFF's published file, only drawn the same way; renormalising by
+    /// drawing in proportion to the remaining weights is the same as drawing a client's
+    /// prior over the remaining labels only (a Dirichlet restricted to some components and
+    /// renormalised is the Dirichlet of those components); should the remaining weights all
+    /// be zero (underflow at tiny `alpha`), the draw is uniform over what remains. Samples
+    /// beyond `clients * samples_per_client` are unused.
+    Pachinko {
+        /// Concentration of each client's distribution over coarse labels, `> 0` (Reddi et
+        /// al.: 0.1).
+        #[serde(default = "default_pachinko_alpha")]
+        alpha: f64,
+        /// Concentration of each coarse label's distribution over its fine labels, `> 0`
+        /// (Reddi et al.: 10).
+        #[serde(default = "default_pachinko_beta")]
+        beta: f64,
+        /// Samples each client gets (Reddi et al.: 100); by default the samples divided by
+        /// the clients, rounded down.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        samples_per_client: Option<usize>,
+    },
 }
 
 /// How [`PartitionSpec::Pathological`] picks each client's classes (Flower's
@@ -179,6 +216,14 @@ pub(super) fn default_min_partition_size() -> usize {
     10
 }
 
+fn default_pachinko_alpha() -> f64 {
+    0.1
+}
+
+fn default_pachinko_beta() -> f64 {
+    10.0
+}
+
 impl PartitionSpec {
     /// Dirichlet with Flower's defaults: `min_partition_size: 10, self_balancing: false`.
     pub fn dirichlet(alpha: f64) -> Self {
@@ -204,11 +249,12 @@ impl PartitionSpec {
             PartitionSpec::NaturalId { .. } => "natural_id",
             PartitionSpec::GroupedNaturalId { .. } => "grouped_natural_id",
             PartitionSpec::Continuous { .. } => "continuous",
+            PartitionSpec::Pachinko { .. } => "pachinko",
         }
     }
 
     /// The per-sample column this spec splits by (`natural_id`, `grouped_natural_id`,
-    /// `continuous`), which a loader must keep aside for [`partition_with`].
+    /// `continuous`), which a loader must keep aside for [`partition_with`](crate::partition_with).
     pub fn column(&self) -> Option<&str> {
         match self {
             PartitionSpec::NaturalId { column }
@@ -218,8 +264,18 @@ impl PartitionSpec {
         }
     }
 
+    /// Pachinko with Reddi et al.'s settings: `alpha = 0.1`, `beta = 10`, the samples shared
+    /// evenly.
+    pub fn pachinko() -> Self {
+        PartitionSpec::Pachinko {
+            alpha: default_pachinko_alpha(),
+            beta: default_pachinko_beta(),
+            samples_per_client: None,
+        }
+    }
+
     /// The settings' own ranges, checkable before any data is loaded (what depends on the
-    /// data, such as enough samples per client, is checked by [`partition`]). Errors are
+    /// data, such as enough samples per client, is checked by [`partition`](crate::partition)). Errors are
     /// [`DataError::InvalidArgument`] naming the setting.
     pub fn check(&self) -> Result<()> {
         let bad = |field: &'static str, msg: String| Err(DataError::InvalidArgument { field, msg });
@@ -267,6 +323,31 @@ impl PartitionSpec {
                 }
                 Ok(())
             }
+            PartitionSpec::Pachinko {
+                alpha,
+                beta,
+                samples_per_client,
+            } => {
+                check_alpha(*alpha)?;
+                if !(beta.is_finite() && *beta > 0.0) {
+                    return bad(
+                        "beta",
+                        format!(
+                            "{beta} is not a positive number; it spreads each coarse label over \
+                             its fine labels (10 is Reddi et al.'s, nearly even)"
+                        ),
+                    );
+                }
+                if *samples_per_client == Some(0) {
+                    return bad(
+                        "samples_per_client",
+                        "is 0; every client needs at least one sample (Reddi et al. give 100), \
+                         or leave it out to share the samples evenly"
+                            .into(),
+                    );
+                }
+                Ok(())
+            }
             PartitionSpec::Continuous { column, strictness } => {
                 check_column(column)?;
                 if (0.0..=1.0).contains(strictness) {
@@ -284,7 +365,7 @@ impl PartitionSpec {
     /// Checks that the spec can make `clients` partitions, where the spec alone fixes their
     /// number (`partition_sizes` has one entry per client). Kinds whose number of partitions
     /// depends on the data (`natural_id`, `grouped_natural_id`) are checked by
-    /// [`partition_with`].
+    /// [`partition_with`](crate::partition_with).
     pub fn check_clients(&self, clients: usize) -> Result<()> {
         match self {
             PartitionSpec::InnerDirichlet {

@@ -1,5 +1,5 @@
-//! Fuzzing the file parsers of fedfuse-data: IDX, CIFAR-10 (binary batches and the tar
-//! archive `load_dataset` unpacks), CSV and the CDC zip.
+//! Fuzzing the file parsers of fedfuse-data: IDX, CIFAR-10 and CIFAR-100 (binary files and the
+//! tar archives `load_dataset` unpacks), CSV and the CDC zip.
 //!
 //! Each parser gets arbitrary bytes (some behind a valid magic or header) and valid files
 //! mutated: bit flips, truncation, insertions, removals, tokens, numbers and size fields
@@ -19,8 +19,9 @@ use std::io::Write;
 use std::path::Path;
 
 use fedfuse_data::{
-    CdcOptions, CdcSplit, ColumnRef, CsvOptions, LabelColumn, load_cdc, load_dataset,
-    read_cifar10_batch, read_csv_table, read_idx_images, read_idx_labels, write_idx,
+    CIFAR100_COARSE_OF_FINE, CdcOptions, CdcSplit, Cifar100Label, ColumnRef, CsvOptions,
+    LabelColumn, load_cdc, load_dataset, read_cifar10_batch, read_cifar100, read_csv_table,
+    read_idx_images, read_idx_labels, write_idx,
 };
 use harness::{Budget, arbitrary, framed, fuzz, mutated, refused, within};
 use proptest::prelude::*;
@@ -298,6 +299,70 @@ fn cifar_tar_declaring_huge_sizes_is_refused() {
             load_dataset("cifar10", Some(dir.path()))
         });
     }
+}
+
+/// CIFAR-100 records: the coarse label (the fine label's superclass), the fine label, 3072
+/// pixels.
+fn cifar100_file(records: usize, seed: u8) -> Vec<u8> {
+    let mut b = Vec::with_capacity(records * 3074);
+    for i in 0..records {
+        let fine = ((i * 37 + usize::from(seed)) % 100) as u8;
+        b.extend([CIFAR100_COARSE_OF_FINE[usize::from(fine)], fine]);
+        b.extend((0..3072).map(|j| (i * 29 + j * 5 + usize::from(seed)) as u8));
+    }
+    b
+}
+
+/// `cifar-100-binary.tar.gz`'s layout, a record or two per file.
+fn cifar100_tar() -> Vec<u8> {
+    let mut tar = tar_entry("cifar-100-binary/fine_label_names.txt", b"apple\n");
+    tar.extend(tar_entry("cifar-100-binary/test.bin", &cifar100_file(1, 3)));
+    tar.extend(tar_entry(
+        "cifar-100-binary/train.bin",
+        &cifar100_file(2, 60),
+    ));
+    tar.extend([0u8; 1024]);
+    tar
+}
+
+/// Size and type fields of the first tar entries, and the label bytes of the first record.
+const TAR100_FIELDS: &[usize] = &[124, 156, 1024 + 124, 1024 + 156, 1536, 1537];
+
+#[test]
+fn cifar_100_file_mutated() {
+    let dir = scratch();
+    let path = dir.path().join("train.bin");
+    let seeds = vec![
+        cifar100_file(1, 0),
+        cifar100_file(2, 42),
+        gzip(&cifar100_file(2, 7)),
+    ];
+    let bytes = (mutated(seeds, &[0, 1, 3074, 3075], TOKENS), any::<bool>()).prop_map(maybe_gzip);
+    fuzz("cifar_100_file_mutated", 1000, bytes, |b| {
+        parse_file(&path, &b, PLAIN, || {
+            read_cifar100(&path, Cifar100Label::Fine)
+        })
+        .map(drop)
+    });
+}
+
+#[test]
+fn cifar_100_tar_mutated() {
+    let dir = scratch();
+    let seeds = vec![cifar100_tar(), gzip(&cifar100_tar())];
+    let bytes = (mutated(seeds, TAR100_FIELDS, TOKENS), any::<bool>()).prop_map(maybe_gzip);
+    fuzz("cifar_100_tar_mutated", 1000, bytes, |b| {
+        let unpacked = dir.path().join("cifar-100-binary");
+        if unpacked.exists() {
+            std::fs::remove_dir_all(&unpacked).unwrap();
+        }
+        let path = dir.path().join("cifar-100-binary.tar.gz");
+        parse_file(&path, &b, PLAIN, || {
+            load_dataset("cifar100", Some(dir.path()))
+        })?
+        .ok();
+        Ok(())
+    });
 }
 
 /// CSV files and the options they are read with.

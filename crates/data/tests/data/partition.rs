@@ -1,6 +1,7 @@
 use fedfuse_data::{
-    ClassAssignment, Column, CsvOptions, DataError, Dataset, GroupMode, LabelColumn, PartitionSpec,
-    client_splits, partition, partition_with, read_csv_table, read_idx_labels,
+    CIFAR100_COARSE_OF_FINE, ClassAssignment, Column, CsvOptions, DataError, Dataset, GroupMode,
+    LabelColumn, PartitionSpec, client_splits, partition, partition_with, read_csv_table,
+    read_idx_labels,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -981,4 +982,190 @@ fn cdc_natural_id_gives_back_the_residence_clients() {
     };
     let parts = partition_with(&labels, Some(&status), 1, 2, &spec, &mut rng(0)).unwrap();
     assert_eq!(sizes(&parts), vec![783 + 6452, 13058]);
+}
+
+// ---- Pachinko (Reddi et al.'s CIFAR-100 split): coarse, then fine labels. ----
+
+/// CIFAR-100's shape at a tenth of the size: 50 samples of each of the 100 fine labels, in a
+/// scrambled order.
+fn cifar100_like_labels() -> Vec<u32> {
+    (0..5000u32).map(|i| (i * 37 + i / 100) % 100).collect()
+}
+
+fn pachinko(alpha: f64, beta: f64, samples_per_client: Option<usize>) -> PartitionSpec {
+    PartitionSpec::Pachinko {
+        alpha,
+        beta,
+        samples_per_client,
+    }
+}
+
+fn coarse(fine: u32) -> usize {
+    usize::from(CIFAR100_COARSE_OF_FINE[fine as usize])
+}
+
+/// Mean over clients of the number of distinct coarse labels.
+fn mean_coarse_labels(labels: &[u32], parts: &[Vec<usize>]) -> f64 {
+    let distinct = |p: &Vec<usize>| {
+        p.iter()
+            .map(|&i| coarse(labels[i]))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    parts.iter().map(distinct).sum::<usize>() as f64 / parts.len() as f64
+}
+
+/// Mean, over each client's coarse labels with at least 10 of its samples, of the share of
+/// the most common fine label among them.
+fn mean_fine_max_share(labels: &[u32], parts: &[Vec<usize>]) -> f64 {
+    let mut shares = Vec::new();
+    for p in parts {
+        let mut counts = [[0usize; 100]; 20];
+        p.iter()
+            .for_each(|&i| counts[coarse(labels[i])][labels[i] as usize] += 1);
+        for c in counts.iter() {
+            let total: usize = c.iter().sum();
+            if total >= 10 {
+                shares.push(*c.iter().max().unwrap() as f64 / total as f64);
+            }
+        }
+    }
+    shares.iter().sum::<f64>() / shares.len() as f64
+}
+
+#[test]
+fn pachinko_gives_each_client_its_count_once() {
+    let labels = cifar100_like_labels();
+    // 50 clients x 100 use every sample, so fine and coarse labels run out on the way.
+    for (clients, per, spec) in [
+        (50, 100, PartitionSpec::pachinko()),
+        (40, 100, pachinko(0.1, 10.0, Some(100))),
+        (30, 7, pachinko(0.5, 1.0, Some(7))),
+        (7, 714, pachinko(0.01, 0.01, None)),
+    ] {
+        let parts = partition(&labels, 100, clients, &spec, &mut rng(3)).unwrap();
+        assert_eq!(parts.len(), clients);
+        assert!(parts.iter().all(|p| p.len() == per), "{:?}", sizes(&parts));
+        assert!(is_disjoint(&parts, labels.len()));
+        if clients * per == labels.len() {
+            assert!(is_exact_cover(&parts, labels.len()));
+        }
+        // Same seed, same split; another seed, another.
+        assert_eq!(
+            partition(&labels, 100, clients, &spec, &mut rng(3)).unwrap(),
+            parts
+        );
+        assert_ne!(
+            partition(&labels, 100, clients, &spec, &mut rng(4)).unwrap(),
+            parts
+        );
+    }
+}
+
+#[test]
+fn pachinko_concentrates_coarse_labels_by_alpha_and_fine_by_beta() {
+    let labels = cifar100_like_labels();
+    // 20 clients x 100 samples use 40 % of the pool, so exhaustion barely blurs the draw.
+    let split = |alpha, beta| {
+        let parts = partition(
+            &labels,
+            100,
+            20,
+            &pachinko(alpha, beta, Some(100)),
+            &mut rng(11),
+        )
+        .unwrap();
+        (
+            mean_coarse_labels(&labels, &parts),
+            mean_fine_max_share(&labels, &parts),
+        )
+    };
+    let iid = partition(&labels, 100, 50, &PartitionSpec::Iid {}, &mut rng(11)).unwrap();
+    // 100 uniform draws over 20 coarse labels hit 20 (1 - 0.95^100) = 19.9 of them.
+    let uniform = mean_coarse_labels(&labels, &iid);
+    assert!(uniform > 19.0, "iid: {uniform}");
+    let (skewed, _) = split(0.1, 10.0);
+    let (even, _) = split(1000.0, 10.0);
+    // Dir(0.1) over 20 labels puts nearly all of a client's mass on a few of them: each
+    // label's weight is Beta(0.1, 1.9), so 100 draws hit on average
+    // 20 (1 - E[(1 - p)^100]) = 20 (1 - G(101.9) / (G(1.9) G(102))) = 6.9 labels (G the
+    // gamma function); 7.45 with this seed.
+    assert!(
+        skewed < 10.0,
+        "alpha 0.1: {skewed} coarse labels per client"
+    );
+    assert!(even > 19.0, "alpha 1000: {even} coarse labels per client");
+    // Within a coarse label: Dir(0.01) picks one fine label, Dir(1000) spreads over all 5.
+    let (_, one_fine) = split(1.0, 0.01);
+    let (_, five_fine) = split(1.0, 1000.0);
+    assert!(one_fine > 0.9, "beta 0.01: {one_fine}");
+    assert!(five_fine < 0.45, "beta 1000: {five_fine}");
+}
+
+#[test]
+fn pachinko_needs_cifar100_labels_and_valid_settings() {
+    // Any other number of classes (CIFAR-10, cifar100-coarse's 20 superclasses) is refused.
+    for classes in [10u32, 20] {
+        let labels: Vec<u32> = (0..1000).map(|i| i % classes).collect();
+        let e = partition(
+            &labels,
+            classes as usize,
+            5,
+            &PartitionSpec::pachinko(),
+            &mut rng(0),
+        )
+        .unwrap_err();
+        assert!(matches!(e, DataError::Partition(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.contains("partition.kind = \"pachinko\"")
+                && e.contains(&format!("{classes} classes"))
+                && e.contains("`cifar100`"),
+            "{e}"
+        );
+    }
+    let field = |spec: PartitionSpec| match spec.check().unwrap_err() {
+        DataError::InvalidArgument { field, .. } => field,
+        e => panic!("{e:?}"),
+    };
+    assert_eq!(field(pachinko(0.0, 10.0, None)), "alpha");
+    assert_eq!(field(pachinko(f64::NAN, 10.0, None)), "alpha");
+    assert_eq!(field(pachinko(0.1, -1.0, None)), "beta");
+    assert_eq!(field(pachinko(0.1, f64::INFINITY, None)), "beta");
+    assert_eq!(field(pachinko(0.1, 10.0, Some(0))), "samples_per_client");
+    assert!(PartitionSpec::pachinko().check().is_ok());
+    assert_eq!(PartitionSpec::pachinko().kind(), "pachinko");
+    let labels = cifar100_like_labels();
+    let e = partition(
+        &labels,
+        100,
+        50,
+        &pachinko(0.1, 10.0, Some(101)),
+        &mut rng(0),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("5050") && e.contains("5000 samples"), "{e}");
+    // The settings through `partition`: named as in a config.
+    let e = partition(&labels, 100, 50, &pachinko(0.1, 0.0, None), &mut rng(0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("beta"), "{e}");
+}
+
+#[test]
+fn pachinko_parses_with_reddi_defaults() {
+    use serde::Deserialize;
+    use serde::de::value::{Error, MapDeserializer};
+    // `partition = { kind = "pachinko" }`: alpha 0.1, beta 10, the samples shared evenly.
+    let map = MapDeserializer::<_, Error>::new([("kind", "pachinko")].into_iter());
+    assert_eq!(
+        PartitionSpec::deserialize(map).unwrap(),
+        PartitionSpec::pachinko()
+    );
+    assert_eq!(
+        PartitionSpec::pachinko(),
+        pachinko(0.1, 10.0, None),
+        "Reddi et al.'s settings"
+    );
 }

@@ -5,7 +5,8 @@ mod sections;
 use file::apply_override;
 pub use file::{load_checked, read_settings_file};
 pub use sections::{
-    DatasetSection, ModelKind, ModelSection, OptimizerName, TableSection, TrainSection, cdc_split,
+    DatasetSection, ModelKind, ModelSection, OptimizerName, Score, TableSection, TrainSection,
+    cdc_split,
 };
 
 use std::num::NonZeroUsize;
@@ -186,10 +187,20 @@ impl Config {
                 self.method.name()
             );
         }
+        if self.partition.kind() == "pachinko"
+            && let Some(d) = &self.dataset
+            && d.name != "cifar100"
+        {
+            bail!(
+                "`partition.kind = \"pachinko\"` splits CIFAR-100 by its superclasses, then its \
+                 classes: set `dataset.name = \"cifar100\"` (dataset `{}` has no superclasses)",
+                d.name
+            );
+        }
         if let Some(column) = self.partition.column() {
             bail!(
                 "`partition.kind` = \"{}\" splits by the column `{column}`, and the datasets \
-                 of `fedfuse run` (digits, mnist, fashion-mnist, cifar10) have no per-sample \
+                 of `fedfuse run` (digits, mnist, fashion-mnist, cifar10, cifar100) have no per-sample \
                  columns; use it through the library (`partition_with` on a CSV table's column) \
                  or pick a label- or size-based kind",
                 self.partition.kind()
@@ -245,6 +256,12 @@ impl Config {
             && !(0.0..1.0).contains(&f)
         {
             bail!("`dataset.validation_fraction` = {f} must lie in [0, 1)");
+        }
+        if dataset.score == Score::Validation && self.validation_fraction() == 0.0 {
+            bail!(
+                "`dataset.score = \"validation\"` scores on the server's validation split: set \
+                 `dataset.validation_fraction` above 0 (e.g. 0.1)"
+            );
         }
         if self.method.needs_validation() && self.validation_fraction() == 0.0 {
             bail!(

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetSection {
-    /// `digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`.
+    /// `digits` (bundled), `mnist`, `fashion-mnist`, `cifar10`, `cifar100`, `cifar100-coarse`.
     pub name: String,
     /// Fraction of each client's partition kept as its local test split.
     #[serde(default = "test_fraction")]
@@ -25,6 +25,70 @@ pub struct DatasetSection {
     /// it, else 0). Never the test set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation_fraction: Option<f64>,
+    /// Use only this many training samples, drawn with the run's seed, before anything is
+    /// split off (quick runs of slow networks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_samples: Option<usize>,
+    /// Score the global model on only the first this-many test samples (quick runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_samples: Option<usize>,
+    /// What the global accuracy is measured on: `test` (default) or `validation`, the
+    /// server's held-out training samples (`validation_fraction`), for choosing settings
+    /// without looking at the test set.
+    #[serde(default, skip_serializing_if = "Score::is_test")]
+    pub score: Score,
+}
+
+/// The samples a run scores its global model on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Score {
+    /// The dataset's test set.
+    #[default]
+    Test,
+    /// The server's validation split.
+    Validation,
+}
+
+impl Score {
+    fn is_test(&self) -> bool {
+        *self == Self::Test
+    }
+}
+
+impl DatasetSection {
+    /// The training and test sets the run uses: all of `data`, or the subsets that
+    /// `train_samples` (drawn with `rng`) and `test_samples` ask for.
+    pub fn limit(
+        &self,
+        data: fedfuse_data::TrainTest,
+        rng: &mut rand::rngs::StdRng,
+    ) -> Result<fedfuse_data::TrainTest> {
+        use rand::seq::SliceRandom;
+        let mut data = data;
+        for (key, want, set) in [
+            ("train_samples", self.train_samples, &mut data.train),
+            ("test_samples", self.test_samples, &mut data.test),
+        ] {
+            let Some(n) = want else { continue };
+            if n == 0 || n > set.len() {
+                bail!(
+                    "`dataset.{key}` = {n}, but `{}` has {} such samples: give 1 to {}, or \
+                     remove the key to use them all",
+                    self.name,
+                    set.len(),
+                    set.len()
+                );
+            }
+            let mut idx: Vec<usize> = (0..set.len()).collect();
+            if key == "train_samples" {
+                idx.shuffle(rng);
+            }
+            idx.truncate(n);
+            *set = set.subset(&idx);
+        }
+        Ok(data)
+    }
 }
 
 fn test_fraction() -> f64 {

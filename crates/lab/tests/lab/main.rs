@@ -10,3 +10,4 @@ mod matching;
 mod naming;
 mod privacy;
 mod shipped;
+mod zoo;

@@ -2,7 +2,7 @@
 
 1. PyTorch saves a ResNet-20 (width 4, batch norm, 1 input channel) state_dict, with its I64
    `num_batches_tracked`, as safetensors;
-2. `fedfuse run` starts from it (`model.init_from`) and trains a round of FedAvg on MNIST;
+2. `fedfuse run` starts from it (`model.init_from`) and trains 5 rounds of FedAvg on 3,000 MNIST samples;
 3. PyTorch loads the run's model.safetensors with `load_state_dict(strict=True)` and scores it
    in eval mode on the same test samples: the accuracy must be the one fedfuse reports.
 
@@ -52,8 +52,8 @@ def main():
             "--data-dir", args.data_dir,
             "--set", 'model.kind="resnet20"', "--set", "model.width=4",
             "--set", f"model.init_from={json.dumps(start)}",
-            "--set", "dataset.train_samples=1000", "--set", f"dataset.test_samples={TEST}",
-            "--set", "rounds=1",
+            "--set", "dataset.train_samples=3000", "--set", f"dataset.test_samples={TEST}",
+            "--set", "rounds=5",
         ], check=True)
         trained = load_file(os.path.join(out, "model.safetensors"))
         with open(os.path.join(out, "results.json")) as f:

@@ -17,7 +17,16 @@ use clap::Parser;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `mi_option_purge_delay` in the C library's `mi_option_e` (mimalloc.h of the version
+/// libmimalloc-sys 0.1.49 builds; its Rust bindings leave this one out).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 fn main() -> ExitCode {
+    // Training allocates and frees the same large activation buffers every step; returning
+    // them to the OS made every step fault them back in, zeroed (-6 to -11% CPU time on conv
+    // nets, docs/BENCHMARKS.md). Freed memory stays with the process instead.
+    // SAFETY: sets one option of the allocator, before any thread of ours exists.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     let args = cli::Args::parse();
     match cli::run(args) {
         Ok(code) => code,

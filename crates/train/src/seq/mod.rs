@@ -167,11 +167,12 @@ pub(crate) enum Mode {
     Eval,
 }
 
-fn mean_var(x: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
-    // Over axes 0 and 2 of [a, c, b]: the per-channel statistics.
+/// `x - mean` and the (biased) variance over axes 0 and 2 of `[n, c, m]`: per channel.
+fn centre(x: Tensor<3>) -> (Tensor<3>, Tensor<3>, Tensor<3>) {
     let mean = x.clone().mean_dim(2).mean_dim(0);
-    let var = (x - mean.clone()).square().mean_dim(2).mean_dim(0);
-    (mean, var)
+    let centred = x - mean.clone();
+    let var = centred.clone().square().mean_dim(2).mean_dim(0);
+    (centred, mean, var)
 }
 
 impl Norm {
@@ -197,11 +198,14 @@ impl Norm {
                     }
                 };
                 let [n, _, hw] = x3.dims();
-                let (mean, var) = match mode {
+                // Scale and shift per channel first, so the full-size work is one centring
+                // and one multiply-add: each full pass costs as much as the reductions.
+                let y = match mode {
                     Mode::Train => {
-                        let (mean, var) = mean_var(x3.clone());
+                        let (centred, mean, var) = centre(x3);
                         update_stats(stats, slot, &mean, &var, n * hw, momentum);
-                        (mean, var)
+                        let scale = var.add_scalar(eps).sqrt().recip() * w.reshape([1, c, 1]);
+                        centred * scale + b.reshape([1, c, 1])
                     }
                     Mode::Eval => {
                         let s = lock(stats);
@@ -211,14 +215,15 @@ impl Norm {
                             None => (vec![0.0; c], vec![1.0; c]),
                         };
                         drop(s);
-                        (
-                            Tensor::from_data(TensorData::new(m, [1, c, 1]), &device),
-                            Tensor::from_data(TensorData::new(v, [1, c, 1]), &device),
-                        )
+                        let mean: Tensor<3> =
+                            Tensor::from_data(TensorData::new(m, [1, c, 1]), &device);
+                        let var: Tensor<3> =
+                            Tensor::from_data(TensorData::new(v, [1, c, 1]), &device);
+                        let scale = var.add_scalar(eps).sqrt().recip() * w.reshape([1, c, 1]);
+                        let shift = b.reshape([1, c, 1]) - mean * scale.clone();
+                        x3 * scale + shift
                     }
                 };
-                let y = (x3 - mean) / var.add_scalar(eps).sqrt() * w.reshape([1, c, 1])
-                    + b.reshape([1, c, 1]);
                 match dims {
                     Some(d) => Act::Img(y.reshape(d)),
                     None => Act::Flat(y.reshape([n, c])),
@@ -228,9 +233,9 @@ impl Norm {
                 let x = x.img();
                 let d = x.dims();
                 let x3 = x.reshape([d[0], groups, d[1] / groups * d[2] * d[3]]);
-                let mean = x3.clone().mean_dim(2);
-                let var = (x3.clone() - mean.clone()).square().mean_dim(2);
-                let y = ((x3 - mean) / var.add_scalar(eps).sqrt()).reshape(d);
+                let centred = x3.clone() - x3.mean_dim(2);
+                let var = centred.clone().square().mean_dim(2);
+                let y = (centred * var.add_scalar(eps).sqrt().recip()).reshape(d);
                 Act::Img(y * w.reshape([1, c, 1, 1]) + b.reshape([1, c, 1, 1]))
             }
             NormKind::Layer { eps } => {
@@ -241,9 +246,9 @@ impl Norm {
                     }
                     Act::Flat(x) => (x, None),
                 };
-                let mean = x2.clone().mean_dim(1);
-                let var = (x2.clone() - mean.clone()).square().mean_dim(1);
-                let y = (x2 - mean) / var.add_scalar(eps).sqrt() * w.reshape([1, c])
+                let centred = x2.clone() - x2.mean_dim(1);
+                let var = centred.clone().square().mean_dim(1);
+                let y = centred * var.add_scalar(eps).sqrt().recip() * w.reshape([1, c])
                     + b.reshape([1, c]);
                 match dims {
                     Some(d) => Act::Img(y.reshape(d)),

@@ -20,6 +20,8 @@ use fedfuse_core::{ModelSpec, Params};
 
 use crate::{Result, TrainError};
 
+mod conv;
+
 /// Running statistics of one batch norm, and its count of training batches.
 #[derive(Clone, Debug)]
 pub(crate) struct RunningStats {
@@ -311,13 +313,13 @@ impl Block {
             Some(n) => n.forward(Act::Img(y), mode, s).img(),
             None => y,
         };
-        let mut y = Act::Img(norm(&self.norm1, self.conv1.forward(x.clone())));
+        let mut y = Act::Img(norm(&self.norm1, conv::forward(&self.conv1, x.clone())));
         if let Some(g) = gate {
             y = y.scale(g);
         }
-        let y = norm(&self.norm2, self.conv2.forward(relu(y.img())));
+        let y = norm(&self.norm2, conv::forward(&self.conv2, relu(y.img())));
         let short = match &self.shortcut {
-            Some(conv) => norm(&self.shortcut_norm, conv.forward(x)),
+            Some(conv) => norm(&self.shortcut_norm, conv::forward(conv, x)),
             None => x,
         };
         relu(y + short)
@@ -344,7 +346,7 @@ impl SeqNet {
         for (i, layer) in self.layers.iter().enumerate() {
             let gate = self.gate_at[i].and_then(|slot| gates.get(slot));
             a = match layer {
-                Layer::Conv(conv) => Act::Img(conv.forward(a.img())),
+                Layer::Conv(conv) => Act::Img(conv::forward(conv, a.img())),
                 Layer::Linear(lin) => Act::Flat(lin.forward(a.flat())),
                 Layer::Norm(n) => n.forward(a, mode, &self.stats),
                 Layer::MaxPool(p) => Act::Img(p.forward(a.img())),

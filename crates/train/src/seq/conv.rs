@@ -1,0 +1,841 @@
+//! 2-D convolution as a custom autodiff op on the Flex (CPU) backend.
+//!
+//! burn-flex's own conv2d moves most of its time in data reshuffling: an NHWC transpose of
+//! the input, per-call temporaries, a weight gradient computed as a convolution of swapped
+//! views (tiny GEMMs that re-pack the output gradient once per input channel) and a scalar
+//! col2im (see the profile behind this module). This op works on contiguous NCHW `f32`:
+//!
+//! - forward, per sample and group: im2col (`col[C_in/g·k·k, Ho·Wo]`, built row by row with
+//!   slice copies and zeroed borders), then `W·col` written straight into the output;
+//! - weight gradient: `dW += dY·colᵀ`, accumulated by the GEMM over the samples;
+//! - input gradient: `col = Wᵀ·dY`, then a row-wise col2im add;
+//! - bias gradient: per-channel sums of `dY`.
+//!
+//! Batching several samples into one wider GEMM (for the 8×8 maps) measured slower than
+//! per-sample GEMMs: the gathers and the larger `col` cost more than the packing they save.
+//!
+//! Everything runs on the calling thread with `gemm::Parallelism::None`: clients train in
+//! parallel already, and a fixed order of operations gives the same bits on every run.
+//!
+//! Layers this op does not cover (another backend, a checkpointing autodiff device, a dtype
+//! other than `f32`, dilation, `Same` padding) go through burn's `Conv2d::forward`.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{Autodiff, BackendTypes, Flex};
+use burn::nn::PaddingConfig2d;
+use burn::nn::conv::Conv2d;
+use burn::tensor::{DType, Tensor, TensorData};
+
+/// The float primitive of `Autodiff<Flex>` (burn's `AutodiffTensor<Flex>`, which is not
+/// nameable from outside burn-autodiff).
+type AdTensor = <Autodiff<Flex> as BackendTypes>::FloatTensorPrimitive;
+
+/// `conv.forward(x)` for fedfuse's layers, with the custom op where it applies.
+pub(crate) fn forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
+    match try_forward(conv, &x) {
+        Some(y) => y,
+        None => conv.forward(x),
+    }
+}
+
+/// The custom op's output, or `None` where it does not apply.
+fn try_forward(conv: &Conv2d, x: &Tensor<4>) -> Option<Tensor<4>> {
+    let geom = Geom::new(conv, x.dims())?;
+    let weight = conv.weight.val();
+    let bias = conv.bias.as_ref().map(|b| b.val());
+    // The downcasts consume their tensor, so they work on clones (reference-count bumps) and
+    // the caller keeps `x` for the fallback.
+    let ad = (
+        x.clone().try_into_primitive::<Autodiff<Flex>>(),
+        weight.clone().try_into_primitive::<Autodiff<Flex>>(),
+        bias.clone()
+            .map(|b| b.try_into_primitive::<Autodiff<Flex>>())
+            .transpose(),
+    );
+    if let (Ok(xp), Ok(wp), Ok(bp)) = ad {
+        if let Some(out) = forward_autodiff(xp, wp, bp, geom) {
+            return Some(Tensor::from_primitive::<Autodiff<Flex>>(out));
+        }
+    } else {
+        let plain = (
+            x.clone().try_into_primitive::<Flex>(),
+            weight.try_into_primitive::<Flex>(),
+            bias.map(|b| b.try_into_primitive::<Flex>()).transpose(),
+        );
+        if let (Ok(xp), Ok(wp), Ok(bp)) = plain
+            && let Some(out) = forward_plain(&xp, &wp, bp.as_ref(), &geom)
+        {
+            return Some(Tensor::from_primitive::<Flex>(out));
+        }
+    }
+    None
+}
+
+/// Sizes of one convolution; all in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Geom {
+    batch: usize,
+    c_in: usize,
+    h: usize,
+    w: usize,
+    c_out: usize,
+    groups: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    /// Top and left padding (bottom and right only enter through `ho` and `wo`).
+    pt: usize,
+    pl: usize,
+    ho: usize,
+    wo: usize,
+}
+
+impl Geom {
+    /// The geometry of `conv` on an input of `dims`, or `None` where the op does not apply
+    /// (dilation, `Same` padding, inconsistent channels, an empty output).
+    fn new(conv: &Conv2d, dims: [usize; 4]) -> Option<Self> {
+        let [batch, c_in, h, w] = dims;
+        let [c_out, c_in_group, kh, kw] = conv.weight.dims();
+        let [sh, sw] = conv.stride;
+        let groups = conv.groups;
+        let (pt, pl, pb, pr) = match conv.padding {
+            PaddingConfig2d::Explicit(top, left, bottom, right) => (top, left, bottom, right),
+            PaddingConfig2d::Valid => (0, 0, 0, 0),
+            PaddingConfig2d::Same => return None,
+        };
+        let supported = conv.dilation == [1, 1]
+            && groups > 0
+            && c_in == c_in_group * groups
+            && c_out % groups == 0
+            && sh > 0
+            && sw > 0
+            && kh > 0
+            && kw > 0
+            && h + pt + pb >= kh
+            && w + pl + pr >= kw;
+        supported.then(|| Self {
+            batch,
+            c_in,
+            h,
+            w,
+            c_out,
+            groups,
+            kh,
+            kw,
+            sh,
+            sw,
+            pt,
+            pl,
+            ho: (h + pt + pb - kh) / sh + 1,
+            wo: (w + pl + pr - kw) / sw + 1,
+        })
+    }
+
+    /// Input channels per group.
+    fn cg(&self) -> usize {
+        self.c_in / self.groups
+    }
+
+    /// Output channels per group.
+    fn og(&self) -> usize {
+        self.c_out / self.groups
+    }
+
+    /// Rows of `col` (the GEMM's inner dimension): input channels per group × kernel taps.
+    fn taps(&self) -> usize {
+        self.cg() * self.kh * self.kw
+    }
+
+    /// Output pixels per channel.
+    fn pixels(&self) -> usize {
+        self.ho * self.wo
+    }
+
+    fn x_len(&self) -> usize {
+        self.batch * self.c_in * self.h * self.w
+    }
+
+    fn w_len(&self) -> usize {
+        self.c_out * self.taps()
+    }
+
+    fn y_len(&self) -> usize {
+        self.batch * self.c_out * self.pixels()
+    }
+
+    /// The output columns `lo..hi` whose input column `ox·sw + kx − pl` lies inside the row.
+    fn valid_cols(&self, kx: usize) -> (usize, usize) {
+        let lo = if kx >= self.pl {
+            0
+        } else {
+            (self.pl - kx).div_ceil(self.sw)
+        };
+        let hi = if self.w + self.pl <= kx {
+            0
+        } else {
+            ((self.w - 1 + self.pl - kx) / self.sw + 1).min(self.wo)
+        };
+        (lo.min(hi), hi)
+    }
+
+    /// The input row read by output row `oy` at kernel row `ky`, if inside the image.
+    fn input_row(&self, oy: usize, ky: usize) -> Option<usize> {
+        (oy * self.sh + ky)
+            .checked_sub(self.pt)
+            .filter(|&iy| iy < self.h)
+    }
+}
+
+/// A contiguous `f32` copy (or view) of `t`, or `None` for another dtype.
+fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
+    (t.dtype() == DType::F32).then(|| t.to_contiguous())
+}
+
+/// The values of a contiguous `f32` tensor with `len` elements.
+fn values(t: &FlexTensor, len: usize) -> Option<&[f32]> {
+    t.as_slice::<f32>().filter(|s| s.len() == len)
+}
+
+fn flex(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
+}
+
+/// The eval path: a plain forward on Flex tensors.
+fn forward_plain(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    b: Option<&FlexTensor>,
+    g: &Geom,
+) -> Option<FlexTensor> {
+    let (x, w) = (contiguous_f32(x)?, contiguous_f32(w)?);
+    let b = match b {
+        Some(b) => Some(contiguous_f32(b)?),
+        None => None,
+    };
+    let bias = match &b {
+        Some(b) => Some(values(b, g.c_out)?),
+        None => None,
+    };
+    let y = conv_forward(values(&x, g.x_len())?, values(&w, g.w_len())?, bias, g);
+    Some(flex(y, &[g.batch, g.c_out, g.ho, g.wo]))
+}
+
+/// What the backward pass needs: the op's inputs (kept, as burn's conv keeps them without
+/// checkpointing) and its geometry.
+#[derive(Clone, Debug)]
+struct ConvState {
+    x: FlexTensor,
+    w: FlexTensor,
+    geom: Geom,
+}
+
+/// Backward step of a convolution without bias; parents `[x, weight]`.
+#[derive(Debug)]
+struct ConvNoBias;
+
+/// Backward step of a convolution with bias; parents `[x, weight, bias]`.
+#[derive(Debug)]
+struct ConvWithBias;
+
+impl Backward<Flex, 2> for ConvNoBias {
+    type State = ConvState;
+
+    fn backward(self, ops: Ops<ConvState, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let dy = grads.consume::<Flex>(&ops.node);
+        let (dx, dw, _) = gradients(&ops.state, &dy, [node_x.is_some(), node_w.is_some(), false]);
+        if let (Some(node), Some(dx)) = (node_x, dx) {
+            grads.register::<Flex>(node.id, dx);
+        }
+        if let (Some(node), Some(dw)) = (node_w, dw) {
+            grads.register::<Flex>(node.id, dw);
+        }
+    }
+}
+
+impl Backward<Flex, 3> for ConvWithBias {
+    type State = ConvState;
+
+    fn backward(self, ops: Ops<ConvState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dy = grads.consume::<Flex>(&ops.node);
+        let (dx, dw, db) = gradients(
+            &ops.state,
+            &dy,
+            [node_x.is_some(), node_w.is_some(), node_b.is_some()],
+        );
+        if let (Some(node), Some(dx)) = (node_x, dx) {
+            grads.register::<Flex>(node.id, dx);
+        }
+        if let (Some(node), Some(dw)) = (node_w, dw) {
+            grads.register::<Flex>(node.id, dw);
+        }
+        if let (Some(node), Some(db)) = (node_b, db) {
+            grads.register::<Flex>(node.id, db);
+        }
+    }
+}
+
+/// The gradients asked for by `need` (`[x, weight, bias]`) from the output gradient `dy`.
+///
+/// # Panics
+///
+/// The forward pass checked the sizes of `x` and `w` and the graph gives `dy` the output's
+/// shape; a mismatch (a broken invariant of burn's autodiff) panics rather than computing
+/// garbage.
+fn gradients(
+    s: &ConvState,
+    dy: &FlexTensor,
+    need: [bool; 3],
+) -> (Option<FlexTensor>, Option<FlexTensor>, Option<FlexTensor>) {
+    let g = &s.geom;
+    let slices = contiguous_f32(dy).and_then(|dy| {
+        let ok = values(&dy, g.y_len()).is_some()
+            && values(&s.x, g.x_len()).is_some()
+            && values(&s.w, g.w_len()).is_some();
+        ok.then_some(dy)
+    });
+    let Some(dy) = slices else {
+        panic!(
+            "conv2d backward: gradient {:?} does not match the forward geometry {g:?}",
+            dy.layout().shape()
+        );
+    };
+    // Checked just above.
+    let dy = values(&dy, g.y_len()).unwrap_or_default();
+    let x = values(&s.x, g.x_len()).unwrap_or_default();
+    let w = values(&s.w, g.w_len()).unwrap_or_default();
+    let [need_x, need_w, need_b] = need;
+    let (dx, dw) = conv_backward(x, w, dy, g, need_x, need_w);
+    let db = need_b.then(|| flex(bias_grad(dy, g), &[g.c_out]));
+    (
+        dx.map(|dx| flex(dx, &[g.batch, g.c_in, g.h, g.w])),
+        dw.map(|dw| flex(dw, &[g.c_out, g.cg(), g.kh, g.kw])),
+        db,
+    )
+}
+
+/// The autodiff path: computes the output and records the backward step.
+fn forward_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, g: Geom) -> Option<AdTensor> {
+    let (x, x_node) = x.into_parts();
+    let (w, w_node) = w.into_parts();
+    let (x, w) = (contiguous_f32(&x)?, contiguous_f32(&w)?);
+    let b = b.map(AdTensor::into_parts);
+    let bias = match &b {
+        Some((b, _)) => Some(contiguous_f32(b)?),
+        None => None,
+    };
+    let bias_values = match &bias {
+        Some(b) => Some(values(b, g.c_out)?),
+        None => None,
+    };
+    let y = conv_forward(
+        values(&x, g.x_len())?,
+        values(&w, g.w_len())?,
+        bias_values,
+        &g,
+    );
+    let y = flex(y, &[g.batch, g.c_out, g.ho, g.wo]);
+    let state = ConvState { x, w, geom: g };
+    // `NoCheckpointing` is the strategy of `Device::flex().autodiff()`; the downcast to
+    // `Autodiff<Flex>` (whose default strategy it is) already failed on any other.
+    Some(match b {
+        Some((_, b_node)) => match ConvWithBias
+            .prepare::<NoCheckpointing>([x_node, w_node, b_node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        },
+        None => match ConvNoBias
+            .prepare::<NoCheckpointing>([x_node, w_node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        },
+    })
+}
+
+/// A strided read-only matrix.
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    /// Row and column strides.
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A row-major matrix with row stride `rs`.
+    fn rows(data: &'a [f32], rows: usize, cols: usize, rs: usize) -> Self {
+        Self {
+            data,
+            rows,
+            cols,
+            rs,
+            cs: 1,
+        }
+    }
+
+    fn t(self) -> Self {
+        Self {
+            data: self.data,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+
+    /// Elements spanned from the first to the last entry, inclusive.
+    fn span(&self) -> usize {
+        span(self.rows, self.cols, self.rs, self.cs)
+    }
+}
+
+fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    match rows == 0 || cols == 0 {
+        true => 0,
+        false => (rows - 1) * rs + (cols - 1) * cs + 1,
+    }
+}
+
+/// `dst = lhs·rhs`, or `dst += lhs·rhs` with `accumulate`; `dst` is row-major with row
+/// stride `dst_rs`.
+///
+/// # Panics
+///
+/// If the shapes disagree or a matrix runs past its slice (a bug in this module).
+fn matmul(dst: &mut [f32], dst_rs: usize, lhs: Mat, rhs: Mat, accumulate: bool) {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    assert!(
+        rhs.rows == k
+            && lhs.span() <= lhs.data.len()
+            && rhs.span() <= rhs.data.len()
+            && span(m, n, dst_rs, 1) <= dst.len(),
+        "conv2d: GEMM operands out of bounds"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                dst[r * dst_rs..][..n].fill(0.0);
+            }
+        }
+        return;
+    }
+    // SAFETY: the assertion keeps every access in bounds: dst (r, c) at r·dst_rs + c,
+    // lhs (r, q) at r·rs + q·cs and rhs (q, c) likewise, each below its slice's length; dst
+    // does not alias the operands (it is borrowed mutably).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// im2col of one sample's group `x` (`[cg, h, w]`) into `col` (`[taps, pixels]`, row-major).
+fn im2col(x: &[f32], g: &Geom, col: &mut [f32]) {
+    let (h, w, wo) = (g.h, g.w, g.wo);
+    for c in 0..g.cg() {
+        let plane = &x[c * h * w..][..h * w];
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let r = (c * g.kh + ky) * g.kw + kx;
+                let row = &mut col[r * g.pixels()..][..g.pixels()];
+                let (lo, hi) = g.valid_cols(kx);
+                for (oy, out) in row.chunks_exact_mut(wo).enumerate() {
+                    let Some(iy) = g.input_row(oy, ky) else {
+                        out.fill(0.0);
+                        continue;
+                    };
+                    out[..lo].fill(0.0);
+                    out[hi..].fill(0.0);
+                    if lo == hi {
+                        continue;
+                    }
+                    // Input column of output column `lo` (≥ 0 by the choice of `lo`).
+                    let start = lo * g.sw + kx - g.pl;
+                    let src = &plane[iy * w..][..w];
+                    if g.sw == 1 {
+                        out[lo..hi].copy_from_slice(&src[start..][..hi - lo]);
+                    } else {
+                        for (o, &v) in out[lo..hi]
+                            .iter_mut()
+                            .zip(src[start..].iter().step_by(g.sw))
+                        {
+                            *o = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// col2im: adds `col` (`[taps, pixels]`) into one sample's group gradient `dx`
+/// (`[cg, h, w]`); the transpose of [`im2col`].
+fn col2im_add(col: &[f32], g: &Geom, dx: &mut [f32]) {
+    let (h, w, wo) = (g.h, g.w, g.wo);
+    for c in 0..g.cg() {
+        let plane = &mut dx[c * h * w..][..h * w];
+        for ky in 0..g.kh {
+            for kx in 0..g.kw {
+                let r = (c * g.kh + ky) * g.kw + kx;
+                let row = &col[r * g.pixels()..][..g.pixels()];
+                let (lo, hi) = g.valid_cols(kx);
+                if lo == hi {
+                    continue;
+                }
+                let start = lo * g.sw + kx - g.pl;
+                for (oy, src) in row.chunks_exact(wo).enumerate() {
+                    let Some(iy) = g.input_row(oy, ky) else {
+                        continue;
+                    };
+                    let dst = &mut plane[iy * w..][..w];
+                    if g.sw == 1 {
+                        for (d, &v) in dst[start..][..hi - lo].iter_mut().zip(&src[lo..hi]) {
+                            *d += v;
+                        }
+                    } else {
+                        for (d, &v) in dst[start..].iter_mut().step_by(g.sw).zip(&src[lo..hi]) {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The output `[batch, c_out, ho, wo]` of `x` (`[batch, c_in, h, w]`), `w`
+/// (`[c_out, cg, kh, kw]`) and an optional bias, all contiguous.
+fn conv_forward(x: &[f32], w: &[f32], bias: Option<&[f32]>, g: &Geom) -> Vec<f32> {
+    let (taps, pixels, og) = (g.taps(), g.pixels(), g.og());
+    let x_group = g.cg() * g.h * g.w;
+    let mut y = vec![0f32; g.y_len()];
+    let mut col = vec![0f32; taps * pixels];
+    // Per sample and group: im2col, then W·col straight into the output block, which is a
+    // row-major [og, pixels] matrix.
+    let blocks = x.chunks_exact(x_group).zip(y.chunks_exact_mut(og * pixels));
+    for (gi, (xs, ys)) in (0..g.groups).cycle().zip(blocks) {
+        im2col(xs, g, &mut col);
+        let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
+        matmul(ys, pixels, wg, Mat::rows(&col, taps, pixels, pixels), false);
+    }
+    if let Some(bias) = bias {
+        for (row, &b) in y.chunks_exact_mut(pixels).zip(bias.iter().cycle()) {
+            for v in row {
+                *v += b;
+            }
+        }
+    }
+    y
+}
+
+/// The gradients of `x` and `w` (when asked for) from the output gradient `dy`.
+fn conv_backward(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    g: &Geom,
+    need_x: bool,
+    need_w: bool,
+) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+    if !need_x && !need_w {
+        return (None, None);
+    }
+    let (taps, pixels, og) = (g.taps(), g.pixels(), g.og());
+    let x_group = g.cg() * g.h * g.w;
+    let mut dx = need_x.then(|| vec![0f32; g.x_len()]);
+    let mut dw = need_w.then(|| vec![0f32; g.w_len()]);
+    // im2col of x for dW, then reused for Wᵀ·dY before col2im.
+    let mut col = vec![0f32; taps * pixels];
+    for (i, dys) in dy.chunks_exact(og * pixels).enumerate() {
+        // Block i is sample i / groups, group i % groups, in x, dx and dy alike.
+        let gi = i % g.groups;
+        let dys = Mat::rows(dys, og, pixels, pixels);
+        if let Some(dw) = dw.as_deref_mut() {
+            im2col(&x[i * x_group..][..x_group], g, &mut col);
+            let cols = Mat::rows(&col, taps, pixels, pixels);
+            let dwg = &mut dw[gi * og * taps..][..og * taps];
+            matmul(dwg, taps, dys, cols.t(), true);
+        }
+        if let Some(dx) = dx.as_deref_mut() {
+            let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
+            matmul(&mut col, pixels, wg.t(), dys, false);
+            col2im_add(&col, g, &mut dx[i * x_group..][..x_group]);
+        }
+    }
+    (dx, dw)
+}
+
+/// Per-channel sums of `dy` (`[batch, c_out, pixels]`).
+fn bias_grad(dy: &[f32], g: &Geom) -> Vec<f32> {
+    let mut sums = vec![0f64; g.c_out];
+    for (row, o) in dy.chunks_exact(g.pixels()).zip((0..g.c_out).cycle()) {
+        sums[o] += f64::from(row.iter().sum::<f32>());
+    }
+    sums.into_iter().map(|s| s as f32).collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+mod tests {
+    use burn::module::Param;
+    use burn::nn::PaddingConfig2d;
+    use burn::nn::conv::{Conv2d, Conv2dConfig};
+    use burn::tensor::{Device, Tensor, TensorData};
+
+    /// Deterministic values in [-1, 1) (xorshift), so failures reproduce.
+    fn noise(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    struct Case {
+        batch: usize,
+        c_in: usize,
+        c_out: usize,
+        hw: usize,
+        k: usize,
+        stride: usize,
+        pad: usize,
+        groups: usize,
+        bias: bool,
+    }
+
+    fn layer(c: &Case, device: &Device, seed: u64) -> Conv2d {
+        let mut conv = Conv2dConfig::new([c.c_in, c.c_out], [c.k, c.k])
+            .with_stride([c.stride, c.stride])
+            .with_padding(PaddingConfig2d::Explicit(c.pad, c.pad, c.pad, c.pad))
+            .with_groups(c.groups)
+            .with_bias(c.bias)
+            .init(device);
+        let shape = [c.c_out, c.c_in / c.groups, c.k, c.k];
+        let n = shape.iter().product();
+        conv.weight = Param::from_tensor(Tensor::from_data(
+            TensorData::new(noise(n, seed), shape),
+            device,
+        ));
+        conv.bias = c.bias.then(|| {
+            Param::from_tensor(Tensor::from_data(
+                TensorData::new(noise(c.c_out, seed + 1), [c.c_out]),
+                device,
+            ))
+        });
+        conv
+    }
+
+    fn assert_close(what: &str, ours: Tensor<1>, burn: Tensor<1>) {
+        let ours: Vec<f32> = ours.into_data().try_to_vec().unwrap();
+        let burn: Vec<f32> = burn.into_data().try_to_vec().unwrap();
+        assert_eq!(ours.len(), burn.len(), "{what}: lengths");
+        let scale = burn.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+        for (i, (a, b)) in ours.iter().zip(&burn).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * scale,
+                "{what}[{i}]: ours {a} vs burn {b} (scale {scale})"
+            );
+        }
+    }
+
+    /// Output and the gradients of x, weight and bias of `loss = Σ y·r`.
+    fn run(c: &Case, custom: bool) -> (Tensor<1>, Tensor<1>, Tensor<1>, Option<Tensor<1>>) {
+        let device = Device::flex().autodiff();
+        let conv = layer(c, &device, 7);
+        let shape = [c.batch, c.c_in, c.hw, c.hw];
+        let n = shape.iter().product();
+        let x = Tensor::<4>::from_data(TensorData::new(noise(n, 3), shape), &device).require_grad();
+        let y = match custom {
+            true => super::try_forward(&conv, &x).expect("custom op applies"),
+            false => conv.forward(x.clone()),
+        };
+        let dims = y.dims();
+        let r = Tensor::<4>::from_data(
+            TensorData::new(noise(dims.iter().product(), 5), dims),
+            &device,
+        );
+        let grads = (y.clone() * r).sum().backward();
+        let flat = |t: Tensor<4>| t.flatten::<1>(0, 3);
+        let dx = x.grad(&grads).expect("x grad");
+        let dw = conv.weight.val().grad(&grads).expect("weight grad");
+        let db = conv
+            .bias
+            .as_ref()
+            .map(|b| b.val().grad(&grads).expect("bias grad"));
+        (flat(y), dx.flatten(0, 3), dw.flatten(0, 3), db)
+    }
+
+    fn check(c: Case) {
+        let (y, dx, dw, db) = run(&c, true);
+        let (y0, dx0, dw0, db0) = run(&c, false);
+        // Same inputs, same bits.
+        let again = run(&c, true);
+        assert_eq!(y.to_data(), again.0.to_data());
+        assert_eq!(dx.to_data(), again.1.to_data());
+        assert_eq!(dw.to_data(), again.2.to_data());
+        assert_close("y", y, y0);
+        assert_close("dx", dx, dx0);
+        assert_close("dw", dw, dw0);
+        match (db, db0) {
+            (Some(db), Some(db0)) => assert_close("db", db, db0),
+            (None, None) => {}
+            _ => panic!("bias gradient on one side only"),
+        }
+    }
+
+    fn case(batch: usize, c: [usize; 2], hw: usize, k: usize, stride: usize, pad: usize) -> Case {
+        Case {
+            batch,
+            c_in: c[0],
+            c_out: c[1],
+            hw,
+            k,
+            stride,
+            pad,
+            groups: 1,
+            bias: false,
+        }
+    }
+
+    #[test]
+    fn conv_3x3_pad1_matches_burn() {
+        check(case(3, [4, 6], 9, 3, 1, 1));
+        check(Case {
+            bias: true,
+            ..case(1, [3, 5], 8, 3, 1, 1)
+        });
+    }
+
+    #[test]
+    fn conv_3x3_stride2_matches_burn() {
+        check(case(2, [4, 8], 9, 3, 2, 1));
+        check(Case {
+            bias: true,
+            ..case(1, [3, 4], 8, 3, 2, 1)
+        });
+    }
+
+    #[test]
+    fn conv_1x1_stride2_matches_burn() {
+        check(case(4, [6, 12], 8, 1, 2, 0));
+        check(Case {
+            bias: true,
+            ..case(1, [5, 3], 7, 1, 2, 0)
+        });
+    }
+
+    #[test]
+    fn conv_5x5_pad2_matches_burn() {
+        check(Case {
+            bias: true,
+            ..case(2, [3, 6], 12, 5, 1, 2)
+        });
+        check(case(1, [1, 4], 10, 5, 1, 0));
+    }
+
+    #[test]
+    fn conv_groups_match_burn() {
+        check(Case {
+            groups: 2,
+            ..case(2, [4, 6], 7, 3, 1, 1)
+        });
+        // Depthwise, with bias and a stride.
+        check(Case {
+            groups: 5,
+            bias: true,
+            ..case(3, [5, 5], 9, 3, 2, 1)
+        });
+    }
+
+    #[test]
+    fn conv_without_input_grad_matches_burn() {
+        // A first layer: the input needs no gradient, the parameters do.
+        let device = Device::flex().autodiff();
+        let c = Case {
+            bias: true,
+            ..case(2, [3, 4], 8, 3, 1, 1)
+        };
+        let conv = layer(&c, &device, 17);
+        let shape = [c.batch, c.c_in, c.hw, c.hw];
+        let x = Tensor::<4>::from_data(
+            TensorData::new(noise(shape.iter().product(), 19), shape),
+            &device,
+        );
+        let grads_of = |y: Tensor<4>| {
+            let grads = y.sum().backward();
+            let dw = conv.weight.val().grad(&grads).expect("weight grad");
+            let db = conv.bias.as_ref().and_then(|b| b.val().grad(&grads));
+            (
+                x.grad(&grads).is_none(),
+                dw.flatten(0, 3),
+                db.expect("bias grad"),
+            )
+        };
+        let ours = super::try_forward(&conv, &x).expect("custom op applies");
+        let (no_dx, dw, db) = grads_of(ours);
+        let (no_dx0, dw0, db0) = grads_of(conv.forward(x.clone()));
+        assert!(no_dx && no_dx0);
+        assert_close("dw", dw, dw0);
+        assert_close("db", db, db0);
+    }
+
+    #[test]
+    fn conv_eval_path_matches_burn_and_is_deterministic() {
+        let device = Device::flex();
+        let c = Case {
+            bias: true,
+            groups: 2,
+            ..case(3, [4, 6], 8, 3, 2, 1)
+        };
+        let conv = layer(&c, &device, 11);
+        let shape = [c.batch, c.c_in, c.hw, c.hw];
+        let x = Tensor::<4>::from_data(
+            TensorData::new(noise(shape.iter().product(), 13), shape),
+            &device,
+        );
+        let ours = super::try_forward(&conv, &x).expect("custom op applies");
+        let again = super::try_forward(&conv, &x).expect("custom op applies");
+        let burn = conv.forward(x);
+        assert_eq!(ours.to_data(), again.to_data());
+        assert_close("y", ours.flatten(0, 3), burn.flatten(0, 3));
+    }
+}

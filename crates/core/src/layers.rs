@@ -654,6 +654,19 @@ pub fn norm_affine_names(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<St
     Ok(out)
 }
 
+/// The names of every normalisation layer's tensors in a layer list, in PyTorch's
+/// `state_dict` order: the scales and shifts of [`norm_affine_names`] and batch norm's running
+/// statistics and counters. What FedBN (`model.local_norm`) keeps on the clients.
+pub fn norm_tensor_names(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<String>> {
+    let (_, tensors) = chain(FeatureShape::of(input)?, layers)?;
+    let affine = norm_affine_names(input, layers)?;
+    Ok(tensors
+        .into_iter()
+        .map(|t| t.name)
+        .filter(|n| TensorRole::of(n) != TensorRole::Param || affine.contains(n))
+        .collect())
+}
+
 /// A grouped layer of a layer list (see [`crate::groups`]) and where its gate acts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatePoint {

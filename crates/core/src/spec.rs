@@ -282,6 +282,16 @@ impl ModelSpec {
             .sum()
     }
 
+    /// The normalisation layers' tensors (scales, shifts, running statistics and counters) in
+    /// `state_dict` order: empty for the named architectures, which have none (see
+    /// [`layers::norm_tensor_names`]).
+    pub fn norm_tensor_names(&self) -> Result<Vec<String>> {
+        match self {
+            Self::Sequential { input, layers } => layers::norm_tensor_names(input, layers),
+            Self::Mlp { .. } | Self::LeNet5 { .. } => Ok(Vec::new()),
+        }
+    }
+
     /// Whether any tensor is a buffer (batch norm's running statistics).
     pub fn has_buffers(&self) -> bool {
         self.param_shapes()
@@ -293,6 +303,60 @@ impl ModelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn norm_tensors_are_every_norms_scale_shift_and_buffers() {
+        use crate::{BlockNorm, ZooModel};
+        let spec = ModelSpec::sequential(
+            &[8],
+            vec![
+                LayerSpec::linear(6),
+                LayerSpec::BatchNorm1d {
+                    eps: 1e-5,
+                    momentum: 0.1,
+                },
+                LayerSpec::Relu,
+                LayerSpec::linear(4),
+                LayerSpec::LayerNorm { eps: 1e-5 },
+                LayerSpec::linear(3),
+            ],
+        );
+        assert_eq!(
+            spec.norm_tensor_names().unwrap(),
+            [
+                "1.weight",
+                "1.bias",
+                "1.running_mean",
+                "1.running_var",
+                "1.num_batches_tracked",
+                "4.weight",
+                "4.bias"
+            ]
+        );
+        // ResNet-20's blocks: bn1, bn2 and a projection's norm, five tensors each.
+        let resnet = ZooModel::Resnet20
+            .spec(&[3, 32, 32], 10, BlockNorm::Batch, 4)
+            .unwrap();
+        let names = resnet.norm_tensor_names().unwrap();
+        assert!(
+            names.contains(&"3.bn1.running_mean".to_string()),
+            "{names:?}"
+        );
+        assert!(names.contains(&"6.shortcut.1.num_batches_tracked".to_string()));
+        assert!(!names.iter().any(|n| n.contains("conv")), "{names:?}");
+        // 1 stem norm + 9 blocks x 2 + 2 projections, five tensors each.
+        assert_eq!(names.len(), (1 + 18 + 2) * 5);
+        let none = ZooModel::Resnet20
+            .spec(&[3, 32, 32], 10, BlockNorm::None, 4)
+            .unwrap();
+        assert!(none.norm_tensor_names().unwrap().is_empty());
+        assert!(
+            ModelSpec::mlp(4, &[3], 2)
+                .norm_tensor_names()
+                .unwrap()
+                .is_empty()
+        );
+    }
 
     #[test]
     fn mlp_layout_is_pytorch() {

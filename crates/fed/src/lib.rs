@@ -35,9 +35,10 @@ pub use methods::{
     FedMixSettings, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun, FedNgmVariant,
     FedNgrConfig, FedOpt, FedOptSettings, FedProx, FedProxSettings, FedSparse, FedSparseSettings,
     FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum, KrumSettings,
-    LocalDp, MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR, Pfnm, PfnmSettings,
-    PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig,
-    SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
+    LocalDp, LocalNorm, MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR, Pfnm,
+    PfnmSettings, PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep,
+    ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer,
+    hidden_features,
 };
 pub use methods::{
     ClientWeighting, GraphSettings, PredictionScore, SampleSite, Stitched, Traffic, run_fedngm,

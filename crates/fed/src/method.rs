@@ -109,6 +109,23 @@ pub trait Method: Send + Sync {
         true
     }
 
+    /// A reply as the server's checks ([`Method::check_reply`], the `[replies]` bounds) and
+    /// its aggregate see it, made from the reply as received: by default unchanged. FedBN's
+    /// wrapper ([`LocalNorm`](crate::LocalNorm)) puts the global model's normalisation tensors
+    /// back, which its clients keep and do not send, so that the method it wraps gets replies
+    /// of the global model's layout.
+    fn restore_reply(&self, _global: &Params, reply: Record) -> Result<Record> {
+        Ok(reply)
+    }
+
+    /// The model client `client` runs when given `model` (the global model, or its own
+    /// upload): `None` when that is `model` itself, as for every method but FedBN's wrapper
+    /// ([`LocalNorm`](crate::LocalNorm)), whose clients put in their own normalisation
+    /// tensors. Local evaluation scores this model on the client's test split.
+    fn client_model(&self, _client: usize, _model: &Params) -> Result<Option<Params>> {
+        Ok(None)
+    }
+
     /// Checks a reply before aggregation; by default it must have the global model's layout
     /// and finite values.
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {

@@ -61,7 +61,16 @@ pub fn run_with(
             out.display()
         );
     }
+    let local_norm = cfg.model.as_ref().is_some_and(|m| m.local_norm);
     match result.rounds.last() {
+        // FedBN's figure is the clients' own models; the global one keeps the initial norms.
+        Some(last) if local_norm => observer.note(&format!(
+            "final mean local accuracy {:.4} (each client's model with its own norms; the \
+             global model, with the initial norms, {:.4}); results in {}",
+            last.local_accuracy_mean,
+            last.global_accuracy,
+            out.display()
+        )),
         Some(last) if cfg.table.is_none() => observer.note(&format!(
             "final global accuracy {:.4}; results in {}",
             last.global_accuracy,
@@ -247,12 +256,15 @@ impl Federation {
             Some(path) => initial_weights(path, &spec)?,
             None => init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX)),
         };
-        let method = cfg.build_method(BuildContext {
-            init: model.init,
-            seed: cfg.seed,
-            spec: Some(spec.clone()),
-            validation: split.validation,
-        })?;
+        let method = cfg.build_method(
+            BuildContext {
+                init: model.init,
+                seed: cfg.seed,
+                spec: Some(spec.clone()),
+                validation: split.validation,
+            },
+            &init,
+        )?;
         let sim = SimConfig {
             rounds: cfg.rounds,
             clients_per_round: cfg.clients_per_round,
@@ -334,7 +346,9 @@ impl Federation {
         if data.is_empty() {
             return Ok((0.0, 0.0, 0));
         }
-        let e = trainer.evaluate(&record.params, data)?;
+        // Under `model.local_norm` the client runs the model with its own norms.
+        let own = self.method.client_model(id, &record.params)?;
+        let e = trainer.evaluate(own.as_ref().unwrap_or(&record.params), data)?;
         Ok((e.loss, e.accuracy, data.len()))
     }
     /// Puts a node's own samples in client `id`'s place (a SuperNode's local data, which

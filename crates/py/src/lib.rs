@@ -564,6 +564,15 @@ impl Client {
         overrides: Vec<String>,
     ) -> PyResult<Self> {
         let cfg = load_config(config, overrides)?;
+        if cfg.model.as_ref().is_some_and(|m| m.local_norm) {
+            // A client's norms live in its method object between rounds.
+            return Err(err(
+                "`model.local_norm` (FedBN): each client keeps its own norm tensors from one \
+                 round to the next, and Flower starts a new ClientApp process for every round, \
+                 which would lose them; run the nodes as `fedfuse flower-node` (a Rust \
+                 SuperNode keeps them in memory for the whole run), or remove model.local_norm",
+            ));
+        }
         let fed = py
             .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
             .map_err(err)?;

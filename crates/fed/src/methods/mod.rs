@@ -15,6 +15,7 @@ mod fedsparse;
 mod fedtrimmedavg;
 mod gems;
 mod krum;
+mod local_norm;
 mod pfnm;
 mod privacy;
 mod separate_inits;
@@ -38,6 +39,7 @@ pub use gems::{
     Shape as GemsShape, finetune_output_layer, hidden_features,
 };
 pub use krum::{Bulyan, BulyanSettings, Krum, KrumSettings};
+pub use local_norm::LocalNorm;
 pub use pfnm::{Pfnm, PfnmSettings, default_eps_grid, put_class_counts};
 pub use privacy::{CentralDp, DpSampling, LocalDp, PrivacySettings};
 pub use separate_inits::SeparateInits;

@@ -182,11 +182,13 @@ pub fn client_step(
     local_eval: bool,
 ) -> Result<Record> {
     let mut reply = method.fit(instruction, ctx)?;
-    if local_eval
-        && !reply.metrics.contains_key(LOCAL_ACCURACY)
-        && let Some(acc) = own_accuracy(&reply.params, ctx.data, ctx.trainer)
-    {
-        reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
+    if local_eval && !reply.metrics.contains_key(LOCAL_ACCURACY) {
+        // The model the client runs: under FedBN its upload with its own norms put back.
+        let own = method.client_model(ctx.id, &reply.params)?;
+        let model = own.as_ref().unwrap_or(&reply.params);
+        if let Some(acc) = own_accuracy(model, ctx.data, ctx.trainer) {
+            reply.metrics.insert(LOCAL_ACCURACY.into(), acc);
+        }
     }
     Ok(reply)
 }
@@ -210,7 +212,9 @@ fn own_accuracy(params: &Params, data: &ClientData, trainer: &Trainer) -> Option
 
 /// The classifier's evaluation after a round: on the global test set, the mean over clients'
 /// own test splits (NaN when `local_eval` is off; a server on Flower has none) and the
-/// method's own figures.
+/// method's own figures. Each client scores the model it would run
+/// ([`Method::client_model`]): the global model, or under FedBN the global model with the
+/// client's own normalisation tensors.
 pub fn evaluate_classifier(
     method: &dyn Method,
     trainer: &Trainer,
@@ -231,9 +235,14 @@ pub fn evaluate_classifier(
     let local_accuracy_mean = if local_eval {
         let accs = clients
             .par_iter()
-            .filter(|c| !c.test.is_empty())
-            .map(|c| evaluator.evaluate(global, &c.test).map(|e| e.accuracy))
-            .collect::<std::result::Result<Vec<f64>, _>>()?;
+            .enumerate()
+            .filter(|(_, c)| !c.test.is_empty())
+            .map(|(id, c)| {
+                let own = method.client_model(id, global)?;
+                let model = own.as_ref().unwrap_or(global);
+                Ok(evaluator.evaluate(model, &c.test)?.accuracy)
+            })
+            .collect::<Result<Vec<f64>>>()?;
         accs.iter().sum::<f64>() / accs.len().max(1) as f64
     } else {
         f64::NAN

@@ -196,6 +196,7 @@ impl RoundState {
     ) -> Result<()> {
         let checked = reply.and_then(|(record, bytes)| {
             self.bytes_up += bytes as u64;
+            let record = method.restore_reply(global, record)?;
             method.check_reply(global, &record)?;
             let weightless = (record.num_examples == 0 && method.weighs_by_examples())
                 .then(|| "it claims 0 examples, so it has no weight in the aggregate".to_string());

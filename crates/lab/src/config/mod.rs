@@ -13,10 +13,11 @@ use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Context, Result, bail};
+use fedfuse_core::Params;
 use fedfuse_data::PartitionSpec;
 use fedfuse_fed::{
-    BuildContext, ClientsPerRound, DpSampling, FedNgmConfig, FedNgrConfig, Method, MethodConfig,
-    PrivacySettings, ReplyBounds, Sampling, ServerStepConfig, SimConfig,
+    BuildContext, ClientsPerRound, DpSampling, FedNgmConfig, FedNgrConfig, LocalNorm, Method,
+    MethodConfig, PrivacySettings, ReplyBounds, Sampling, ServerStepConfig, SimConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -280,7 +281,67 @@ impl Config {
         if model.kind.is_list() {
             self.check_list_model(model)?;
         }
+        if model.local_norm {
+            self.check_local_norm(model, dataset)?;
+        }
         self.check_method()
+    }
+
+    /// `model.local_norm` (FedBN): a model with norms, a method whose server step does not
+    /// need the norms, and the clients' own test splits to score their models on.
+    fn check_local_norm(&self, model: &ModelSection, dataset: &DatasetSection) -> Result<()> {
+        let kind = model.kind.name();
+        let name = self.method.name();
+        if !model.has_norm() {
+            bail!(
+                "`model.local_norm` keeps every normalisation layer's tensors on the clients \
+                 (FedBN), and `{kind}` has no normalisation layer: add batchnorm1d, \
+                 batchnorm2d, groupnorm or layernorm layers to a layer list (or use resnet20 \
+                 with its norms), or remove model.local_norm"
+            );
+        }
+        if !self.local_eval {
+            bail!(
+                "`model.local_norm` is scored as FedBN reports it, each client's model (the \
+                 global weights with its own norms) on its own test split: set \
+                 `local_eval = true` (the global model alone keeps the initial norms)"
+            );
+        }
+        if dataset.local_test_fraction == 0.0 {
+            bail!(
+                "`model.local_norm` is scored on the clients' own test splits, and \
+                 `dataset.local_test_fraction` = 0 leaves them none: set it above 0 (e.g. 0.2)"
+            );
+        }
+        let grouped = matches!(
+            self.method,
+            MethodConfig::FedSparse(_) | MethodConfig::FedL1(_)
+        );
+        if grouped {
+            bail!(
+                "`model.local_norm` with method `{name}`: its groups are a filter or unit \
+                 together with the norm channel after it, and under local_norm that channel's \
+                 scale and shift stay on the clients, so the server could neither measure nor \
+                 zero a whole group (a zeroed filter would still pass the client's shift); use \
+                 fedavg, fedprox, fedopt, fedmedian, fedtrimmedavg, krum, bulyan or fedmix, or \
+                 remove model.local_norm"
+            );
+        }
+        if matches!(&self.method, MethodConfig::FedMix(s) if s.mixture_term) {
+            bail!(
+                "`model.local_norm` with `method.mixture_term = true`: the prior would pull the \
+                 clients' own norms towards the server's centres, which FedBN leaves \
+                 unaggregated; set mixture_term = false or remove model.local_norm"
+            );
+        }
+        if matches!(self.privacy, Some(PrivacySettings::Local { .. })) {
+            bail!(
+                "`model.local_norm` with local DP: the clients would clip and noise their own \
+                 norms too, which never leave them; use central DP (kind = \"central-fixed\" or \
+                 \"central-adaptive\") or remove model.local_norm"
+            );
+        }
+        Ok(())
     }
 
     /// What layer lists cannot do yet, or cannot do by design, refused by name.
@@ -335,9 +396,12 @@ impl Config {
         }
     }
 
-    /// The method of `[method]`, inside its `[privacy]` wrapper, then its `[server]` step.
-    pub fn build_method(&self, ctx: BuildContext) -> Result<Box<dyn Method>> {
+    /// The method of `[method]`, inside its `[privacy]` wrapper, then its `[server]` step,
+    /// then FedBN's (`model.local_norm`), outermost, whose clients start their norms from
+    /// `init`'s.
+    pub fn build_method(&self, ctx: BuildContext, init: &Params) -> Result<Box<dyn Method>> {
         let seed = ctx.seed;
+        let spec = ctx.spec.clone();
         let mut method = self.method.build_with(ctx)?;
         if let Some(privacy) = &self.privacy {
             let sampling = DpSampling::of(&self.sim_sampling(), self.clients)?;
@@ -345,6 +409,12 @@ impl Config {
         }
         if let Some(server) = &self.server {
             method = server.wrap(method)?;
+        }
+        if self.model.as_ref().is_some_and(|m| m.local_norm) {
+            let Some(spec) = spec else {
+                bail!("`model.local_norm` needs the model's architecture to find its norms");
+            };
+            method = Box::new(LocalNorm::new(method, &spec, init)?);
         }
         Ok(method)
     }

@@ -246,6 +246,15 @@ pub struct ModelSection {
     /// of a fresh initialisation; their names and shapes must be the model's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,
+    /// FedBN (Li et al. 2021): every normalisation layer's tensors (scales, shifts, running
+    /// statistics) stay on the clients, neither sent nor aggregated; layer lists with norms
+    /// only.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub local_norm: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Optimizer names.
@@ -421,6 +430,26 @@ impl ModelSection {
                 _ => false,
             }),
             ModelKind::Mlp | ModelKind::Lenet5 | ModelKind::CnnLeaf | ModelKind::Vgg9 => false,
+        }
+    }
+
+    /// Whether the network has normalisation layers (batch, group or layer norms, in the list
+    /// or inside residual blocks): what `local_norm` keeps on the clients.
+    pub fn has_norm(&self) -> bool {
+        let has = |layers: &[LayerSpec]| {
+            layers.iter().any(|l| match l {
+                LayerSpec::Residual { norm, .. } => *norm != BlockNorm::None,
+                other => other.is_norm(),
+            })
+        };
+        match self.kind.zoo() {
+            // The class count does not change which layers a zoo network has.
+            Some(zoo) => has(&zoo.layers(
+                10,
+                self.norm.unwrap_or_default(),
+                self.width.unwrap_or(RESNET_WIDTH),
+            )),
+            None => has(&self.layers),
         }
     }
 

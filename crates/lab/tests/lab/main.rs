@@ -6,6 +6,7 @@ mod architecture;
 mod federation;
 mod fuzz;
 mod golden;
+mod local_norm;
 mod matching;
 mod naming;
 mod privacy;

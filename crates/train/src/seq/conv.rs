@@ -14,8 +14,11 @@
 //! Batching several samples into one wider GEMM (for the 8×8 maps) measured slower than
 //! per-sample GEMMs: the gathers and the larger `col` cost more than the packing they save.
 //!
-//! Everything runs on the calling thread with `gemm::Parallelism::None`: clients train in
-//! parallel already, and a fixed order of operations gives the same bits on every run.
+//! The batch is cut into tasks of [`SAMPLES_PER_TASK`] samples that rayon runs in parallel
+//! (a client uses the cores the other clients of its round leave free); each GEMM runs on its
+//! task's thread (`gemm::Parallelism::None`). The cut does not depend on the number of
+//! threads, and the weight gradient's per-task sums are added in task order, so every thread
+//! count gives the same bits.
 //!
 //! Layers this op does not cover (another backend, a checkpointing autodiff device, a dtype
 //! other than `f32`, dilation, `Same` padding) go through burn's `Conv2d::forward`.
@@ -29,6 +32,7 @@ use burn::backend::{Autodiff, BackendTypes, Flex};
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::tensor::{DType, Tensor, TensorData};
+use rayon::prelude::*;
 
 /// The float primitive of `Autodiff<Flex>` (burn's `AutodiffTensor<Flex>`, which is not
 /// nameable from outside burn-autodiff).
@@ -410,19 +414,22 @@ fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
     }
 }
 
-/// `dst = lhs·rhs`, or `dst += lhs·rhs` with `accumulate`; `dst` is row-major with row
-/// stride `dst_rs`.
+/// `dst = lhs·rhs`, or `dst += lhs·rhs` with `accumulate`; `dst` has row and column strides
+/// `(rs, cs)`.
+///
+/// gemm packs a left operand that is not column-major, so callers choose the layout that
+/// leaves the smaller operand to pack.
 ///
 /// # Panics
 ///
 /// If the shapes disagree or a matrix runs past its slice (a bug in this module).
-fn matmul(dst: &mut [f32], dst_rs: usize, lhs: Mat, rhs: Mat, accumulate: bool) {
+fn matmul(dst: &mut [f32], (dst_rs, dst_cs): (usize, usize), lhs: Mat, rhs: Mat, accumulate: bool) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert!(
         rhs.rows == k
             && lhs.span() <= lhs.data.len()
             && rhs.span() <= rhs.data.len()
-            && span(m, n, dst_rs, 1) <= dst.len(),
+            && span(m, n, dst_rs, dst_cs) <= dst.len(),
         "conv2d: GEMM operands out of bounds"
     );
     if m == 0 || n == 0 {
@@ -431,12 +438,14 @@ fn matmul(dst: &mut [f32], dst_rs: usize, lhs: Mat, rhs: Mat, accumulate: bool) 
     if k == 0 {
         if !accumulate {
             for r in 0..m {
-                dst[r * dst_rs..][..n].fill(0.0);
+                for c in 0..n {
+                    dst[r * dst_rs + c * dst_cs] = 0.0;
+                }
             }
         }
         return;
     }
-    // SAFETY: the assertion keeps every access in bounds: dst (r, c) at r·dst_rs + c,
+    // SAFETY: the assertion keeps every access in bounds: dst (r, c) at r·rs + c·cs,
     // lhs (r, q) at r·rs + q·cs and rhs (q, c) likewise, each below its slice's length; dst
     // does not alias the operands (it is borrowed mutably).
     unsafe {
@@ -445,7 +454,7 @@ fn matmul(dst: &mut [f32], dst_rs: usize, lhs: Mat, rhs: Mat, accumulate: bool) 
             n,
             k,
             dst.as_mut_ptr(),
-            1,
+            dst_cs as isize,
             dst_rs as isize,
             accumulate,
             lhs.data.as_ptr(),
@@ -538,28 +547,37 @@ fn col2im_add(col: &[f32], g: &Geom, dx: &mut [f32]) {
     }
 }
 
+/// Samples per parallel task. Fixed, so that the weight gradient's partial sums (one per
+/// task, added in task order) and hence the results do not depend on the number of threads.
+const SAMPLES_PER_TASK: usize = 8;
+
 /// The output `[batch, c_out, ho, wo]` of `x` (`[batch, c_in, h, w]`), `w`
 /// (`[c_out, cg, kh, kw]`) and an optional bias, all contiguous.
 fn conv_forward(x: &[f32], w: &[f32], bias: Option<&[f32]>, g: &Geom) -> Vec<f32> {
     let (taps, pixels, og) = (g.taps(), g.pixels(), g.og());
     let x_group = g.cg() * g.h * g.w;
     let mut y = vec![0f32; g.y_len()];
-    let mut col = vec![0f32; taps * pixels];
-    // Per sample and group: im2col, then W·col straight into the output block, which is a
-    // row-major [og, pixels] matrix.
-    let blocks = x.chunks_exact(x_group).zip(y.chunks_exact_mut(og * pixels));
-    for (gi, (xs, ys)) in (0..g.groups).cycle().zip(blocks) {
-        im2col(xs, g, &mut col);
-        let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
-        matmul(ys, pixels, wg, Mat::rows(&col, taps, pixels, pixels), false);
-    }
-    if let Some(bias) = bias {
-        for (row, &b) in y.chunks_exact_mut(pixels).zip(bias.iter().cycle()) {
-            for v in row {
-                *v += b;
+    // Each task: per sample and group, im2col, then W·col straight into the output block,
+    // which is a row-major [og, pixels] matrix.
+    let x_tasks = x.par_chunks(SAMPLES_PER_TASK * g.c_in * g.h * g.w);
+    let y_tasks = y.par_chunks_mut(SAMPLES_PER_TASK * g.c_out * pixels);
+    x_tasks.zip(y_tasks).for_each(|(x, y)| {
+        let mut col = vec![0f32; taps * pixels];
+        let blocks = x.chunks_exact(x_group).zip(y.chunks_exact_mut(og * pixels));
+        for (gi, (xs, ys)) in (0..g.groups).cycle().zip(blocks) {
+            im2col(xs, g, &mut col);
+            let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
+            let cols = Mat::rows(&col, taps, pixels, pixels);
+            matmul(ys, (pixels, 1), wg, cols, false);
+        }
+        if let Some(bias) = bias {
+            for (row, &b) in y.chunks_exact_mut(pixels).zip(bias.iter().cycle()) {
+                for v in row {
+                    *v += b;
+                }
             }
         }
-    }
+    });
     y
 }
 
@@ -575,29 +593,82 @@ fn conv_backward(
     if !need_x && !need_w {
         return (None, None);
     }
+    let (x_task, y_task) = (
+        SAMPLES_PER_TASK * g.c_in * g.h * g.w,
+        SAMPLES_PER_TASK * g.c_out * g.pixels(),
+    );
+    let mut dx = need_x.then(|| vec![0f32; g.x_len()]);
+    let dx_tasks: Vec<Option<&mut [f32]>> = match dx.as_deref_mut() {
+        Some(dx) => dx.chunks_mut(x_task).map(Some).collect(),
+        None => (0..g.batch.div_ceil(SAMPLES_PER_TASK))
+            .map(|_| None)
+            .collect(),
+    };
+    let partial: Vec<Option<Vec<f32>>> = dx_tasks
+        .into_par_iter()
+        .zip(x.par_chunks(x_task))
+        .zip(dy.par_chunks(y_task))
+        .map(|((dx, x), dy)| backward_task(x, w, dy, g, dx, need_w))
+        .collect();
+    let dw = need_w.then(|| {
+        // The tasks' partial sums in task order, then back to `[c_out, cg, kh, kw]`.
+        let mut sum = vec![0f32; g.w_len()];
+        for p in partial.iter().flatten() {
+            for (s, v) in sum.iter_mut().zip(p) {
+                *s += v;
+            }
+        }
+        let (taps, og) = (g.taps(), g.og());
+        let mut dw = vec![0f32; g.w_len()];
+        for (block_t, block) in sum
+            .chunks_exact(og * taps)
+            .zip(dw.chunks_exact_mut(og * taps))
+        {
+            for (t, row) in block_t.chunks_exact(og).enumerate() {
+                for (o, &v) in row.iter().enumerate() {
+                    block[o * taps + t] = v;
+                }
+            }
+        }
+        dw
+    });
+    (dx, dw)
+}
+
+/// One task's share of [`conv_backward`]: its samples' input gradient written into `dx` (when
+/// given), and their weight gradient summed (when `need_w`) column-major per group
+/// (`[groups][taps, og]`): gemm then packs the small `dY` block rather than the
+/// `taps × pixels` col of every sample.
+fn backward_task(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    g: &Geom,
+    mut dx: Option<&mut [f32]>,
+    need_w: bool,
+) -> Option<Vec<f32>> {
     let (taps, pixels, og) = (g.taps(), g.pixels(), g.og());
     let x_group = g.cg() * g.h * g.w;
-    let mut dx = need_x.then(|| vec![0f32; g.x_len()]);
-    let mut dw = need_w.then(|| vec![0f32; g.w_len()]);
+    let mut dw_t = need_w.then(|| vec![0f32; g.w_len()]);
     // im2col of x for dW, then reused for Wᵀ·dY before col2im.
     let mut col = vec![0f32; taps * pixels];
     for (i, dys) in dy.chunks_exact(og * pixels).enumerate() {
         // Block i is sample i / groups, group i % groups, in x, dx and dy alike.
         let gi = i % g.groups;
         let dys = Mat::rows(dys, og, pixels, pixels);
-        if let Some(dw) = dw.as_deref_mut() {
+        if let Some(dw_t) = dw_t.as_deref_mut() {
             im2col(&x[i * x_group..][..x_group], g, &mut col);
             let cols = Mat::rows(&col, taps, pixels, pixels);
-            let dwg = &mut dw[gi * og * taps..][..og * taps];
-            matmul(dwg, taps, dys, cols.t(), true);
+            let dwg = &mut dw_t[gi * og * taps..][..og * taps];
+            matmul(dwg, (1, og), dys, cols.t(), true);
         }
         if let Some(dx) = dx.as_deref_mut() {
             let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
-            matmul(&mut col, pixels, wg.t(), dys, false);
+            matmul(&mut col, (pixels, 1), wg.t(), dys, false);
             col2im_add(&col, g, &mut dx[i * x_group..][..x_group]);
         }
     }
-    (dx, dw)
+    dw_t
 }
 
 /// Per-channel sums of `dy` (`[batch, c_out, pixels]`).
@@ -784,6 +855,31 @@ mod tests {
             bias: true,
             ..case(3, [5, 5], 9, 3, 2, 1)
         });
+    }
+
+    #[test]
+    fn batches_of_several_tasks_match_burn_and_every_thread_count() {
+        // 19 samples: two full tasks and a partial one, with groups and a bias.
+        let c = Case {
+            groups: 2,
+            bias: true,
+            ..case(super::SAMPLES_PER_TASK * 2 + 3, [4, 6], 7, 3, 1, 1)
+        };
+        check(Case { ..c });
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (y, dx, dw, db) = pool.install(|| run(&c, true));
+            (
+                y.to_data(),
+                dx.to_data(),
+                dw.to_data(),
+                db.unwrap().to_data(),
+            )
+        };
+        assert_eq!(on(1), on(3), "the bits depend on the number of threads");
     }
 
     #[test]

@@ -36,7 +36,7 @@ use rayon::prelude::*;
 
 /// The float primitive of `Autodiff<Flex>` (burn's `AutodiffTensor<Flex>`, which is not
 /// nameable from outside burn-autodiff).
-type AdTensor = <Autodiff<Flex> as BackendTypes>::FloatTensorPrimitive;
+pub(super) type AdTensor = <Autodiff<Flex> as BackendTypes>::FloatTensorPrimitive;
 
 /// `conv.forward(x)` for fedfuse's layers, with the custom op where it applies.
 pub(crate) fn forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
@@ -196,16 +196,16 @@ impl Geom {
 }
 
 /// A contiguous `f32` copy (or view) of `t`, or `None` for another dtype.
-fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
+pub(super) fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
     (t.dtype() == DType::F32).then(|| t.to_contiguous())
 }
 
 /// The values of a contiguous `f32` tensor with `len` elements.
-fn values(t: &FlexTensor, len: usize) -> Option<&[f32]> {
+pub(super) fn values(t: &FlexTensor, len: usize) -> Option<&[f32]> {
     t.as_slice::<f32>().filter(|s| s.len() == len)
 }
 
-fn flex(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
+pub(super) fn flex(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
 }
 

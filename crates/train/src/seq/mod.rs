@@ -21,6 +21,7 @@ use fedfuse_core::{ModelSpec, Params};
 use crate::{Result, TrainError};
 
 mod conv;
+mod pool;
 
 /// Running statistics of one batch norm, and its count of training batches.
 #[derive(Clone, Debug)]
@@ -349,7 +350,7 @@ impl SeqNet {
                 Layer::Conv(conv) => Act::Img(conv::forward(conv, a.img())),
                 Layer::Linear(lin) => Act::Flat(lin.forward(a.flat())),
                 Layer::Norm(n) => n.forward(a, mode, &self.stats),
-                Layer::MaxPool(p) => Act::Img(p.forward(a.img())),
+                Layer::MaxPool(p) => Act::Img(pool::forward(p, a.img())),
                 Layer::AvgPool(p) => Act::Img(p.forward(a.img())),
                 Layer::Block(block) => Act::Img(block.forward(a.img(), gate, mode, &self.stats)),
                 Layer::Op(op) => match op.kind {

@@ -1,0 +1,306 @@
+//! 2-D max pooling as a custom autodiff op on the Flex (CPU) backend.
+//!
+//! burn-flex pools through a general 3-D kernel with indices (7 % of a cnn-leaf epoch); this
+//! op keeps, per output, the offset of its window's maximum inside the input plane and
+//! scatters the output gradient there. Ties go to the first maximum in row-major window
+//! order and NaN wins, as in PyTorch. Planes are independent, so the parallel cut changes
+//! no bits. Pools this op does not cover (padding, dilation, ceil mode, another backend or
+//! dtype) go through burn's `MaxPool2d::forward`.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, Flex};
+use burn::nn::PaddingConfig2d;
+use burn::nn::pool::MaxPool2d;
+use burn::tensor::Tensor;
+use rayon::prelude::*;
+
+use super::conv::{AdTensor, contiguous_f32, flex, values};
+
+/// Planes per parallel task.
+const PLANES_PER_TASK: usize = 16;
+
+/// `pool.forward(x)`, with the custom op where it applies.
+pub(crate) fn forward(pool: &MaxPool2d, x: Tensor<4>) -> Tensor<4> {
+    match try_forward(pool, &x) {
+        Some(y) => y,
+        None => pool.forward(x),
+    }
+}
+
+fn try_forward(pool: &MaxPool2d, x: &Tensor<4>) -> Option<Tensor<4>> {
+    let g = Geom::new(pool, x.dims())?;
+    if let Ok(xp) = x.clone().try_into_primitive::<Autodiff<Flex>>() {
+        return forward_autodiff(xp, g).map(Tensor::from_primitive::<Autodiff<Flex>>);
+    }
+    let xp = x.clone().try_into_primitive::<Flex>().ok()?;
+    let x = contiguous_f32(&xp)?;
+    let (y, _) = pool_forward(values(&x, g.x_len())?, &g);
+    Some(Tensor::from_primitive::<Flex>(flex(
+        y,
+        &[g.batch, g.c, g.ho, g.wo],
+    )))
+}
+
+/// Sizes of one pooling; all in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Geom {
+    batch: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    ho: usize,
+    wo: usize,
+}
+
+impl Geom {
+    fn new(pool: &MaxPool2d, [batch, c, h, w]: [usize; 4]) -> Option<Self> {
+        let [kh, kw] = pool.kernel_size;
+        let [sh, sw] = pool.stride;
+        let no_padding = match pool.padding {
+            PaddingConfig2d::Valid => true,
+            PaddingConfig2d::Explicit(t, l, b, r) => t == 0 && l == 0 && b == 0 && r == 0,
+            PaddingConfig2d::Same => false,
+        };
+        let supported = no_padding
+            && pool.dilation == [1, 1]
+            && !pool.ceil_mode
+            && kh > 0
+            && kw > 0
+            && sh > 0
+            && sw > 0
+            && h >= kh
+            && w >= kw
+            // Offsets in a plane are kept as u32.
+            && h.checked_mul(w).is_some_and(|n| n <= u32::MAX as usize);
+        supported.then(|| Self {
+            batch,
+            c,
+            h,
+            w,
+            kh,
+            kw,
+            sh,
+            sw,
+            ho: (h - kh) / sh + 1,
+            wo: (w - kw) / sw + 1,
+        })
+    }
+
+    fn planes(&self) -> usize {
+        self.batch * self.c
+    }
+
+    fn x_len(&self) -> usize {
+        self.planes() * self.h * self.w
+    }
+
+    fn y_len(&self) -> usize {
+        self.planes() * self.ho * self.wo
+    }
+}
+
+/// The maxima `[batch, c, ho, wo]` and, per output, its maximum's offset in its input plane.
+fn pool_forward(x: &[f32], g: &Geom) -> (Vec<f32>, Vec<u32>) {
+    let (plane_in, plane_out) = (g.h * g.w, g.ho * g.wo);
+    let mut y = vec![0f32; g.y_len()];
+    let mut at = vec![0u32; g.y_len()];
+    let tasks = x
+        .par_chunks(PLANES_PER_TASK * plane_in)
+        .zip(y.par_chunks_mut(PLANES_PER_TASK * plane_out))
+        .zip(at.par_chunks_mut(PLANES_PER_TASK * plane_out));
+    tasks.for_each(|((x, y), at)| {
+        let planes = x
+            .chunks_exact(plane_in)
+            .zip(y.chunks_exact_mut(plane_out))
+            .zip(at.chunks_exact_mut(plane_out));
+        for ((x, y), at) in planes {
+            for oy in 0..g.ho {
+                for ox in 0..g.wo {
+                    let (mut best, mut best_at) = (f32::NEG_INFINITY, None);
+                    for ky in 0..g.kh {
+                        let row = (oy * g.sh + ky) * g.w + ox * g.sw;
+                        for (kx, &v) in x[row..row + g.kw].iter().enumerate() {
+                            if best_at.is_none() || v > best || (v.is_nan() && !best.is_nan()) {
+                                (best, best_at) = (v, Some(row + kx));
+                            }
+                        }
+                    }
+                    let o = oy * g.wo + ox;
+                    y[o] = best;
+                    // Fits: `Geom::new` refuses planes of more than u32::MAX values.
+                    at[o] = best_at.unwrap_or(0) as u32;
+                }
+            }
+        }
+    });
+    (y, at)
+}
+
+/// The input gradient: each output's gradient added at its maximum.
+fn pool_backward(dy: &[f32], at: &[u32], g: &Geom) -> Vec<f32> {
+    let (plane_in, plane_out) = (g.h * g.w, g.ho * g.wo);
+    let mut dx = vec![0f32; g.x_len()];
+    dx.par_chunks_mut(PLANES_PER_TASK * plane_in)
+        .zip(dy.par_chunks(PLANES_PER_TASK * plane_out))
+        .zip(at.par_chunks(PLANES_PER_TASK * plane_out))
+        .for_each(|((dx, dy), at)| {
+            let planes = dx
+                .chunks_exact_mut(plane_in)
+                .zip(dy.chunks_exact(plane_out))
+                .zip(at.chunks_exact(plane_out));
+            for ((dx, dy), at) in planes {
+                for (&d, &i) in dy.iter().zip(at) {
+                    dx[i as usize] += d;
+                }
+            }
+        });
+    dx
+}
+
+/// What the backward pass needs: where each maximum was.
+#[derive(Clone, Debug)]
+struct PoolState {
+    at: Vec<u32>,
+    geom: Geom,
+}
+
+#[derive(Debug)]
+struct MaxPoolBackward;
+
+impl Backward<Flex, 1> for MaxPoolBackward {
+    type State = PoolState;
+
+    fn backward(self, ops: Ops<PoolState, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let dy = grads.consume::<Flex>(&ops.node);
+        let Some(node) = node_x else { return };
+        let g = &ops.state.geom;
+        let dy = contiguous_f32(&dy);
+        let Some(dy) = dy.as_ref().and_then(|dy| values(dy, g.y_len())) else {
+            panic!("max_pool2d backward: gradient does not match the forward geometry {g:?}");
+        };
+        let dx = pool_backward(dy, &ops.state.at, g);
+        grads.register::<Flex>(node.id, flex(dx, &[g.batch, g.c, g.h, g.w]));
+    }
+}
+
+fn forward_autodiff(x: AdTensor, g: Geom) -> Option<AdTensor> {
+    let (x, x_node) = x.into_parts();
+    let x = contiguous_f32(&x)?;
+    let (y, at) = pool_forward(values(&x, g.x_len())?, &g);
+    let y = flex(y, &[g.batch, g.c, g.ho, g.wo]);
+    Some(
+        match MaxPoolBackward
+            .prepare::<NoCheckpointing>([x_node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(PoolState { at, geom: g }, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        },
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+mod tests {
+    use burn::nn::pool::MaxPool2dConfig;
+    use burn::tensor::{Device, Tensor, TensorData};
+
+    fn noise(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Output and input gradient of `Σ pool(x)·r`, by this op or burn's.
+    fn run(shape: [usize; 4], k: usize, s: usize, custom: bool) -> (Vec<f32>, Vec<f32>) {
+        let device = Device::flex().autodiff();
+        let pool = MaxPool2dConfig::new([k, k]).with_strides([s, s]).init();
+        let x = Tensor::<4>::from_data(
+            TensorData::new(noise(shape.iter().product(), 3), shape),
+            &device,
+        )
+        .require_grad();
+        let y = match custom {
+            true => super::try_forward(&pool, &x).expect("custom op applies"),
+            false => pool.forward(x.clone()),
+        };
+        let dims = y.dims();
+        let r = Tensor::<4>::from_data(
+            TensorData::new(noise(dims.iter().product(), 5), dims),
+            &device,
+        );
+        let grads = (y.clone() * r).sum().backward();
+        let dx = x.grad(&grads).expect("x grad");
+        (
+            y.into_data().try_to_vec::<f32>().unwrap(),
+            dx.into_data().try_to_vec::<f32>().unwrap(),
+        )
+    }
+
+    #[test]
+    fn max_pool_matches_burn() {
+        // 2x2/2 (the zoo's), an odd size that drops a border, overlapping 3x3/2 windows, and
+        // more planes than one task holds.
+        for (shape, k, s) in [
+            ([2, 3, 8, 8], 2, 2),
+            ([3, 2, 7, 9], 2, 2),
+            ([2, 2, 9, 9], 3, 2),
+            ([3, 7, 6, 6], 2, 2),
+        ] {
+            let ours = run(shape, k, s, true);
+            assert_eq!(ours, run(shape, k, s, false), "{shape:?} k{k} s{s}");
+        }
+    }
+
+    #[test]
+    fn ties_go_to_the_first_maximum_and_nan_wins() {
+        let device = Device::flex();
+        let pool = MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init();
+        let x = Tensor::<4>::from_data(
+            TensorData::new(
+                vec![1.0, 1.0, 0.5, 1.0, f32::NAN, 2.0, 3.0, 4.0],
+                [1, 2, 2, 2],
+            ),
+            &device,
+        );
+        let y: Vec<f32> = super::try_forward(&pool, &x)
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        assert_eq!(y[0], 1.0);
+        assert!(y[1].is_nan());
+        let (_, at) = super::pool_forward(&[1.0, 1.0, 0.5, 1.0], &geom());
+        assert_eq!(at, vec![0]);
+    }
+
+    fn geom() -> super::Geom {
+        super::Geom {
+            batch: 1,
+            c: 1,
+            h: 2,
+            w: 2,
+            kh: 2,
+            kw: 2,
+            sh: 2,
+            sw: 2,
+            ho: 1,
+            wo: 1,
+        }
+    }
+}

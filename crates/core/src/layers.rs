@@ -9,6 +9,10 @@
 //! the block changes width or stride, a projection `shortcut` (`shortcut.0` the 1x1
 //! convolution, `shortcut.1` its norm): the module tree of `scripts/zoo_reference.py`.
 //!
+//! [`gate_points`] are the layers whose units (filters, linear units, a block's inner channels)
+//! methods gate, drop or prune; [`unit_uses`] lists, for each, every tensor entry that holds or
+//! reads a unit, so that dropping or permuting units goes through one map.
+//!
 //! ```
 //! use fedfuse_core::{LayerSpec, ModelSpec};
 //! let spec = ModelSpec::sequential(
@@ -27,6 +31,8 @@
 //! assert_eq!(spec.classes(), 10);
 //! # Ok::<(), fedfuse_core::CoreError>(())
 //! ```
+
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -685,6 +691,15 @@ pub struct GatePoint {
 /// grouped, but zeroing one of its filters removes only that filter's contribution, for the
 /// blocks add to the channel.
 pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoint>> {
+    Ok(grouped_layers(input, layers)?
+        .into_iter()
+        .map(|(_, point)| point)
+        .collect())
+}
+
+/// [`gate_points`], each with the index of the layer whose units it groups (the convolution,
+/// linear layer or residual block, not the norm after it).
+fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, GatePoint)>> {
     let (shapes, _) = chain(FeatureShape::of(input)?, layers)?;
     let last = layers
         .iter()
@@ -727,15 +742,18 @@ pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoin
                         per_unit.push(format!("{i}.bn1.bias"));
                     }
                 }
-                points.push(GatePoint {
-                    group: GroupedLayer {
-                        weight: format!("{i}.conv1.weight"),
-                        per_unit,
-                        units: out,
-                        fan_in: input.channels() * 9,
+                points.push((
+                    i,
+                    GatePoint {
+                        group: GroupedLayer {
+                            weight: format!("{i}.conv1.weight"),
+                            per_unit,
+                            units: out,
+                            fan_in: input.channels() * 9,
+                        },
+                        layer: i,
                     },
-                    layer: i,
-                });
+                ));
                 continue;
             }
             _ => continue,
@@ -753,15 +771,222 @@ pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoin
             per_unit.push(format!("{}.bias", i + 1));
             at = i + 1;
         }
-        points.push(GatePoint {
-            group: GroupedLayer {
-                weight,
-                per_unit,
-                units,
-                fan_in,
+        points.push((
+            i,
+            GatePoint {
+                group: GroupedLayer {
+                    weight,
+                    per_unit,
+                    units,
+                    fan_in,
+                },
+                layer: at,
             },
-            layer: at,
-        });
+        ));
     }
     Ok(points)
+}
+
+/// Where the units of a grouped layer sit in one tensor: unit `u` owns `block` consecutive
+/// indices of axis `axis`, `p * block .. (p + 1) * block` with `p = u`, and with them every
+/// value along the other axes.
+///
+/// A convolution of `groups > 1` channel groups reading the units splits them (axis 1 of its
+/// weight `[out, in / groups, kh, kw]` holds `in / groups` of them): unit `u` is input
+/// `p = u % (in / groups)` of channel group `j = u / (in / groups)`, read only by that group's
+/// output channels, rows `j * out / groups .. (j + 1) * out / groups` of axis 0. A permutation
+/// of the units keeps such a reader's weights right only when it maps every channel group
+/// onto itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitUse {
+    /// The tensor's name.
+    pub tensor: String,
+    /// The axis that indexes the units.
+    pub axis: usize,
+    /// Indices of `axis` per unit: 1, or `h * w` for the columns of a linear layer that reads
+    /// flattened `[c, h, w]` feature maps (channel `c`'s block is `c * h * w .. (c + 1) * h * w`).
+    pub block: usize,
+    /// Channel groups of a reading convolution (1 otherwise); see the type's docs.
+    pub groups: usize,
+}
+
+impl UnitUse {
+    fn new(tensor: String, axis: usize, block: usize) -> Self {
+        Self {
+            tensor,
+            axis,
+            block,
+            groups: 1,
+        }
+    }
+
+    /// The values of unit `unit` in a row-major tensor of shape `shape` (this use's tensor),
+    /// as ranges of flat indices in increasing order; empty for a unit the tensor does not
+    /// hold.
+    pub fn ranges(&self, shape: &[usize], unit: usize) -> Vec<Range<usize>> {
+        let Some(&len) = shape.get(self.axis) else {
+            return Vec::new();
+        };
+        let per_group = len / self.block.max(1);
+        let groups = if self.axis == 0 {
+            1
+        } else {
+            self.groups.max(1)
+        };
+        if per_group == 0 || unit / per_group >= groups {
+            return Vec::new();
+        }
+        let (part, p) = (unit / per_group, unit % per_group);
+        let inner: usize = shape[self.axis + 1..].iter().product();
+        let span = self.block * inner;
+        // Outer index `o` runs over the axes before `axis`; its axis-0 row is `o / per_row`.
+        let outer: usize = shape[..self.axis].iter().product();
+        let per_row: usize = shape.get(1..self.axis).map_or(1, |s| s.iter().product());
+        let rows_per_part = shape.first().map_or(0, |&r| r / groups);
+        (0..outer)
+            .filter(|o| groups == 1 || (o / per_row) / rows_per_part.max(1) == part)
+            .map(|o| {
+                let start = o * len * inner + p * span;
+                start..start + span
+            })
+            .collect()
+    }
+}
+
+/// Every tensor entry that belongs to the units of one grouped layer of a layer list (one
+/// [`GatePoint`], in the same order): what "unit `u` of this layer" means for dropping it
+/// (FedDrop zeroes all of it) or for permuting units (every use moves together).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitUses {
+    /// The grouped layer's index in the list: a convolution, a linear layer, or a residual
+    /// block (whose units are its `conv1`'s channels).
+    pub layer: usize,
+    /// Its units.
+    pub units: usize,
+    /// What the layer holds per unit: its weight's rows (axis 0), its bias, and the per-channel
+    /// tensors of every norm between it and its readers (scale, shift, batch norm's running
+    /// mean and variance; not the scalar counter).
+    pub own: Vec<UnitUse>,
+    /// The inputs of the layers that read the units: the next convolution's input channels
+    /// (axis 1), the next linear layer's input columns (axis 1, blocks of `h * w` after a
+    /// flatten), a residual block's `conv1` and projection `shortcut.0` input channels, a
+    /// block's `conv2` input channels for its inner units.
+    pub readers: Vec<UnitUse>,
+    /// The layers between this one and its readers, in order (norms, activations, pooling,
+    /// dropout, flatten); empty for a block's inner units (`bn1` and ReLU, inside the block).
+    pub between: Vec<usize>,
+    /// Whether the units also enter a residual block's identity path: the block adds its own
+    /// output to them, so they live on in the block's output channels, which are not grouped.
+    /// [`Self::readers`] then holds this layer's readers only (the block's `conv1`); removing
+    /// a unit takes out this layer's contribution to the channel, and a permutation would have
+    /// to reach every block of the identity path up to its next projection, which this map
+    /// does not list.
+    pub identity: bool,
+}
+
+impl UnitUses {
+    /// [`Self::own`], then [`Self::readers`].
+    pub fn all(&self) -> impl Iterator<Item = &UnitUse> {
+        self.own.iter().chain(&self.readers)
+    }
+}
+
+/// Who holds and who reads the units of each grouped layer of a layer list: one [`UnitUses`]
+/// per [`GatePoint`], in the order of [`gate_points`] and [`crate::GroupLayout::of_model`].
+///
+/// From a grouped convolution or linear layer the map walks forward through layers that keep
+/// the unit axis (activations, pooling, dropout, flatten, norms), and stops at the first layer
+/// that mixes units: a convolution, a linear layer or a residual block, whose inputs are the
+/// readers.
+pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>> {
+    let first = FeatureShape::of(input)?;
+    let (shapes, _) = chain(first, layers)?;
+    let input_of = |i: usize| if i == 0 { first } else { shapes[i - 1] };
+    let mut out = Vec::new();
+    for (i, point) in grouped_layers(input, layers)? {
+        let units = point.group.units;
+        let mut uses = UnitUses {
+            layer: i,
+            units,
+            own: vec![UnitUse::new(point.group.weight.clone(), 0, 1)],
+            readers: Vec::new(),
+            between: Vec::new(),
+            identity: false,
+        };
+        if let LayerSpec::Residual { norm, .. } = layers[i] {
+            if norm == BlockNorm::None {
+                uses.own.push(UnitUse::new(format!("{i}.conv1.bias"), 0, 1));
+            }
+            let stats: &[&str] = match norm {
+                BlockNorm::Batch => &["weight", "bias", "running_mean", "running_var"],
+                BlockNorm::Group => &["weight", "bias"],
+                BlockNorm::None => &[],
+            };
+            for t in stats {
+                uses.own.push(UnitUse::new(format!("{i}.bn1.{t}"), 0, 1));
+            }
+            uses.readers
+                .push(UnitUse::new(format!("{i}.conv2.weight"), 1, 1));
+            out.push(uses);
+            continue;
+        }
+        if let LayerSpec::Conv2d { bias: true, .. } | LayerSpec::Linear { bias: true, .. } =
+            layers[i]
+        {
+            uses.own.push(UnitUse::new(format!("{i}.bias"), 0, 1));
+        }
+        // Indices of the unit axis per unit: `h * w` once a flatten has laid the channels out.
+        let mut block = 1;
+        for (j, layer) in layers.iter().enumerate().skip(i + 1) {
+            let at = input_of(j);
+            let reader = |name: &str, groups: usize| UnitUse {
+                tensor: format!("{j}.{name}"),
+                axis: 1,
+                block,
+                groups,
+            };
+            match *layer {
+                LayerSpec::Conv2d { groups, .. } => {
+                    uses.readers.push(reader("weight", groups));
+                    break;
+                }
+                LayerSpec::Linear { .. } => {
+                    uses.readers.push(reader("weight", 1));
+                    break;
+                }
+                LayerSpec::Residual { out: c, stride, .. } => {
+                    uses.readers.push(reader("conv1.weight", 1));
+                    if has_projection(at.channels(), c, stride) {
+                        uses.readers.push(reader("shortcut.0.weight", 1));
+                    } else {
+                        uses.identity = true;
+                    }
+                    break;
+                }
+                LayerSpec::Flatten => {
+                    if let FeatureShape::Image { h, w, .. } = at {
+                        block *= h * w;
+                    }
+                }
+                LayerSpec::BatchNorm2d { .. } | LayerSpec::BatchNorm1d { .. } => {
+                    for t in ["weight", "bias", "running_mean", "running_var"] {
+                        uses.own.push(UnitUse::new(format!("{j}.{t}"), 0, block));
+                    }
+                }
+                LayerSpec::GroupNorm { .. } | LayerSpec::LayerNorm { .. } => {
+                    for t in ["weight", "bias"] {
+                        uses.own.push(UnitUse::new(format!("{j}.{t}"), 0, block));
+                    }
+                }
+                LayerSpec::MaxPool2d { .. }
+                | LayerSpec::AvgPool2d { .. }
+                | LayerSpec::GlobalAvgpool
+                | LayerSpec::Relu
+                | LayerSpec::Dropout { .. } => {}
+            }
+            uses.between.push(j);
+        }
+        out.push(uses);
+    }
+    Ok(out)
 }

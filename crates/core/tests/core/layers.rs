@@ -1,7 +1,7 @@
 //! Layer lists: what a list declares, the tensors it implies, the errors that name the layer
-//! that does not fit, and the groups that sparsity gates.
+//! that does not fit, the groups that sparsity gates, and who holds and reads their units.
 
-use fedfuse_core::layers::gate_points;
+use fedfuse_core::layers::{UnitUse, gate_points, unit_uses};
 use fedfuse_core::{BlockNorm, GroupLayout, LayerSpec, ModelSpec, ZooModel};
 
 fn from_json(text: &str) -> Result<ModelSpec, String> {
@@ -160,4 +160,257 @@ fn groups_are_filters_and_units_with_the_norm_that_follows() {
     assert_eq!(layout.layers()[2].per_unit, ["7.bias"]);
     // The classifier is ungated.
     assert!(layout.layers().iter().all(|l| l.weight != "9.weight"));
+}
+
+fn used(tensor: &str, axis: usize, block: usize, groups: usize) -> UnitUse {
+    UnitUse {
+        tensor: tensor.into(),
+        axis,
+        block,
+        groups,
+    }
+}
+
+fn names(uses: &[UnitUse]) -> Vec<&str> {
+    uses.iter().map(|u| u.tensor.as_str()).collect()
+}
+
+/// Every use of every grouped layer covers its tensor exactly once over the units: the map
+/// says where each value of a unit-indexed tensor belongs, and no value twice.
+fn check_uses_partition(spec: &ModelSpec) {
+    let ModelSpec::Sequential { input, layers } = spec else {
+        panic!()
+    };
+    let shapes = spec.param_shapes();
+    let layout = GroupLayout::of_model(spec);
+    let uses = unit_uses(input, layers).unwrap();
+    assert_eq!(uses.len(), layout.layers().len());
+    for (u, g) in uses.iter().zip(layout.layers()) {
+        assert_eq!(u.units, g.units);
+        // The map's own tensors include the group's: its weight and per-unit tensors.
+        let own = names(&u.own);
+        assert!(own.contains(&g.weight.as_str()), "{own:?}");
+        assert!(
+            g.per_unit.iter().all(|p| own.contains(&p.as_str())),
+            "{own:?}"
+        );
+        for use_ in u.all() {
+            let shape = &shapes.iter().find(|s| s.name == use_.tensor).unwrap().shape;
+            let len: usize = shape.iter().product();
+            let mut seen = vec![0u8; len];
+            for unit in 0..u.units {
+                for r in use_.ranges(shape, unit) {
+                    seen[r].iter_mut().for_each(|s| *s += 1);
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{}", use_.tensor);
+        }
+    }
+}
+
+#[test]
+fn units_are_held_and_read_where_the_map_says() {
+    // [2, 8, 8] -> conv 4 -> bn -> relu -> pool [4, 4, 4] -> conv 6 in 2 channel groups
+    // [6, 4, 4] -> relu -> avgpool [6, 2, 2] -> flatten 24 -> linear 5 -> relu -> linear 3.
+    let layers = vec![
+        LayerSpec::conv2d(4, 3).with_padding(1),
+        LayerSpec::batch_norm2d(),
+        LayerSpec::Relu,
+        LayerSpec::max_pool(2),
+        LayerSpec::Conv2d {
+            out: 6,
+            kernel: 3,
+            stride: 1,
+            padding: 1,
+            groups: 2,
+            bias: true,
+        },
+        LayerSpec::Relu,
+        LayerSpec::AvgPool2d {
+            kernel: 2,
+            stride: None,
+        },
+        LayerSpec::Flatten,
+        LayerSpec::linear(5),
+        LayerSpec::Relu,
+        LayerSpec::linear(3),
+    ];
+    let spec = ModelSpec::sequential(&[2, 8, 8], layers.clone());
+    spec.validate().unwrap();
+    let uses = unit_uses(&[2, 8, 8], &layers).unwrap();
+    assert_eq!(uses.len(), 3);
+    let [conv, grouped, dense] = &uses[..] else {
+        panic!()
+    };
+    // The first convolution: its filters, its bias, the norm after it (running statistics
+    // too), read by the grouped convolution's input channels.
+    assert_eq!((conv.layer, conv.units), (0, 4));
+    assert_eq!(
+        conv.own,
+        [
+            used("0.weight", 0, 1, 1),
+            used("0.bias", 0, 1, 1),
+            used("1.weight", 0, 1, 1),
+            used("1.bias", 0, 1, 1),
+            used("1.running_mean", 0, 1, 1),
+            used("1.running_var", 0, 1, 1),
+        ]
+    );
+    assert_eq!(conv.readers, [used("4.weight", 1, 1, 2)]);
+    assert_eq!(conv.between, [1, 2, 3]);
+    assert!(!conv.identity);
+    // The grouped convolution, read after avgpool and flatten by blocks of 2 * 2 columns.
+    assert_eq!((grouped.layer, grouped.units), (4, 6));
+    assert_eq!(
+        grouped.own,
+        [used("4.weight", 0, 1, 1), used("4.bias", 0, 1, 1)]
+    );
+    assert_eq!(grouped.readers, [used("8.weight", 1, 4, 1)]);
+    assert_eq!(grouped.between, [5, 6, 7]);
+    assert_eq!(dense.readers, [used("10.weight", 1, 1, 1)]);
+    assert_eq!(dense.between, [9]);
+
+    // Filter 1 of `0.weight` [4, 2, 3, 3]: values 18..36.
+    assert_eq!(conv.own[0].ranges(&[4, 2, 3, 3], 1), vec![18..36]);
+    assert_eq!(conv.own[4].ranges(&[4], 3), vec![3..4]);
+    // `4.weight` is [6, 2, 3, 3]: channel group 0 (output rows 0-2) reads units 0 and 1,
+    // group 1 (rows 3-5) units 2 and 3. Unit 0 is input 0 of rows 0-2 (row stride 18, 9
+    // values per input channel); unit 3 is input 1 of rows 3-5.
+    let w4 = [6, 2, 3, 3];
+    assert_eq!(conv.readers[0].ranges(&w4, 0), [0..9, 18..27, 36..45]);
+    assert_eq!(conv.readers[0].ranges(&w4, 3), [63..72, 81..90, 99..108]);
+    // `8.weight` is [5, 24]: channel 2 of the [6, 2, 2] maps is columns 8..12 of every row.
+    assert_eq!(
+        grouped.readers[0].ranges(&[5, 24], 2),
+        [8..12, 32..36, 56..60, 80..84, 104..108]
+    );
+    check_uses_partition(&spec);
+}
+
+#[test]
+fn a_residual_blocks_units_are_its_inner_channels_and_identity_paths_are_marked() {
+    // [2, 6, 6] -> conv 4 (no bias) -> bn -> relu -> block 4 (identity shortcut) -> block 8,
+    // stride 2 (projection) -> global pool -> flatten -> linear 3.
+    let layers = vec![
+        LayerSpec::conv2d(4, 3).with_padding(1).without_bias(),
+        LayerSpec::batch_norm2d(),
+        LayerSpec::Relu,
+        LayerSpec::residual(4, 1, BlockNorm::Batch),
+        LayerSpec::residual(8, 2, BlockNorm::Batch),
+        LayerSpec::GlobalAvgpool,
+        LayerSpec::Flatten,
+        LayerSpec::linear(3),
+    ];
+    let spec = ModelSpec::sequential(&[2, 6, 6], layers.clone());
+    spec.validate().unwrap();
+    let uses = unit_uses(&[2, 6, 6], &layers).unwrap();
+    assert_eq!(uses.len(), 3);
+    // The stem feeds block 3's conv1 and its identity path: the block adds to its channels.
+    assert_eq!(
+        names(&uses[0].own),
+        [
+            "0.weight",
+            "1.weight",
+            "1.bias",
+            "1.running_mean",
+            "1.running_var"
+        ]
+    );
+    assert_eq!(uses[0].readers, [used("3.conv1.weight", 1, 1, 1)]);
+    assert!(uses[0].identity);
+    assert_eq!(uses[0].between, [1, 2]);
+    // A block's units: conv1's filters and bn1's channels, read by conv2 only.
+    for (u, (i, units)) in uses[1..].iter().zip([(3, 4), (4, 8)]) {
+        assert_eq!((u.layer, u.units), (i, units));
+        assert_eq!(
+            names(&u.own),
+            [
+                format!("{i}.conv1.weight"),
+                format!("{i}.bn1.weight"),
+                format!("{i}.bn1.bias"),
+                format!("{i}.bn1.running_mean"),
+                format!("{i}.bn1.running_var"),
+            ]
+        );
+        assert_eq!(u.readers, [used(&format!("{i}.conv2.weight"), 1, 1, 1)]);
+        assert!(u.between.is_empty() && !u.identity);
+    }
+    // `3.conv2.weight` is [4, 4, 3, 3]: unit 2 is input channel 2 of each of the 4 filters.
+    assert_eq!(
+        uses[1].readers[0].ranges(&[4, 4, 3, 3], 2),
+        [18..27, 54..63, 90..99, 126..135]
+    );
+    check_uses_partition(&spec);
+
+    // Before a projection block a layer's units are read by conv1 and the 1x1 shortcut, and
+    // do not go on: no identity path.
+    let layers = vec![
+        LayerSpec::conv2d(4, 3),
+        LayerSpec::Relu,
+        LayerSpec::residual(8, 1, BlockNorm::None),
+        LayerSpec::GlobalAvgpool,
+        LayerSpec::Flatten,
+        LayerSpec::linear(3),
+    ];
+    let uses = unit_uses(&[2, 6, 6], &layers).unwrap();
+    assert_eq!(
+        uses[0].readers,
+        [
+            used("2.conv1.weight", 1, 1, 1),
+            used("2.shortcut.0.weight", 1, 1, 1)
+        ]
+    );
+    assert!(!uses[0].identity);
+    // Without norms the block's units are conv1's filters and biases.
+    assert_eq!(names(&uses[1].own), ["2.conv1.weight", "2.conv1.bias"]);
+    check_uses_partition(&ModelSpec::sequential(&[2, 6, 6], layers));
+}
+
+#[test]
+fn the_zoos_unit_maps_cover_every_tensor_they_name_once() {
+    for (zoo, input, norm) in [
+        (ZooModel::CnnLeaf, [1, 28, 28], BlockNorm::Batch),
+        (ZooModel::Vgg9, [3, 32, 32], BlockNorm::Batch),
+        (ZooModel::Resnet20, [3, 32, 32], BlockNorm::Batch),
+        (ZooModel::Resnet20, [3, 32, 32], BlockNorm::Group),
+        (ZooModel::Resnet20, [3, 32, 32], BlockNorm::None),
+    ] {
+        check_uses_partition(&zoo.spec(&input, 10, norm, 4).unwrap());
+    }
+    // cnn-leaf's second convolution is read by the dense layer in blocks of 7 * 7 columns.
+    let leaf = ZooModel::CnnLeaf
+        .spec(&[1, 28, 28], 10, BlockNorm::Batch, 16)
+        .unwrap();
+    let ModelSpec::Sequential { input, layers } = &leaf else {
+        panic!()
+    };
+    let uses = unit_uses(input, layers).unwrap();
+    assert_eq!(uses[1].readers, [used("7.weight", 1, 49, 1)]);
+    // A flat list: the norm after the linear layer is the unit's, dropout passes it on.
+    let flat = vec![
+        LayerSpec::Linear {
+            out: 6,
+            bias: false,
+        },
+        LayerSpec::BatchNorm1d {
+            eps: 1e-5,
+            momentum: 0.1,
+        },
+        LayerSpec::Relu,
+        LayerSpec::Dropout { p: 0.1 },
+        LayerSpec::linear(2),
+    ];
+    let uses = unit_uses(&[5], &flat).unwrap();
+    assert_eq!(
+        names(&uses[0].own),
+        [
+            "0.weight",
+            "1.weight",
+            "1.bias",
+            "1.running_mean",
+            "1.running_var"
+        ]
+    );
+    assert_eq!(uses[0].readers, [used("4.weight", 1, 1, 1)]);
+    check_uses_partition(&ModelSpec::sequential(&[5], flat));
 }

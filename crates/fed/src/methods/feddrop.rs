@@ -3,18 +3,34 @@
 //! train what is left, and the averaged result is written back into the kept coordinates. Both
 //! directions carry only the kept part. One sub-model per round, shared by its clients.
 //!
-//! MLPs travel as the smaller dense sub-model and train as one (faster). Other models (LeNet-5)
-//! keep their shapes: the dropped units' weights in and out are zeroed, the record is sparse
-//! (zeros cost only their index bits), and the client trains with the dropped units gated off
-//! ([`Trainer::fit_gated`]), which gives them and the weights reading them no gradient.
+//! MLPs travel as the smaller dense sub-model and train as one (faster). Other models (LeNet-5,
+//! layer lists) keep their shapes: the dropped units' weights in and out are zeroed, the record
+//! is sparse (zeros cost only their index bits), and the client trains with the dropped units
+//! gated off ([`Trainer::fit_gated`]), which gives them and the weights reading them no
+//! gradient. On a layer list "a unit's weights in and out" are those of
+//! [`fedfuse_core::layers::unit_uses`]: its filter or row, its bias, the per-channel tensors of
+//! the norm after it, and the next layer's input slices that read it.
 //!
-//! As in (inverted) dropout, the weights leaving a thinned layer are scaled by `1/keep` in the
-//! sub-model and by `keep` on the way back, so the next layer sees pre-activations of the same
-//! size in the sub-model and the full model. Without it, the full model sums more units than
-//! any sub-model was trained with (measured on digits, 64-64-32-10, half the units dropped:
-//! 0.53 accuracy after 10 rounds without the scaling).
+//! As in (inverted) dropout, a thinned layer's kept units count `1/keep` times, so the next
+//! layer sees pre-activations of the same size in the sub-model and the full model. Without it,
+//! the full model sums more units than any sub-model was trained with (measured on digits,
+//! 64-64-32-10, half the units dropped: 0.53 accuracy after 10 rounds without the scaling). A
+//! dense sub-model scales the weights leaving a thinned layer, by `1/keep` on the way out and
+//! `keep` on the way back; a gated model gates its kept units by `1/keep` instead, which is
+//! PyTorch's inverted dropout, and also scales what a unit passes on along a residual block's
+//! identity path, which has no weight to scale.
+//!
+//! Batch norm on a layer list: a dropped channel's scale, shift and running statistics travel
+//! as zeros and come back masked, so the global model keeps its running mean and variance for
+//! the round (the channel saw no data; on the client they only decay towards its zero output).
+//! Group and layer norm are refused after a dropped layer: a dropped unit's zeros would enter
+//! the kept units' mean and variance, which the full model computes without them. So is a batch
+//! norm that does not directly follow the layer, whose statistics would take in the `1/keep`.
 
-use fedfuse_core::{ConfigValue, GroupLayout, ModelSpec, ParamShape, Params, Record};
+use fedfuse_core::layers::{UnitUses, unit_uses};
+use fedfuse_core::{
+    BlockNorm, ConfigValue, GroupLayout, LayerSpec, ModelSpec, ParamShape, Params, Record,
+};
 use fedfuse_fuse::{WeightedSum, scatter_sub_model, sub_model};
 use fedfuse_train::Trainer;
 use rand::SeedableRng;
@@ -75,12 +91,36 @@ impl FedDropSettings {
 pub struct FedDrop {
     /// Fraction of each hidden layer's units dropped per round, in [0, 1).
     pub fraction: f64,
-    /// Units (or filters) of each grouped layer: the hidden widths of an MLP.
+    /// Units (or filters) of each grouped layer ([`GroupLayout::of_model`]): the hidden widths
+    /// of an MLP.
     pub hidden: Vec<usize>,
     /// Seed of the per-round choice of units.
     pub seed: u64,
     /// `None` for an MLP (dense sub-models); otherwise the model, trained masked.
-    masked: Option<ModelSpec>,
+    masked: Option<Masked>,
+}
+
+/// A model that keeps its shapes, and where its units' weights in and out are.
+#[derive(Clone, Debug)]
+enum Masked {
+    /// LeNet-5: each grouped layer's weight and bias, and the next tensor after the bias, the
+    /// weight of the layer reading its units.
+    LeNet(ModelSpec),
+    /// A layer list: every tensor holding or reading each grouped layer's units.
+    List {
+        shapes: Vec<ParamShape>,
+        uses: Vec<UnitUses>,
+    },
+}
+
+impl Masked {
+    /// Whether each value of each tensor belongs to a kept unit (or to no unit).
+    fn kept_values(&self, kept: &[Vec<usize>]) -> Vec<Vec<bool>> {
+        match self {
+            Self::LeNet(spec) => kept_values(spec, kept),
+            Self::List { shapes, uses } => list_kept_values(shapes, uses, kept),
+        }
+    }
 }
 
 impl FedDrop {
@@ -98,14 +138,23 @@ impl FedDrop {
                 reason: "FedDrop drops hidden units; the model has no hidden layer".into(),
             });
         }
+        let masked = match spec {
+            ModelSpec::Mlp { .. } => None,
+            ModelSpec::Sequential { input, layers } => {
+                let uses = unit_uses(input, layers)?;
+                check_list(layers, &uses)?;
+                Some(Masked::List {
+                    shapes: spec.param_shapes(),
+                    uses,
+                })
+            }
+            other => Some(Masked::LeNet(other.clone())),
+        };
         Ok(Self {
             fraction,
             hidden,
             seed,
-            masked: match spec {
-                ModelSpec::Mlp { .. } => None,
-                other => Some(other.clone()),
-            },
+            masked,
         })
     }
 
@@ -170,9 +219,9 @@ impl FedDrop {
     }
 }
 
-/// Whether each value of each tensor belongs to a kept unit: a grouped layer's rows (and
-/// bias entries) of dropped units are out, and so are the next layer's input columns that read
-/// them (for a conv output flattened into a dense layer, its block of `h * w` columns).
+/// Whether each value of each LeNet-5 tensor belongs to a kept unit: a grouped layer's rows
+/// (and bias entries) of dropped units are out, and so are the next layer's input columns that
+/// read them (for a conv output flattened into a dense layer, its block of `h * w` columns).
 fn kept_values(spec: &ModelSpec, kept: &[Vec<usize>]) -> Vec<Vec<bool>> {
     let shapes = spec.param_shapes();
     let mut mask: Vec<Vec<bool>> = shapes
@@ -210,6 +259,90 @@ fn kept_values(spec: &ModelSpec, kept: &[Vec<usize>]) -> Vec<Vec<bool>> {
         }
     }
     mask
+}
+
+/// [`kept_values`] of a layer list: every use of a dropped unit (see [`unit_uses`]) is out.
+fn list_kept_values(
+    shapes: &[ParamShape],
+    uses: &[UnitUses],
+    kept: &[Vec<usize>],
+) -> Vec<Vec<bool>> {
+    let mut mask: Vec<Vec<bool>> = shapes
+        .iter()
+        .map(|s| vec![true; s.shape.iter().product()])
+        .collect();
+    for (layer, units) in uses.iter().zip(kept) {
+        let mut on = vec![false; layer.units];
+        for &u in units {
+            if let Some(o) = on.get_mut(u) {
+                *o = true;
+            }
+        }
+        for used in layer.all() {
+            let Some(t) = shapes.iter().position(|s| s.name == used.tensor) else {
+                continue;
+            };
+            for unit in (0..layer.units).filter(|&u| !on[u]) {
+                for span in used.ranges(&shapes[t].shape, unit) {
+                    mask[t][span].fill(false);
+                }
+            }
+        }
+    }
+    mask
+}
+
+/// Refuses a layer list whose dropped units would not leave cleanly (see the module docs),
+/// naming the layers.
+fn check_list(layers: &[LayerSpec], uses: &[UnitUses]) -> Result<()> {
+    let name = |i: usize| format!("model.layers[{i}] ({})", layers[i].type_name());
+    let refuse = |reason: String| {
+        Err(FedError::InvalidSetting {
+            field: "model.layers",
+            reason: format!("method `feddrop`: {reason}; or use fedsparse or fedl1"),
+        })
+    };
+    let mixes = "a dropped unit's zeros would enter the kept units' mean and variance, which \
+                 the full model computes without them";
+    for u in uses {
+        if let LayerSpec::Residual {
+            norm: BlockNorm::Group,
+            ..
+        } = layers[u.layer]
+        {
+            return refuse(format!(
+                "{} normalises the channels FedDrop drops (its conv1's) with group norm: \
+                 {mixes}; use norm = \"batch\" or \"none\"",
+                name(u.layer)
+            ));
+        }
+        for &k in &u.between {
+            match layers[k] {
+                LayerSpec::GroupNorm { .. } | LayerSpec::LayerNorm { .. } => {
+                    return refuse(format!(
+                        "{} normalises the units of {}, which FedDrop drops, together: \
+                         {mixes}; use batch norm there, or none",
+                        name(k),
+                        name(u.layer)
+                    ));
+                }
+                LayerSpec::BatchNorm2d { .. } | LayerSpec::BatchNorm1d { .. }
+                    if k != u.layer + 1 =>
+                {
+                    return refuse(format!(
+                        "{} normalises the units of {}, which FedDrop drops, but does not \
+                         directly follow it: the kept units' 1/keep scaling (applied at the \
+                         layer's output) would enter its running statistics; put the norm \
+                         directly after the layer",
+                        name(k),
+                        name(u.layer)
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Zeroes the values outside `mask`.
@@ -257,9 +390,9 @@ impl Method for FedDrop {
     /// This round's sub-model.
     fn instruct(&self, round: usize, _client: usize, global: &Params) -> Result<Record> {
         let kept = self.kept(round);
-        if let Some(spec) = &self.masked {
+        if let Some(masked) = &self.masked {
             let mut params = global.clone();
-            apply_mask(&mut params, &kept_values(spec, &kept));
+            apply_mask(&mut params, &masked.kept_values(&kept));
             return Ok(Record::from_params(params)
                 .with_sparse(true)
                 .with_config(SERVER_ROUND, ConfigValue::Int(round as i64)));
@@ -272,7 +405,7 @@ impl Method for FedDrop {
     /// Trains the sub-model as the dense network it is (MLPs), or the full model with the
     /// dropped units gated off.
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-        if let Some(spec) = &self.masked {
+        if let Some(masked) = &self.masked {
             let round = instruction
                 .config
                 .get(SERVER_ROUND)
@@ -289,7 +422,7 @@ impl Method for FedDrop {
                 ctx.seed,
             )?;
             let mut params = fitted.params;
-            apply_mask(&mut params, &kept_values(spec, &self.kept(round)));
+            apply_mask(&mut params, &masked.kept_values(&self.kept(round)));
             let mut reply = Record::from_params(params)
                 .with_num_examples(fitted.examples as u64)
                 .with_sparse(true);
@@ -355,8 +488,8 @@ impl Fold for MeanOfSubModels {
     fn finish(self: Box<Self>, round: usize, global: &Params) -> Result<Aggregate> {
         let mut mean = self.sum.mean()?;
         let kept = self.method.kept(round);
-        if let Some(spec) = &self.method.masked {
-            let mask = kept_values(spec, &kept);
+        if let Some(masked) = &self.method.masked {
+            let mask = masked.kept_values(&kept);
             let mut next = global.clone();
             for (((_, n), (_, m)), keep) in next.iter_mut().zip(mean.iter()).zip(&mask) {
                 for ((x, y), &k) in n.data.iter_mut().zip(&m.data).zip(keep) {

@@ -327,6 +327,15 @@ impl Config {
                  remove model.local_norm"
             );
         }
+        if matches!(self.method, MethodConfig::FedDrop(_)) {
+            bail!(
+                "`model.local_norm` with method `feddrop`: it drops a filter or unit together \
+                 with the norm channel after it, and under local_norm that channel's scale, \
+                 shift and statistics stay on the clients, where the dropped channel's would \
+                 come back as the zeros it trained with; use fedavg, fedprox, fedopt, \
+                 fedmedian, fedtrimmedavg, krum, bulyan or fedmix, or remove model.local_norm"
+            );
+        }
         if matches!(&self.method, MethodConfig::FedMix(s) if s.mixture_term) {
             bail!(
                 "`model.local_norm` with `method.mixture_term = true`: the prior would pull the \
@@ -346,8 +355,6 @@ impl Config {
 
     /// What layer lists cannot do yet, or cannot do by design, refused by name.
     fn check_list_model(&self, model: &ModelSection) -> Result<()> {
-        let kind = model.kind.name();
-        let name = self.method.name();
         if self.train.dropout > 0.0 {
             bail!(
                 "`train.dropout` acts on the hidden layers of `mlp` and `lenet5`; a layer list \
@@ -356,13 +363,8 @@ impl Config {
                 self.train.dropout
             );
         }
-        // GEMS, PFNM and GPI-FNM were refused above: they fuse MLPs.
-        if name == "feddrop" {
-            bail!(
-                "method `feddrop` drops the hidden units of `mlp` and `lenet5` only so far; on \
-                 `{kind}` use `fedsparse` or `fedl1`, which gate its filters and units"
-            );
-        }
+        // GEMS, PFNM and GPI-FNM were refused above: they fuse MLPs. FedDrop refuses, at
+        // build, the norms it cannot drop a unit from (it names the layer).
         if self.privacy.is_some() && model.has_batch_norm() {
             bail!(
                 "[privacy] clips and noises the model's parameters, but batch norm's running \

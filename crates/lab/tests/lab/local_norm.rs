@@ -377,8 +377,12 @@ fn what_local_norm_cannot_do_is_refused_at_load() {
         "privacy={kind=\"local\", clipping_norm=1.0, sensitivity=1.0, epsilon=1.0, delta=1e-5}",
     ]);
     assert!(e.contains("local DP"), "{e}");
-    // Refusals that layer lists make anyway come first.
-    assert!(err(&["method={name=\"feddrop\"}"]).contains("fedsparse"));
+    // FedDrop drops a unit with its norm channel, which stays on the clients.
+    let e = err(&["method={name=\"feddrop\"}"]);
+    assert!(
+        e.contains("model.local_norm") && e.contains("feddrop") && e.contains("zeros"),
+        "{e}"
+    );
     // Without local_norm, the resolved config leaves the key out (older checkpoints resume).
     let plain = config(&["model.local_norm=false"]);
     assert!(!toml::to_string(&plain).unwrap().contains("local_norm"));

@@ -20,6 +20,7 @@ use fedfuse_core::{ModelSpec, Params};
 
 use crate::{Result, TrainError};
 
+mod batch_norm;
 mod conv;
 mod pool;
 
@@ -204,12 +205,19 @@ impl Norm {
                 // Scale and shift per channel first, so the full-size work is one centring
                 // and one multiply-add: each full pass costs as much as the reductions.
                 let y = match mode {
-                    Mode::Train => {
-                        let (centred, mean, var) = centre(x3);
-                        update_stats(stats, slot, &mean, &var, n * hw, momentum);
-                        let scale = var.add_scalar(eps).sqrt().recip() * w.reshape([1, c, 1]);
-                        centred * scale + b.reshape([1, c, 1])
-                    }
+                    Mode::Train => match batch_norm::train(&x3, &w, &b, eps) {
+                        Some(out) => {
+                            update_stats(stats, slot, &out.mean, &out.var, n * hw, momentum);
+                            out.y
+                        }
+                        None => {
+                            let (centred, mean, var) = centre(x3);
+                            let (m, v) = (values_of(&mean), values_of(&var));
+                            update_stats(stats, slot, &m, &v, n * hw, momentum);
+                            let scale = var.add_scalar(eps).sqrt().recip() * w.reshape([1, c, 1]);
+                            centred * scale + b.reshape([1, c, 1])
+                        }
+                    },
                     Mode::Eval => {
                         let s = lock(stats);
                         let device = w.device();
@@ -262,24 +270,18 @@ impl Norm {
     }
 }
 
+/// A per-channel statistic's values.
+fn values_of(t: &Tensor<3>) -> Vec<f32> {
+    t.clone()
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap_or_default()
+}
+
 /// PyTorch's update: `running = (1 - momentum) running + momentum batch`, the variance
 /// unbiased (`n / (n - 1)` of the batch's; a single value per channel gives 0), one more
 /// batch tracked.
-fn update_stats(
-    stats: &SharedStats,
-    slot: usize,
-    mean: &Tensor<3>,
-    var: &Tensor<3>,
-    n: usize,
-    momentum: f64,
-) {
-    let values = |t: &Tensor<3>| {
-        t.clone()
-            .into_data()
-            .try_into_vec::<f32>()
-            .unwrap_or_default()
-    };
-    let (m, v) = (values(mean), values(var));
+fn update_stats(stats: &SharedStats, slot: usize, m: &[f32], v: &[f32], n: usize, momentum: f64) {
     let unbiased = if n > 1 {
         n as f64 / (n - 1) as f64
     } else {
@@ -292,11 +294,11 @@ fn update_stats(
         };
         r.mean
             .iter_mut()
-            .zip(&m)
+            .zip(m)
             .for_each(|(o, &x)| blend(o, f64::from(x)));
         r.var
             .iter_mut()
-            .zip(&v)
+            .zip(v)
             .for_each(|(o, &x)| blend(o, f64::from(x) * unbiased));
         r.batches += 1.0;
     }

@@ -7,7 +7,7 @@ use burn::nn::pool::MaxPool2d;
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 
-use crate::seq::{Mode, SeqNet};
+use crate::seq::{self, Mode, SeqNet};
 
 /// Fully connected network, ReLU between layers.
 #[derive(Module, Debug)]
@@ -104,12 +104,11 @@ impl LeNet5 {
         let [batch, _] = x.dims();
         let channels = self.conv1.weight.val().dims()[1];
         let x: Tensor<4> = x.reshape([batch, channels, self.side, self.side]);
-        let x = self
-            .pool
-            .forward(relu(gate4(self.conv1.forward(x), gates.first())));
-        let x = self
-            .pool
-            .forward(relu(gate4(self.conv2.forward(x), gates.get(1))));
+        // The layer lists' own convolution and max-pool ops (seq/), burn's where they do not
+        // apply.
+        let conv = |c: &Conv2d, x, g| relu(gate4(seq::conv::forward(c, x), g));
+        let x = seq::pool::forward(&self.pool, conv(&self.conv1, x, gates.first()));
+        let x = seq::pool::forward(&self.pool, conv(&self.conv2, x, gates.get(1)));
         let x: Tensor<2> = x.flatten(1, 3);
         let x = drop2(relu(gate2(self.fc1.forward(x), gates.get(2))), drop.first());
         let x = drop2(relu(gate2(self.fc2.forward(x), gates.get(3))), drop.get(1));

@@ -268,42 +268,14 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
 
 #[test]
 fn every_method_that_composes_runs_and_keeps_the_global_norms() {
-    let layernorm = "model.layers=[{type=\"linear\", out=32}, {type=\"layernorm\"}, \
-                     {type=\"relu\"}, {type=\"linear\", out=10}]";
-    let runs: &[(&str, &[&str])] = &[
-        ("fedprox", &["method={name=\"fedprox\", mu=0.01}"]),
-        ("fedmedian", &["method={name=\"fedmedian\"}"]),
-        (
-            "fedtrimmedavg",
-            &["method={name=\"fedtrimmedavg\", beta=0.1}"],
-        ),
-        ("krum", &["method={name=\"krum\", byzantine=0, keep=2}"]),
-        (
-            "bulyan",
-            &["clients=8", "method={name=\"bulyan\", byzantine=1}"],
-        ),
-        ("fedopt", &["method={name=\"fedopt\", optimizer=\"adam\"}"]),
-        (
-            "fedavg + [server]",
-            &["server={optimizer=\"kingma-adam\", lr=0.01}"],
-        ),
-        (
-            "fedmix",
-            &["method={name=\"fedmix\", components=2, lambda=100.0}"],
-        ),
+    let own: &[(&str, &[&str])] = &[
         (
             "separate inits",
             &["method={name=\"fedavg\", separate_inits=true}"],
         ),
-        (
-            "central dp",
-            &[
-                layernorm,
-                "privacy={kind=\"central-fixed\", noise_multiplier=0.01, clipping_norm=10.0}",
-            ],
-        ),
         ("max_update_norm", &["replies.max_update_norm=1000.0"]),
     ];
+    let runs = crate::zoo::AGGREGATOR_RUNS.iter().chain(own);
     for (name, sets) in runs {
         let cfg = config(sets);
         let init = Federation::prepare(&cfg).unwrap().init;

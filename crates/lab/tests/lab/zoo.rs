@@ -260,33 +260,46 @@ fn what_a_list_cannot_do_is_refused_by_name() {
     assert!(e.contains("model.layers[0] (conv2d"), "{e}");
 }
 
+/// A layer list with layer norm instead of batch norm, so that [privacy] may wrap it too.
+pub(crate) const LAYERNORM_LIST: &str = "model.layers=[{type=\"linear\", out=32}, \
+     {type=\"layernorm\"}, {type=\"relu\"}, {type=\"linear\", out=10}]";
+
+/// The aggregators that take any layer list, as (name, config overrides): shared by the
+/// tests that run every method on a list.
+pub(crate) const AGGREGATOR_RUNS: &[(&str, &[&str])] = &[
+    ("fedprox", &["method={name=\"fedprox\", mu=0.01}"]),
+    ("fedmedian", &["method={name=\"fedmedian\"}"]),
+    (
+        "fedtrimmedavg",
+        &["method={name=\"fedtrimmedavg\", beta=0.1}"],
+    ),
+    ("krum", &["method={name=\"krum\", byzantine=0, keep=2}"]),
+    (
+        "bulyan",
+        &["clients=8", "method={name=\"bulyan\", byzantine=1}"],
+    ),
+    ("fedopt", &["method={name=\"fedopt\", optimizer=\"adam\"}"]),
+    (
+        "fedavg + [server]",
+        &["server={optimizer=\"kingma-adam\", lr=0.01}"],
+    ),
+    (
+        "fedmix",
+        &["method={name=\"fedmix\", components=2, lambda=100.0}"],
+    ),
+    (
+        "central dp",
+        &[
+            LAYERNORM_LIST,
+            "privacy={kind=\"central-fixed\", noise_multiplier=0.01, clipping_norm=10.0}",
+        ],
+    ),
+];
+
 #[test]
 fn every_classifier_method_runs_on_a_layer_list_or_is_refused_by_name() {
-    // Layer norm instead of batch norm, so that [privacy] may wrap it too.
-    let layernorm = "model.layers=[{type=\"linear\", out=32}, {type=\"layernorm\"}, \
-                     {type=\"relu\"}, {type=\"linear\", out=10}]";
-    let runs: &[(&str, &[&str])] = &[
+    let own: &[(&str, &[&str])] = &[
         ("fedavg", &[]),
-        ("fedprox", &["method={name=\"fedprox\", mu=0.01}"]),
-        ("fedmedian", &["method={name=\"fedmedian\"}"]),
-        (
-            "fedtrimmedavg",
-            &["method={name=\"fedtrimmedavg\", beta=0.1}"],
-        ),
-        ("krum", &["method={name=\"krum\", byzantine=0, keep=2}"]),
-        (
-            "bulyan",
-            &["clients=8", "method={name=\"bulyan\", byzantine=1}"],
-        ),
-        ("fedopt", &["method={name=\"fedopt\", optimizer=\"adam\"}"]),
-        (
-            "fedavg + [server]",
-            &["server={optimizer=\"kingma-adam\", lr=0.01}"],
-        ),
-        (
-            "fedmix",
-            &["method={name=\"fedmix\", components=2, lambda=100.0}"],
-        ),
         (
             "fedl1",
             &["method={name=\"fedl1\", l1=0.0001, threshold=0.001}"],
@@ -296,14 +309,8 @@ fn every_classifier_method_runs_on_a_layer_list_or_is_refused_by_name() {
             &["method={name=\"fedsparse\", preset=\"high\", server_lr=0.01}"],
         ),
         ("feddrop", &["method={name=\"feddrop\", fraction=0.25}"]),
-        (
-            "central dp",
-            &[
-                layernorm,
-                "privacy={kind=\"central-fixed\", noise_multiplier=0.01, clipping_norm=10.0}",
-            ],
-        ),
     ];
+    let runs = AGGREGATOR_RUNS.iter().chain(own);
     for (name, sets) in runs {
         let mut all: Vec<String> = vec!["rounds=3".into()];
         all.extend(sets.iter().map(|s| s.to_string()));

@@ -683,23 +683,11 @@ fn bias_grad(dy: &[f32], g: &Geom) -> Vec<f32> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
+    use crate::seq::tests::noise;
     use burn::module::Param;
     use burn::nn::PaddingConfig2d;
     use burn::nn::conv::{Conv2d, Conv2dConfig};
     use burn::tensor::{Device, Tensor, TensorData};
-
-    /// Deterministic values in [-1, 1) (xorshift), so failures reproduce.
-    fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     struct Case {
         batch: usize,

@@ -21,8 +21,8 @@ use fedfuse_core::{ModelSpec, Params};
 use crate::{Result, TrainError};
 
 mod batch_norm;
-mod conv;
-mod pool;
+pub(crate) mod conv;
+pub(crate) mod pool;
 
 /// Running statistics of one batch norm, and its count of training batches.
 #[derive(Clone, Debug)]

@@ -211,20 +211,9 @@ fn forward_autodiff(x: AdTensor, g: Geom) -> Option<AdTensor> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
+    use crate::seq::tests::noise;
     use burn::nn::pool::MaxPool2dConfig;
     use burn::tensor::{Device, Tensor, TensorData};
-
-    fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     /// Output and input gradient of `Σ pool(x)·r`, by this op or burn's.
     fn run(shape: [usize; 4], k: usize, s: usize, custom: bool) -> (Vec<f32>, Vec<f32>) {

@@ -11,6 +11,19 @@ use serde::Deserialize;
 use crate::net::Net;
 use crate::params;
 
+/// Deterministic values in [-1, 1) (xorshift), so failures reproduce; shared by the ops' tests.
+pub(super) fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
 #[derive(Deserialize)]
 struct Fixture {
     batch: usize,

@@ -105,8 +105,16 @@ def assert_equals_simulator(tmp_path, fedfuse_bin, out, sets, rounds):
     assert [r["rejected"] for r in results] == [[]] * rounds
 
 
-def test_rust_fedfuse_nodes_with_a_fedfuse_strategy_equal_the_simulator(tmp_path, fedfuse_bin):
-    sets = ["clients=3", "rounds=2"]
+# A layer list with batch norm (its running statistics and I64 counter travel), and the same
+# under FedBN (the norms stay on the nodes, each node keeps its own across rounds).
+BN_LIST = ("model={kind='sequential',layers=[{type='linear',out=32},{type='batchnorm1d'},"
+           "{type='relu'},{type='linear',out=10}]")
+
+
+@pytest.mark.parametrize("model", [[], [BN_LIST + "}"], [BN_LIST + ",local_norm=true}"]],
+                         ids=["mlp", "layer-list", "layer-list-fedbn"])
+def test_rust_fedfuse_nodes_with_a_fedfuse_strategy_equal_the_simulator(tmp_path, fedfuse_bin, model):
+    sets = ["clients=3", "rounds=2", *model]
     out = tmp_path / "out"
     with deployment(tmp_path / "flower", nodes=0) as d:
         start_rust_nodes(d, fedfuse_bin, range(3), sets)

@@ -23,20 +23,14 @@
 //! Layers this op does not cover (another backend, a checkpointing autodiff device, a dtype
 //! other than `f32`, dilation, `Same` padding) go through burn's `Conv2d::forward`.
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
-use burn::backend::{Autodiff, BackendTypes, Flex};
+use burn::backend::{Autodiff, Flex};
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-/// The float primitive of `Autodiff<Flex>` (burn's `AutodiffTensor<Flex>`, which is not
-/// nameable from outside burn-autodiff).
-pub(super) type AdTensor = <Autodiff<Flex> as BackendTypes>::FloatTensorPrimitive;
+use super::affine::{self, AdTensor, AffineState, Grads};
 
 /// `conv.forward(x)` for fedfuse's layers, with the custom op where it applies.
 pub(crate) fn forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
@@ -238,53 +232,6 @@ struct ConvState {
     geom: Geom,
 }
 
-/// Backward step of a convolution without bias; parents `[x, weight]`.
-#[derive(Debug)]
-struct ConvNoBias;
-
-/// Backward step of a convolution with bias; parents `[x, weight, bias]`.
-#[derive(Debug)]
-struct ConvWithBias;
-
-impl Backward<Flex, 2> for ConvNoBias {
-    type State = ConvState;
-
-    fn backward(self, ops: Ops<ConvState, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w] = ops.parents;
-        let dy = grads.consume::<Flex>(&ops.node);
-        let (dx, dw, _) = gradients(&ops.state, &dy, [node_x.is_some(), node_w.is_some(), false]);
-        if let (Some(node), Some(dx)) = (node_x, dx) {
-            grads.register::<Flex>(node.id, dx);
-        }
-        if let (Some(node), Some(dw)) = (node_w, dw) {
-            grads.register::<Flex>(node.id, dw);
-        }
-    }
-}
-
-impl Backward<Flex, 3> for ConvWithBias {
-    type State = ConvState;
-
-    fn backward(self, ops: Ops<ConvState, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w, node_b] = ops.parents;
-        let dy = grads.consume::<Flex>(&ops.node);
-        let (dx, dw, db) = gradients(
-            &ops.state,
-            &dy,
-            [node_x.is_some(), node_w.is_some(), node_b.is_some()],
-        );
-        if let (Some(node), Some(dx)) = (node_x, dx) {
-            grads.register::<Flex>(node.id, dx);
-        }
-        if let (Some(node), Some(dw)) = (node_w, dw) {
-            grads.register::<Flex>(node.id, dw);
-        }
-        if let (Some(node), Some(db)) = (node_b, db) {
-            grads.register::<Flex>(node.id, db);
-        }
-    }
-}
-
 /// The gradients asked for by `need` (`[x, weight, bias]`) from the output gradient `dy`.
 ///
 /// # Panics
@@ -292,11 +239,13 @@ impl Backward<Flex, 3> for ConvWithBias {
 /// The forward pass checked the sizes of `x` and `w` and the graph gives `dy` the output's
 /// shape; a mismatch (a broken invariant of burn's autodiff) panics rather than computing
 /// garbage.
-fn gradients(
-    s: &ConvState,
-    dy: &FlexTensor,
-    need: [bool; 3],
-) -> (Option<FlexTensor>, Option<FlexTensor>, Option<FlexTensor>) {
+impl AffineState for ConvState {
+    fn gradients(&self, dy: &FlexTensor, need: [bool; 3]) -> Grads {
+        gradients(self, dy, need)
+    }
+}
+
+fn gradients(s: &ConvState, dy: &FlexTensor, need: [bool; 3]) -> Grads {
     let g = &s.geom;
     let slices = contiguous_f32(dy).and_then(|dy| {
         let ok = values(&dy, g.y_len()).is_some()
@@ -346,31 +295,18 @@ fn forward_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, g: Geom) -> O
     );
     let y = flex(y, &[g.batch, g.c_out, g.ho, g.wo]);
     let state = ConvState { x, w, geom: g };
-    // `NoCheckpointing` is the strategy of `Device::flex().autodiff()`; the downcast to
-    // `Autodiff<Flex>` (whose default strategy it is) already failed on any other.
-    Some(match b {
-        Some((_, b_node)) => match ConvWithBias
-            .prepare::<NoCheckpointing>([x_node, w_node, b_node])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(state, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        },
-        None => match ConvNoBias
-            .prepare::<NoCheckpointing>([x_node, w_node])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(state, y),
-            OpsKind::UnTracked(prep) => prep.finish(y),
-        },
-    })
+    Some(affine::record(
+        x_node,
+        w_node,
+        b.map(|(_, node)| node),
+        state,
+        y,
+    ))
 }
 
 /// A strided read-only matrix.
 #[derive(Clone, Copy)]
-struct Mat<'a> {
+pub(super) struct Mat<'a> {
     data: &'a [f32],
     rows: usize,
     cols: usize,
@@ -381,7 +317,7 @@ struct Mat<'a> {
 
 impl<'a> Mat<'a> {
     /// A row-major matrix with row stride `rs`.
-    fn rows(data: &'a [f32], rows: usize, cols: usize, rs: usize) -> Self {
+    pub(super) fn rows(data: &'a [f32], rows: usize, cols: usize, rs: usize) -> Self {
         Self {
             data,
             rows,
@@ -391,7 +327,7 @@ impl<'a> Mat<'a> {
         }
     }
 
-    fn t(self) -> Self {
+    pub(super) fn t(self) -> Self {
         Self {
             data: self.data,
             rows: self.cols,
@@ -423,7 +359,34 @@ fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
 /// # Panics
 ///
 /// If the shapes disagree or a matrix runs past its slice (a bug in this module).
-fn matmul(dst: &mut [f32], (dst_rs, dst_cs): (usize, usize), lhs: Mat, rhs: Mat, accumulate: bool) {
+pub(super) fn matmul(
+    dst: &mut [f32],
+    dst_strides: (usize, usize),
+    lhs: Mat,
+    rhs: Mat,
+    accumulate: bool,
+) {
+    matmul_on(
+        dst,
+        dst_strides,
+        lhs,
+        rhs,
+        accumulate,
+        gemm::Parallelism::None,
+    );
+}
+
+/// [`matmul`] with gemm's threads: `Parallelism::Rayon` splits the output into tiles, each
+/// summed over the inner dimension in the same order, so the bits do not depend on the
+/// thread count.
+pub(super) fn matmul_on(
+    dst: &mut [f32],
+    (dst_rs, dst_cs): (usize, usize),
+    lhs: Mat,
+    rhs: Mat,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert!(
         rhs.rows == k
@@ -468,13 +431,16 @@ fn matmul(dst: &mut [f32], (dst_rs, dst_cs): (usize, usize), lhs: Mat, rhs: Mat,
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         );
     }
 }
 
 /// im2col of one sample's group `x` (`[cg, h, w]`) into `col` (`[taps, pixels]`, row-major).
 fn im2col(x: &[f32], g: &Geom, col: &mut [f32]) {
+    if g.sh == 1 && g.sw == 1 && g.wo == g.w {
+        return im2col_shifted(x, g, col);
+    }
     let (h, w, wo) = (g.h, g.w, g.wo);
     for c in 0..g.cg() {
         let plane = &x[c * h * w..][..h * w];
@@ -506,6 +472,43 @@ fn im2col(x: &[f32], g: &Geom, col: &mut [f32]) {
                             *o = v;
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// [`im2col`] where output rows are as long as input rows and the strides are 1 (a "same"
+/// convolution): output pixel `i` of a tap reads input value `i + shift`, so each tap's row is
+/// one copy of the plane's valid span, then zeros where a row wrapped into its neighbour.
+/// Copying row by row cost a library call per row (8 to 32 values in ResNet-20).
+fn im2col_shifted(x: &[f32], g: &Geom, col: &mut [f32]) {
+    let (h, w, pixels) = (g.h, g.w, g.pixels());
+    for c in 0..g.cg() {
+        let plane = &x[c * h * w..][..h * w];
+        for ky in 0..g.kh {
+            // Output rows whose input row `oy + ky - pt` lies inside the plane.
+            let oy_lo = g.pt.saturating_sub(ky).min(g.ho);
+            let oy_hi = (h + g.pt).saturating_sub(ky).clamp(oy_lo, g.ho);
+            for kx in 0..g.kw {
+                let r = (c * g.kh + ky) * g.kw + kx;
+                let row = &mut col[r * pixels..][..pixels];
+                let (lo, hi) = g.valid_cols(kx);
+                if oy_lo == oy_hi || lo == hi {
+                    row.fill(0.0);
+                    continue;
+                }
+                // The span from the first valid output to the last, and its input start
+                // (`iy·w + ix` of the first, both ≥ 0 by the choice of the bounds).
+                let (first, last) = (oy_lo * w + lo, (oy_hi - 1) * w + hi);
+                let src = (oy_lo + ky - g.pt) * w + lo + kx - g.pl;
+                row[..first].fill(0.0);
+                row[first..last].copy_from_slice(&plane[src..][..last - first]);
+                row[last..].fill(0.0);
+                // The columns that wrapped into a neighbouring row.
+                for out in row[oy_lo * w..oy_hi * w].chunks_exact_mut(w) {
+                    out[..lo].fill(0.0);
+                    out[hi..].fill(0.0);
                 }
             }
         }
@@ -829,6 +832,18 @@ mod tests {
             ..case(2, [3, 6], 12, 5, 1, 2)
         });
         check(case(1, [1, 4], 10, 5, 1, 0));
+    }
+
+    #[test]
+    fn same_convs_on_planes_smaller_than_the_kernel_match_burn() {
+        // Output rows as long as input rows: the shifted im2col, where some taps see no
+        // input at all.
+        check(case(2, [2, 3], 2, 5, 1, 2));
+        check(Case {
+            bias: true,
+            ..case(3, [3, 2], 1, 3, 1, 1)
+        });
+        check(case(1, [2, 2], 3, 3, 1, 1));
     }
 
     #[test]

@@ -20,8 +20,10 @@ use fedfuse_core::{ModelSpec, Params};
 
 use crate::{Result, TrainError};
 
+mod affine;
 mod batch_norm;
 pub(crate) mod conv;
+mod linear;
 pub(crate) mod pool;
 
 /// Running statistics of one batch norm, and its count of training batches.
@@ -350,7 +352,7 @@ impl SeqNet {
             let gate = self.gate_at[i].and_then(|slot| gates.get(slot));
             a = match layer {
                 Layer::Conv(conv) => Act::Img(conv::forward(conv, a.img())),
-                Layer::Linear(lin) => Act::Flat(lin.forward(a.flat())),
+                Layer::Linear(lin) => Act::Flat(linear::forward(lin, a.flat())),
                 Layer::Norm(n) => n.forward(a, mode, &self.stats),
                 Layer::MaxPool(p) => Act::Img(pool::forward(p, a.img())),
                 Layer::AvgPool(p) => Act::Img(p.forward(a.img())),

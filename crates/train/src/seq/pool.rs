@@ -17,7 +17,8 @@ use burn::nn::pool::MaxPool2d;
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use super::conv::{AdTensor, contiguous_f32, flex, values};
+use super::affine::AdTensor;
+use super::conv::{contiguous_f32, flex, values};
 
 /// Planes per parallel task.
 const PLANES_PER_TASK: usize = 16;
@@ -121,13 +122,17 @@ fn pool_forward(x: &[f32], g: &Geom) -> (Vec<f32>, Vec<u32>) {
             .zip(y.chunks_exact_mut(plane_out))
             .zip(at.chunks_exact_mut(plane_out));
         for ((x, y), at) in planes {
+            if (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) {
+                pool_2x2(x, g, y, at);
+                continue;
+            }
             for oy in 0..g.ho {
                 for ox in 0..g.wo {
                     let (mut best, mut best_at) = (f32::NEG_INFINITY, None);
                     for ky in 0..g.kh {
                         let row = (oy * g.sh + ky) * g.w + ox * g.sw;
                         for (kx, &v) in x[row..row + g.kw].iter().enumerate() {
-                            if best_at.is_none() || v > best || (v.is_nan() && !best.is_nan()) {
+                            if best_at.is_none() || beats(v, best) {
                                 (best, best_at) = (v, Some(row + kx));
                             }
                         }
@@ -141,6 +146,35 @@ fn pool_forward(x: &[f32], g: &Geom) -> (Vec<f32>, Vec<u32>) {
         }
     });
     (y, at)
+}
+
+/// Whether `v` replaces the window's maximum so far `best`: larger, or the first NaN.
+#[inline(always)]
+fn beats(v: f32, best: f32) -> bool {
+    v > best || (v.is_nan() && !best.is_nan())
+}
+
+/// [`pool_forward`] of one plane for the usual 2x2 window with stride 2, unrolled (the
+/// general loop's per-value bookkeeping cost more than the comparisons); the same rule.
+fn pool_2x2(x: &[f32], g: &Geom, y: &mut [f32], at: &mut [u32]) {
+    let rows = y.chunks_exact_mut(g.wo).zip(at.chunks_exact_mut(g.wo));
+    for (oy, (y, at)) in rows.enumerate() {
+        let top = 2 * oy * g.w;
+        let (r0, r1) = (&x[top..][..2 * g.wo], &x[top + g.w..][..2 * g.wo]);
+        let windows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+        for (ox, ((a, b), (y, at))) in windows.zip(y.iter_mut().zip(at)).enumerate() {
+            let c = top + 2 * ox;
+            let (mut best, mut best_at) = (a[0], c);
+            for (v, i) in [(a[1], c + 1), (b[0], c + g.w), (b[1], c + g.w + 1)] {
+                if beats(v, best) {
+                    (best, best_at) = (v, i);
+                }
+            }
+            *y = best;
+            // Fits: `Geom::new` refuses planes of more than u32::MAX values.
+            *at = best_at as u32;
+        }
+    }
 }
 
 /// The input gradient: each output's gradient added at its maximum.
@@ -276,6 +310,16 @@ mod tests {
         assert!(y[1].is_nan());
         let (_, at) = super::pool_forward(&[1.0, 1.0, 0.5, 1.0], &geom());
         assert_eq!(at, vec![0]);
+        // Two windows side by side, rows [1, NaN, 2, 7] and [NaN, 5, 7, 3]: the first NaN
+        // (offset 1) wins its window; 7 ties with 7 and the first (offset 3) keeps it.
+        let g = super::Geom {
+            w: 4,
+            wo: 2,
+            ..geom()
+        };
+        let (y, at) = super::pool_forward(&[1.0, f32::NAN, 2.0, 7.0, f32::NAN, 5.0, 7.0, 3.0], &g);
+        assert!(y[0].is_nan());
+        assert_eq!((y[1], at), (7.0, vec![1, 3]));
     }
 
     fn geom() -> super::Geom {

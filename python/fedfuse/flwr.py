@@ -85,19 +85,30 @@ CONFIG = "config"
 METRICS = "metrics"
 PARTITION_ID = "partition-id"
 CONFIG_KEY = "fedfuse-config"
+# The ArrayRecord in a node's Context.state holding what its client keeps between rounds
+# (FedBN's own norm tensors under `model.local_norm`).
+CLIENT_STATE = "fedfuse.client-state"
+
+
+def _array_record(arrays) -> ArrayRecord:
+    """fedfuse's Flower arrays (``(key, dtype, shape, stype, data)``) as an ArrayRecord."""
+    return ArrayRecord(
+        {
+            key: Array(dtype, tuple(int(d) for d in shape), stype, bytes(data))
+            for key, dtype, shape, stype, data in arrays
+        }
+    )
+
+
+def _arrays(record: ArrayRecord) -> list:
+    """An ArrayRecord's arrays as fedfuse reads them."""
+    return [(key, a.dtype, list(a.shape), a.stype, a.data) for key, a in record.items()]
 
 
 def to_recorddict(content, *, metrics: bool = True) -> RecordDict:
     """Flower content from fedfuse (``(arrays, config, metrics)``) as a RecordDict."""
     arrays, config, metric_items = content
-    records: dict[str, Any] = {
-        ARRAYS: ArrayRecord(
-            {
-                key: Array(dtype, tuple(int(d) for d in shape), stype, bytes(data))
-                for key, dtype, shape, stype, data in arrays
-            }
-        )
-    }
+    records: dict[str, Any] = {ARRAYS: _array_record(arrays)}
     records[CONFIG] = ConfigRecord(dict(config))
     if metrics:
         records[METRICS] = MetricRecord(dict(metric_items))
@@ -114,10 +125,7 @@ def from_recorddict(rd: RecordDict):
     ):
         if len(records) > 1:
             raise FedfuseError(f"the message holds {len(records)} {kind}s; fedfuse reads one")
-    arrays = []
-    for record in rd.array_records.values():
-        for key, a in record.items():
-            arrays.append((key, a.dtype, list(a.shape), a.stype, a.data))
+    arrays = [a for record in rd.array_records.values() for a in _arrays(record)]
     config = [(k, v) for rec in rd.config_records.values() for k, v in rec.items()]
     metrics = [(k, v) for rec in rd.metric_records.values() for k, v in rec.items()]
     for key, value in config:
@@ -368,7 +376,10 @@ def make_client_app(config: str | os.PathLike | None = None, overrides: Iterable
     ``config``; ``overrides`` (or the run config's ``fedfuse-set``, ``;``-separated) change it
     as ``fedfuse run --set`` does. The node's client slot is its node config's
     ``partition-id``. Each process builds its client once (data loaded and split as in
-    ``fedfuse run``; only its own slot is used).
+    ``fedfuse run``; only its own slot is used). What the client keeps from one round to the
+    next (under ``model.local_norm``, FedBN, its own normalisation tensors) lives in the node's
+    ``Context.state`` as the ArrayRecord ``"fedfuse.client-state"``, which Flower keeps for the
+    run however many ClientApp processes it starts; it never leaves the node.
     """
     app = ClientApp()
     fixed = None if config is None else str(config)
@@ -388,17 +399,35 @@ def make_client_app(config: str | os.PathLike | None = None, overrides: Iterable
             clients[key] = _core.Client(str(path), pid, sets)
         return clients[key], pid
 
+    def stored_state(context: Context):
+        record = context.state.get(CLIENT_STATE)
+        if record is None:
+            return None  # the client has not trained yet (or keeps nothing)
+        if not isinstance(record, ArrayRecord):
+            raise FedfuseError(
+                f"the node's Context.state holds a {type(record).__name__} under `{CLIENT_STATE}`, "
+                "where fedfuse keeps its client's state as an ArrayRecord: leave that key to fedfuse"
+            )
+        return _arrays(record)
+
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         fedfuse_client, pid = client(context)
-        rd = to_recorddict(fedfuse_client.fit(from_recorddict(msg.content)))
+        reply, kept = fedfuse_client.fit(from_recorddict(msg.content), stored_state(context))
+        # Written only after a step that succeeded: a failed one leaves the last state.
+        if kept is None:
+            context.state.pop(CLIENT_STATE, None)
+        else:
+            context.state[CLIENT_STATE] = _array_record(kept)
+        rd = to_recorddict(reply)
         rd[CONFIG][PARTITION_ID] = pid
         return Message(rd, reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         fedfuse_client, pid = client(context)
-        loss, accuracy, n = fedfuse_client.evaluate(from_recorddict(msg.content))
+        # The client's own state: under model.local_norm it scores the model with its norms.
+        loss, accuracy, n = fedfuse_client.evaluate(from_recorddict(msg.content), stored_state(context))
         # The same keys from every node, whatever its data (Flower's strategies require it).
         metrics = {"num-examples": n, "loss": loss, "accuracy": accuracy}
         return Message(

@@ -3,6 +3,8 @@
 - The fedfuse ClientApp with a fedfuse strategy gives the same final model as `fedfuse run`
   with the same config and seed: FedAvg, one-shot PFNM and FedSparse (whose bytes over Flower
   match the simulator's traffic figure).
+- FedBN (`model.local_norm`) on a batch-norm layer list: each node's norms cross rounds only
+  in its Flower `Context.state`, yet the run equals the simulator's.
 - A stock numpy ClientApp (no fedfuse inside) fused by `fedfuse.flwr.PFNM`.
 - A SuperNode killed mid-round is listed as failed; the run goes on.
 
@@ -107,6 +109,27 @@ def test_fedngm_over_flower_equals_the_simulator(ten_nodes, tmp_path, fedfuse_bi
     want = simulate(fedfuse_bin, tmp_path / "sim", [], config)
     assert_same_run(got, want, rounds=3, clients=4)
     assert "rmse.x0" in got[1]["rounds"][-1]["method"]
+
+
+# A layer list with batch norm, under FedBN: the norms stay on the nodes.
+FEDBN_LIST = ("model={kind='sequential',layers=[{type='linear',out=32},{type='batchnorm1d'},"
+              "{type='relu'},{type='linear',out=10}],local_norm=true}")
+
+
+def test_fedbn_over_python_clientapps_equals_the_simulator(ten_nodes, tmp_path, fedfuse_bin):
+    # Three slots (the nodes with partition-id 3 to 9 sit out). A SuperNode runs each message
+    # in a new ClientApp process, and the ClientApp takes its client's norms from the node's
+    # Context.state every round: were they lost between rounds, a client would train round 2
+    # from the initial norms, and the model and the clients' scores would differ.
+    sets = ["clients=3", "rounds=3", FEDBN_LIST]
+    got = over_flower(ten_nodes, tmp_path / "over-flower", sets)
+    want = simulate(fedfuse_bin, tmp_path / "sim", sets)
+    assert_same_run(got, want, rounds=3, clients=3)
+    # Each client's trained model with its own norms, on its own test split, by client.
+    for a, b in zip(got[1]["rounds"], want[1]["rounds"]):
+        ours, theirs = a["client_accuracies"], b["client_accuracies"]
+        assert [c for c, _ in ours] == [c for c, _ in theirs] == [0, 1, 2]
+        assert [x for _, x in ours] == pytest.approx([x for _, x in theirs], abs=1e-9)
 
 
 def test_a_stock_numpy_clientapp_fused_by_pfnm_beats_fedavg_of_separate_inits(ten_nodes, tmp_path):

@@ -98,6 +98,16 @@ pub enum FedError {
         /// What was wrong.
         reason: String,
     },
+    /// What a client stored between its rounds
+    /// ([`Method::set_client_state`](crate::Method::set_client_state)) does not fit the method
+    /// or the model.
+    #[error("client {client}'s stored state: {reason}")]
+    ClientState {
+        /// The client id.
+        client: usize,
+        /// What does not fit.
+        reason: String,
+    },
     /// A client's reply cannot be used.
     #[error("client {client}: {reason}")]
     BadReply {

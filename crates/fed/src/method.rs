@@ -126,6 +126,29 @@ pub trait Method: Send + Sync {
         Ok(None)
     }
 
+    /// What client `client` keeps from one of its rounds to the next (FedBN's wrapper,
+    /// [`LocalNorm`](crate::LocalNorm): its own normalisation tensors), for a client whose
+    /// process does not outlive a round: a Python Flower ClientApp stores it in its node's
+    /// `Context.state` and puts it back with [`Method::set_client_state`]. `None` when the
+    /// client keeps nothing, yet or at all (every other method). A wrapper around a method
+    /// that keeps client state delegates both.
+    fn client_state(&self, _client: usize) -> Result<Option<Params>> {
+        Ok(None)
+    }
+
+    /// Puts back what [`Method::client_state`] gave, before the client's next step; `None`
+    /// when it has kept nothing yet. An error, naming what does not fit, when `state` cannot
+    /// be this method's for this model.
+    fn set_client_state(&self, client: usize, state: Option<Params>) -> Result<()> {
+        match state {
+            None => Ok(()),
+            Some(_) => Err(FedError::ClientState {
+                client,
+                reason: format!("`{}` keeps no state on its clients", self.name()),
+            }),
+        }
+    }
+
     /// Checks a reply before aggregation; by default it must have the global model's layout
     /// and finite values.
     fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {

@@ -108,25 +108,37 @@ enum PyMetric {
 }
 
 type PyArray<'py> = (String, String, Vec<usize>, String, Bound<'py, PyBytes>);
+type PyArrays<'py> = Vec<PyArray<'py>>;
 type PyContent<'py> = (
-    Vec<PyArray<'py>>,
+    PyArrays<'py>,
     Vec<(String, PyConfigValue)>,
     Vec<(String, PyMetric)>,
 );
 
+fn arrays_from_py(arrays: PyArrays<'_>) -> Vec<FlowerArray> {
+    arrays
+        .into_iter()
+        .map(|(key, dtype, shape, stype, data)| FlowerArray {
+            key,
+            dtype,
+            shape,
+            stype,
+            data: data.as_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn arrays_to_py(py: Python<'_>, arrays: Vec<FlowerArray>) -> PyArrays<'_> {
+    arrays
+        .into_iter()
+        .map(|a| (a.key, a.dtype, a.shape, a.stype, PyBytes::new(py, &a.data)))
+        .collect()
+}
+
 fn content_from_py(c: PyContent<'_>) -> FlowerContent {
     let (arrays, config, metrics) = c;
     FlowerContent {
-        arrays: arrays
-            .into_iter()
-            .map(|(key, dtype, shape, stype, data)| FlowerArray {
-                key,
-                dtype,
-                shape,
-                stype,
-                data: data.as_bytes().to_vec(),
-            })
-            .collect(),
+        arrays: arrays_from_py(arrays),
         config: config.into_iter().map(|(k, v)| (k, v.into())).collect(),
         metrics: metrics
             .into_iter()
@@ -142,11 +154,7 @@ fn content_from_py(c: PyContent<'_>) -> FlowerContent {
 }
 
 fn content_to_py(py: Python<'_>, c: FlowerContent) -> PyContent<'_> {
-    let arrays = c
-        .arrays
-        .into_iter()
-        .map(|a| (a.key, a.dtype, a.shape, a.stype, PyBytes::new(py, &a.data)))
-        .collect();
+    let arrays = arrays_to_py(py, c.arrays);
     let config = c.config.into_iter().map(|(k, v)| (k, v.into())).collect();
     let metrics = c
         .metrics
@@ -546,10 +554,80 @@ impl Server {
 
 /// One client slot of a run: its own data split and the method's client procedure, exactly
 /// as the simulator runs them.
+///
+/// What the client keeps between its rounds (FedBN's own norm tensors under
+/// `model.local_norm`) goes in and out of each step as `state`: Flower may run every round in
+/// a new ClientApp process, so the ClientApp keeps it in its node's `Context.state`, and this
+/// object holds none of it between calls.
 #[pyclass(module = "fedfuse._core")]
 struct Client {
     fed: Federation,
     id: usize,
+    /// Held from putting a state in to taking it out, so that two calls on one object do not
+    /// see each other's.
+    step: Mutex<()>,
+}
+
+/// Why a client step with a stored state failed.
+enum StepError {
+    /// The stored state does not fit the method or model.
+    State(String),
+    /// The step itself failed.
+    Step(String),
+}
+
+impl Client {
+    /// Runs `f` with `state` as the method's stored state for this client (none when `None`);
+    /// returns its result and the state after it.
+    fn with_state<T: Send>(
+        &self,
+        py: Python<'_>,
+        state: Option<PyArrays<'_>>,
+        f: impl FnOnce(&Federation) -> Result<T, String> + Send,
+    ) -> PyResult<(T, Option<Params>)> {
+        let id = self.id;
+        let unfit = |e: String| {
+            err(format!(
+                "client {id}: the state the ClientApp stored for it (in its node's \
+                 Context.state) does not fit this run: {e}; this run's client did not write it \
+                 (did the run's config change mid-run?): start a new run, whose nodes start \
+                 with an empty state"
+            ))
+        };
+        let state = match state {
+            Some(arrays) => {
+                let content = FlowerContent {
+                    arrays: arrays_from_py(arrays),
+                    ..FlowerContent::default()
+                };
+                let record = Record::from_flower(&content).map_err(|e| unfit(e.to_string()))?;
+                Some(record.params)
+            }
+            None => None,
+        };
+        let method = self.fed.method.as_ref();
+        let out = py.detach(|| {
+            // Locked with the GIL released, so that a thread waiting here holds no GIL that
+            // the holder needs to finish.
+            let _step = self.step.lock().map_err(|_| {
+                StepError::Step("an earlier call panicked; start a new Client".into())
+            })?;
+            method.set_client_state(id, state).map_err(|e| match e {
+                // The message below names the client already.
+                fedfuse_fed::FedError::ClientState { reason, .. } => StepError::State(reason),
+                e => StepError::Step(e.to_string()),
+            })?;
+            let out = f(&self.fed).map_err(StepError::Step)?;
+            let kept = method
+                .client_state(id)
+                .map_err(|e| StepError::Step(e.to_string()))?;
+            Ok((out, kept))
+        });
+        out.map_err(|e| match e {
+            StepError::State(e) => unfit(e),
+            StepError::Step(e) => err(format!("client {id}: {e}")),
+        })
+    }
 }
 
 #[pymethods]
@@ -564,15 +642,6 @@ impl Client {
         overrides: Vec<String>,
     ) -> PyResult<Self> {
         let cfg = load_config(config, overrides)?;
-        if cfg.model.as_ref().is_some_and(|m| m.local_norm) {
-            // A client's norms live in its method object between rounds.
-            return Err(err(
-                "`model.local_norm` (FedBN): each client keeps its own norm tensors from one \
-                 round to the next, and Flower starts a new ClientApp process for every round, \
-                 which would lose them; run the nodes as `fedfuse flower-node` (a Rust \
-                 SuperNode keeps them in memory for the whole run), or remove model.local_norm",
-            ));
-        }
         let fed = py
             .detach(|| Federation::prepare(&cfg).map_err(|e| e.to_string()))
             .map_err(err)?;
@@ -587,6 +656,7 @@ impl Client {
         Ok(Self {
             fed,
             id: partition_id,
+            step: Mutex::new(()),
         })
     }
 
@@ -596,29 +666,48 @@ impl Client {
     }
 
     /// Runs the method's client step on an instruction (Flower content holding
-    /// `server-round`); returns the reply as Flower content.
-    fn fit<'py>(&self, py: Python<'py>, instruction: PyContent<'py>) -> PyResult<PyContent<'py>> {
+    /// `server-round`) from `state`, what the client kept after its last step (`None` before
+    /// its first); returns the reply as Flower content and the state to keep for the next
+    /// step as Flower arrays (`None` when the method keeps nothing on its clients).
+    #[pyo3(signature = (instruction, state = None))]
+    #[allow(clippy::type_complexity)]
+    fn fit<'py>(
+        &self,
+        py: Python<'py>,
+        instruction: PyContent<'py>,
+        state: Option<PyArrays<'py>>,
+    ) -> PyResult<(PyContent<'py>, Option<PyArrays<'py>>)> {
         let content = content_from_py(instruction);
-        let reply = py
-            .detach(|| {
-                self.fed
-                    .client_fit(self.id, &content)
-                    .map_err(|e| e.to_string())
-            })
-            .map_err(|e| err(format!("client {}: {e}", self.id)))?;
-        Ok(content_to_py(py, reply))
+        let id = self.id;
+        let (reply, kept) = self.with_state(py, state, |fed| {
+            fed.client_fit(id, &content).map_err(|e| e.to_string())
+        })?;
+        let kept = match kept {
+            Some(params) => {
+                let arrays = Record::from_params(params).to_flower().map_err(err)?.arrays;
+                Some(arrays_to_py(py, arrays))
+            }
+            None => None,
+        };
+        Ok((content_to_py(py, reply), kept))
     }
 
-    /// `(loss, accuracy, examples)` of the model in `content` on this client's own test split;
+    /// `(loss, accuracy, examples)` of the model in `content` on this client's own test split,
+    /// run as the client runs it from `state` (under `model.local_norm`, with its own norms);
     /// `(0, 0, 0)` for a table (its model is no classifier) or an empty split.
-    fn evaluate(&self, py: Python<'_>, content: PyContent<'_>) -> PyResult<(f64, f64, usize)> {
+    #[pyo3(signature = (content, state = None))]
+    fn evaluate(
+        &self,
+        py: Python<'_>,
+        content: PyContent<'_>,
+        state: Option<PyArrays<'_>>,
+    ) -> PyResult<(f64, f64, usize)> {
         let content = content_from_py(content);
-        py.detach(|| {
-            self.fed
-                .client_evaluate(self.id, &content)
-                .map_err(|e| e.to_string())
-        })
-        .map_err(|e| err(format!("client {}: {e}", self.id)))
+        let id = self.id;
+        let (scores, _) = self.with_state(py, state, |fed| {
+            fed.client_evaluate(id, &content).map_err(|e| e.to_string())
+        })?;
+        Ok(scores)
     }
 }
 

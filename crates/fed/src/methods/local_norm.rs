@@ -16,9 +16,12 @@
 //!   global model with the client's own norm tensors.
 //!
 //! The clients' norms are this wrapper's state: in the simulator it holds every client's (a
-//! checkpoint saves them), on a Flower node the node's own, in memory. A client instructed
-//! with whole models (a stock Flower strategy sends every tensor) uses its own norms instead of
-//! the received ones and replies with a whole model, as it was asked.
+//! checkpoint saves them), on a Rust Flower node the node's own, in memory; a Python
+//! ClientApp, whose process may not outlive a round, takes its client's out after each step
+//! ([`Method::client_state`]) into its node's `Context.state` and puts them back before the
+//! next ([`Method::set_client_state`]). A client instructed with whole models (a stock
+//! Flower strategy sends every tensor) uses its own norms instead of the received ones and
+//! replies with a whole model, as it was asked.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -228,6 +231,35 @@ impl Method for LocalNorm {
         self.with_norms(model, own.as_ref())
     }
 
+    /// The client's own norm tensors, after its last round.
+    fn client_state(&self, client: usize) -> Result<Option<Params>> {
+        Ok(self.store()?.get(&client).cloned())
+    }
+
+    /// Sets (or, with `None`, forgets) the client's own norm tensors: every norm tensor of
+    /// the model once, with its shape, and finite.
+    fn set_client_state(&self, client: usize, state: Option<Params>) -> Result<()> {
+        let norms = match state {
+            Some(norms) => {
+                let bad = |e: fedfuse_core::CoreError| FedError::ClientState {
+                    client,
+                    reason: format!("its normalisation tensors do not fit the model: {e}"),
+                };
+                // In the model's order, whatever order the store kept them in.
+                let norms = norms.arranged(&self.initial.layout()).map_err(bad)?;
+                norms.check_finite().map_err(bad)?;
+                Some(norms)
+            }
+            None => None,
+        };
+        let mut store = self.store()?;
+        match norms {
+            Some(norms) => store.insert(client, norms),
+            None => store.remove(&client),
+        };
+        Ok(())
+    }
+
     fn weighs_by_examples(&self) -> bool {
         self.inner.weighs_by_examples()
     }
@@ -429,6 +461,54 @@ mod tests {
             .unwrap();
         let e = wrapped().load_state(wrong).unwrap_err().to_string();
         assert!(e.contains("client.3.0.weight"), "{e}");
+    }
+
+    #[test]
+    fn a_clients_norms_leave_and_come_back_as_its_state() {
+        let m = wrapped();
+        assert_eq!(m.client_state(2).unwrap(), None);
+        let mut own = pick(&model(2.0), &m.names).unwrap();
+        own.get_mut("1.running_var").unwrap().data = vec![3.0, 4.0];
+        m.set_client_state(2, Some(own.clone())).unwrap();
+        assert_eq!(m.client_state(2).unwrap(), Some(own.clone()));
+        let personal = m.client_model(2, &model(9.0)).unwrap().unwrap();
+        assert_eq!(personal.get("1.running_var").unwrap().data, [3.0, 4.0]);
+        // A fresh wrapper (a new process) given the state runs the same model.
+        let again = wrapped();
+        again
+            .set_client_state(2, m.client_state(2).unwrap())
+            .unwrap();
+        assert_eq!(again.client_model(2, &model(9.0)).unwrap(), Some(personal));
+        // `None` forgets them: the client starts from the initial norms again.
+        again.set_client_state(2, None).unwrap();
+        assert_eq!(again.client_state(2).unwrap(), None);
+
+        // State that is not this model's norms is refused, naming the tensor.
+        let refused = |state: Params| {
+            let e = m.set_client_state(2, Some(state)).unwrap_err().to_string();
+            assert!(e.starts_with("client 2's stored state:"), "{e}");
+            e
+        };
+        let mut wrong = own.clone();
+        wrong.get_mut("1.weight").unwrap().shape = vec![1, 2];
+        let e = refused(wrong);
+        assert!(e.contains("`1.weight`") && e.contains("[1, 2]"), "{e}");
+        let mut extra = own.clone();
+        extra.push("0.weight", vec![2, 3], vec![0.0; 6]).unwrap();
+        assert!(refused(extra).contains("0.weight"));
+        let mut nan = own;
+        nan.get_mut("1.bias").unwrap().data[0] = f32::NAN;
+        refused(nan);
+        // The refused states left the stored one as it was.
+        assert_eq!(
+            m.client_state(2)
+                .unwrap()
+                .unwrap()
+                .get("1.running_var")
+                .unwrap()
+                .data,
+            [3.0, 4.0]
+        );
     }
 
     #[test]

@@ -565,14 +565,15 @@ fn conv_forward(x: &[f32], w: &[f32], bias: Option<&[f32]>, g: &Geom) -> Vec<f32
     let x_tasks = x.par_chunks(SAMPLES_PER_TASK * g.c_in * g.h * g.w);
     let y_tasks = y.par_chunks_mut(SAMPLES_PER_TASK * g.c_out * pixels);
     x_tasks.zip(y_tasks).for_each(|(x, y)| {
-        let mut col = vec![0f32; taps * pixels];
-        let blocks = x.chunks_exact(x_group).zip(y.chunks_exact_mut(og * pixels));
-        for (gi, (xs, ys)) in (0..g.groups).cycle().zip(blocks) {
-            im2col(xs, g, &mut col);
-            let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
-            let cols = Mat::rows(&col, taps, pixels, pixels);
-            matmul(ys, (pixels, 1), wg, cols, false);
-        }
+        with_col(taps * pixels, |col| {
+            let blocks = x.chunks_exact(x_group).zip(y.chunks_exact_mut(og * pixels));
+            for (gi, (xs, ys)) in (0..g.groups).cycle().zip(blocks) {
+                im2col(xs, g, col);
+                let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
+                let cols = Mat::rows(col, taps, pixels, pixels);
+                matmul(ys, (pixels, 1), wg, cols, false);
+            }
+        });
         if let Some(bias) = bias {
             for (row, &b) in y.chunks_exact_mut(pixels).zip(bias.iter().cycle()) {
                 for v in row {
@@ -654,24 +655,44 @@ fn backward_task(
     let x_group = g.cg() * g.h * g.w;
     let mut dw_t = need_w.then(|| vec![0f32; g.w_len()]);
     // im2col of x for dW, then reused for Wᵀ·dY before col2im.
-    let mut col = vec![0f32; taps * pixels];
-    for (i, dys) in dy.chunks_exact(og * pixels).enumerate() {
-        // Block i is sample i / groups, group i % groups, in x, dx and dy alike.
-        let gi = i % g.groups;
-        let dys = Mat::rows(dys, og, pixels, pixels);
-        if let Some(dw_t) = dw_t.as_deref_mut() {
-            im2col(&x[i * x_group..][..x_group], g, &mut col);
-            let cols = Mat::rows(&col, taps, pixels, pixels);
-            let dwg = &mut dw_t[gi * og * taps..][..og * taps];
-            matmul(dwg, (1, og), dys, cols.t(), true);
+    with_col(taps * pixels, |col| {
+        for (i, dys) in dy.chunks_exact(og * pixels).enumerate() {
+            // Block i is sample i / groups, group i % groups, in x, dx and dy alike.
+            let gi = i % g.groups;
+            let dys = Mat::rows(dys, og, pixels, pixels);
+            if let Some(dw_t) = dw_t.as_deref_mut() {
+                im2col(&x[i * x_group..][..x_group], g, col);
+                let cols = Mat::rows(col, taps, pixels, pixels);
+                let dwg = &mut dw_t[gi * og * taps..][..og * taps];
+                matmul(dwg, (1, og), dys, cols.t(), true);
+            }
+            if let Some(dx) = dx.as_deref_mut() {
+                let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
+                matmul(col, (pixels, 1), wg.t(), dys, false);
+                col2im_add(col, g, &mut dx[i * x_group..][..x_group]);
+            }
         }
-        if let Some(dx) = dx.as_deref_mut() {
-            let wg = Mat::rows(&w[gi * og * taps..][..og * taps], og, taps, taps);
-            matmul(&mut col, (pixels, 1), wg.t(), dys, false);
-            col2im_add(&col, g, &mut dx[i * x_group..][..x_group]);
-        }
-    }
+    });
     dw_t
+}
+
+thread_local! {
+    /// Each thread's `col` buffer, kept between calls: a fresh one per task was zeroed by the
+    /// allocator (up to 1.2 MB for VGG-9) only to be overwritten.
+    static COL: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's `col` buffer of `len` values, whose contents are stale: every
+/// user writes all of it first (im2col, or a GEMM without accumulation). `f` must not reach
+/// another task of this module (no rayon calls inside), which would borrow it again.
+fn with_col<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    COL.with(|col| {
+        let mut col = col.borrow_mut();
+        if col.len() < len {
+            col.resize(len, 0.0);
+        }
+        f(&mut col[..len])
+    })
 }
 
 /// Per-channel sums of `dy` (`[batch, c_out, pixels]`).

@@ -34,6 +34,16 @@ pub enum FuseError {
     /// A graph is malformed or two graphs cannot be compared (FedNGM graph maths).
     #[error("invalid graph: {0}")]
     InvalidGraph(String),
+    /// A layer of a layer list that matching cannot permute (named by its index and type).
+    #[error("model.layers[{layer}] ({kind}): {reason}")]
+    UnsupportedLayer {
+        /// Index of the layer in the list.
+        layer: usize,
+        /// Its type (`residual`, `groupnorm`, ...).
+        kind: &'static str,
+        /// Why, and what to use instead.
+        reason: String,
+    },
     /// The linear sum assignment could not be solved.
     #[error("linear sum assignment failed: {0}")]
     Solver(String),

@@ -373,7 +373,11 @@ pub fn pfnm_fuse_mlp(
     };
     let mut weights: Vec<Option<Matrix>> = vec![None; n_layers];
     let mut biases: Vec<Vec<f64>> = vec![Vec::new(); n_layers];
-    biases[n_layers - 1] = output_bias(nets, &shares, cfg);
+    let out_biases: Vec<&[f64]> = nets
+        .iter()
+        .map(|n| n.layers.last().map_or(&[][..], |l| l.bias.as_slice()))
+        .collect();
+    biases[n_layers - 1] = output_bias(&out_biases, &shares, cfg);
     let mut assignments_all: Vec<Vec<Vec<usize>>> = vec![Vec::new(); c_hidden];
     let mut timings: Vec<Option<MatchTimings>> = vec![None; c_hidden];
     // Width and assignment of the neighbouring layer matched just before this one.
@@ -493,7 +497,11 @@ pub fn pfnm_fuse_mlp(
 }
 
 /// `n_jk / N_k`, or `1/J` without counts.
-fn class_shares(counts: Option<&[Vec<f64>]>, clients: usize, k: usize) -> Result<Vec<Vec<f64>>> {
+pub(super) fn class_shares(
+    counts: Option<&[Vec<f64>]>,
+    clients: usize,
+    k: usize,
+) -> Result<Vec<Vec<f64>>> {
     let Some(counts) = counts else {
         return Ok(vec![vec![1.0 / clients as f64; k]; clients]);
     };
@@ -524,16 +532,17 @@ fn class_shares(counts: Option<&[Vec<f64>]>, clients: usize, k: usize) -> Result
         .collect())
 }
 
-/// Output bias: precision-weighted average with prior `bias_mean` (`process_softmax_bias`).
-fn output_bias(nets: &[MlpWeights], shares: &[Vec<f64>], cfg: &PfnmConfig) -> Vec<f64> {
+/// Output bias: precision-weighted average with prior `bias_mean` (`process_softmax_bias`);
+/// `biases[j]` is client `j`'s output bias, `shares[j]` its class shares.
+pub(super) fn output_bias(biases: &[&[f64]], shares: &[Vec<f64>], cfg: &PfnmConfig) -> Vec<f64> {
     let k = shares.first().map_or(0, Vec::len);
     (0..k)
         .map(|kk| {
             let mut num = cfg.bias_mean / cfg.sigma0;
             let mut den = 1.0 / cfg.sigma0;
-            for (net, r) in nets.iter().zip(shares) {
-                if let Some(out) = net.layers.last() {
-                    num += r[kk] * out.bias[kk] / cfg.sigma;
+            for (bias, r) in biases.iter().zip(shares) {
+                if let Some(b) = bias.get(kk) {
+                    num += r[kk] * b / cfg.sigma;
                     den += r[kk] / cfg.sigma;
                 }
             }

@@ -6,17 +6,28 @@
 //! reference code (IBM/probabilistic-federated-neural-matching `matching/pfnm.py` @ f44cf42)
 //! and is checked against fixtures recorded from it. `PfnmConfig::eps > 0` adds the GPI-FNM
 //! term of Xiao & Cheng ([`gpi_cost`]) to every layer's score.
+//!
+//! [`pfnm_fuse_layers`] runs the same per-layer matcher over the channels and units of layer-list
+//! models, bottom-up, through the unit map of `fedfuse_core::layers::unit_uses`;
+//! [`weight_matching_fuse`] is the fixed-width baseline (Git Re-Basin's weight matching) on the
+//! same lists, and [`permute_units`] the one place a permutation of units is applied.
 
+mod channels;
 mod layer;
+mod lists;
 mod mlp;
 mod score;
 mod types;
+mod weight_matching;
 
+pub use channels::{pfnm_fuse_layers, pfnm_fuse_list};
 pub use layer::{
     ClientUnits, LayerMatch, MatchTimings, OrderSource, ReplayOrder, RngOrder, match_layer,
 };
+pub use lists::{FusedLayers, permute_units};
 pub use mlp::{
     DenseLayer, Fused, FusedMlp, MatchOrder, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp,
 };
 pub use score::{gpi_cost, pfnm_scores};
 pub use types::{GlobalUnits, LayerPrior, LayerSettings, Matrix, POPULARITY_CAP};
+pub use weight_matching::{WeightMatchingConfig, weight_matching_fuse};

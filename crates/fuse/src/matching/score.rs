@@ -357,7 +357,7 @@ fn sum4_pairs(u: &[f64], v: &[f64], f: impl Fn(f64, f64) -> f64) -> f64 {
 
 /// `out[r][c] += lhs[r] . rhs[c]` for the first `rhs.len() / k` columns of every `out` row
 /// (`out_stride` apart); `lhs` and `rhs` are row-major with rows `k` long.
-fn product_nt(out: &mut [f64], out_stride: usize, lhs: &[f64], rhs: &[f64], k: usize) {
+pub(super) fn product_nt(out: &mut [f64], out_stride: usize, lhs: &[f64], rhs: &[f64], k: usize) {
     let m = lhs.len() / k;
     let n = rhs.len() / k;
     if m == 0 || n == 0 {

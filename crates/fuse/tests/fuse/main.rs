@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+mod channels;
 mod fedsparse;
 mod gems;
 mod graph;

@@ -1,0 +1,413 @@
+//! Layer-list models (`[model] kind = "sequential"`) as matching sees them: each client's
+//! widths read from its tensors, the unit map of `fedfuse_core::layers::unit_uses` checked for
+//! what a permutation of units can follow, views of one unit's values in a tensor, and the
+//! fused tensors put back in the list's order under the new widths.
+//!
+//! Everything that moves with a unit (a filter or row, its bias, the norm channels after it,
+//! the next layer's input channels or flatten block) comes from the map; nothing here guesses
+//! layers from tensor names.
+
+use std::collections::HashMap;
+
+use fedfuse_core::layers::{self, FeatureShape, LayerSpec, TensorRole, UnitUse, UnitUses};
+use fedfuse_core::{Params, Tensor};
+
+use crate::{FuseError, Result};
+
+/// A layer-list model fused by matching.
+#[derive(Clone, Debug)]
+pub struct FusedLayers {
+    /// The fused tensors, named and ordered as the list names them, at the new widths.
+    pub params: Params,
+    /// The list with every matched layer's `out` set to its fused width.
+    pub layers: Vec<LayerSpec>,
+    /// Matched layer (in the order of `unit_uses`) -> client -> local unit -> fused unit.
+    pub assignments: Vec<Vec<Vec<usize>>>,
+}
+
+/// The clients of one layer-list fusion, checked.
+pub(super) struct ListClients {
+    /// Per client: its tensors in the list's order.
+    pub(super) params: Vec<Params>,
+    /// Per client: its unit map (the same tensors for every client; only unit counts differ).
+    pub(super) uses: Vec<Vec<UnitUses>>,
+    /// Index of the layer that writes the logits (the last convolution or linear layer).
+    pub(super) output: usize,
+}
+
+impl ListClients {
+    /// Checks the list for what matching supports and reads each client's widths from its
+    /// tensors (`{i}.weight`'s rows for every matched layer; the output layer keeps the
+    /// list's width).
+    pub(super) fn new(input: &[usize], layers: &[LayerSpec], clients: &[&Params]) -> Result<Self> {
+        if clients.is_empty() {
+            return Err(FuseError::Empty);
+        }
+        let uses = layers::unit_uses(input, layers)?;
+        refuse_unsupported(input, layers, &uses)?;
+        let Some(output) = layers
+            .iter()
+            .rposition(|l| matches!(l, LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. }))
+        else {
+            return Err(FuseError::InvalidInput(
+                "the layer list has no convolution or linear layer to match".into(),
+            ));
+        };
+        if uses.is_empty() {
+            return Err(FuseError::UnsupportedLayer {
+                layer: output,
+                kind: layers[output].type_name(),
+                reason: "the only convolution or linear layer writes the logits; matching needs \
+                         a hidden layer below it"
+                    .into(),
+            });
+        }
+        let matched: Vec<usize> = uses.iter().map(|u| u.layer).collect();
+        let mut params = Vec::with_capacity(clients.len());
+        let mut client_uses = Vec::with_capacity(clients.len());
+        for (j, p) in clients.iter().enumerate() {
+            let bad =
+                |e: &dyn std::fmt::Display| FuseError::InvalidInput(format!("client {j}: {e}"));
+            let mut own = layers.to_vec();
+            for &i in &matched {
+                let name = format!("{i}.weight");
+                let rows = p
+                    .get(&name)
+                    .and_then(|t| t.shape.first().copied())
+                    .ok_or_else(|| bad(&format!("tensor `{name}` is missing or a scalar")))?;
+                set_width(&mut own[i], rows);
+            }
+            let (_, layout) = layers::chain(FeatureShape::of(input)?, &own).map_err(|e| bad(&e))?;
+            let arranged = p.arranged(&layout).map_err(|e| bad(&e))?;
+            arranged.check_finite().map_err(|e| bad(&e))?;
+            client_uses.push(layers::unit_uses(input, &own).map_err(|e| bad(&e))?);
+            params.push(arranged);
+        }
+        Ok(Self {
+            params,
+            uses: client_uses,
+            output,
+        })
+    }
+
+    /// Number of clients.
+    pub(super) fn len(&self) -> usize {
+        self.params.len()
+    }
+
+    /// Number of matched layers.
+    pub(super) fn matched(&self) -> usize {
+        self.uses[0].len()
+    }
+
+    /// The tensor `name` of client `j` (present: the layout was checked).
+    pub(super) fn tensor(&self, j: usize, name: &str) -> Result<&Tensor> {
+        Ok(self.params[j].require(name)?)
+    }
+}
+
+/// `out` of a convolution or linear layer set to `width` (other layers are left as they are).
+pub(super) fn set_width(layer: &mut LayerSpec, width: usize) {
+    if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer {
+        *out = width;
+    }
+}
+
+/// Refuses, naming the layer, what one permutation per matched layer cannot follow.
+fn refuse_unsupported(input: &[usize], layers: &[LayerSpec], uses: &[UnitUses]) -> Result<()> {
+    let first = FeatureShape::of(input)?;
+    let (shapes, _) = layers::chain(first, layers)?;
+    let refuse = |layer: usize, reason: String| FuseError::UnsupportedLayer {
+        layer,
+        kind: layers[layer].type_name(),
+        reason,
+    };
+    for (i, layer) in layers.iter().enumerate() {
+        match *layer {
+            LayerSpec::Residual { out, stride, .. } => {
+                let c_in = i.checked_sub(1).map_or(first, |b| shapes[b]).channels();
+                let tied = if layers::has_projection(c_in, out, stride) {
+                    format!("`{i}.shortcut.0.weight`'s output channels (with `{i}.shortcut.1`)")
+                } else {
+                    "the block's input channels (its identity path)".to_string()
+                };
+                return Err(refuse(
+                    i,
+                    format!(
+                        "a skip connection adds `{i}.conv2.weight`'s output channels (with \
+                         `{i}.bn2`) to {tied}; matching would need one permutation shared by \
+                         all of them and by every block of the stage, which is not supported \
+                         yet: match a plain chain of layers"
+                    ),
+                ));
+            }
+            LayerSpec::Conv2d { groups, .. } if groups > 1 => {
+                return Err(refuse(
+                    i,
+                    format!(
+                        "groups = {groups}: a grouped convolution ties channels to groups, \
+                         and matching would move channels between them; use groups = 1"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    for u in uses {
+        for &j in &u.between {
+            if matches!(
+                layers[j],
+                LayerSpec::GroupNorm { .. } | LayerSpec::LayerNorm { .. }
+            ) {
+                return Err(refuse(
+                    j,
+                    format!(
+                        "normalises across the channels of model.layers[{}], which matching \
+                         permutes and widens: a group norm's groups would mix channels of \
+                         different clients and a layer norm's statistics would change with \
+                         the width; use batch norm or none",
+                        u.layer
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where the units of one [`UnitUse`] sit in its tensor, for uses along axis 0 (a unit's
+/// rows) or axis 1 (a unit's input columns in every row) without channel groups: unit `u` of
+/// row `r` is `span` values from `(r * units + u) * span`. The same values as
+/// [`UnitUse::ranges`], in one multiplication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct UnitAxis {
+    /// Rows the units repeat over (1 for axis 0).
+    pub(super) rows: usize,
+    /// Units.
+    pub(super) units: usize,
+    /// Values of one unit in one row.
+    pub(super) span: usize,
+}
+
+impl UnitAxis {
+    pub(super) fn of(u: &UnitUse, shape: &[usize]) -> Result<Self> {
+        let bad = |why: &str| {
+            FuseError::InvalidInput(format!(
+                "tensor `{}` {shape:?}: {why} (axis {}, block {}, groups {})",
+                u.tensor, u.axis, u.block, u.groups
+            ))
+        };
+        if u.groups != 1 || u.block == 0 {
+            return Err(bad("channel groups cannot be permuted"));
+        }
+        let (rows, len, inner) = match u.axis {
+            0 => (1, shape.first(), shape.iter().skip(1).product::<usize>()),
+            1 => (
+                shape.first().copied().unwrap_or(0),
+                shape.get(1),
+                shape.iter().skip(2).product(),
+            ),
+            _ => return Err(bad("units on an axis past 1")),
+        };
+        let Some(&len) = len else {
+            return Err(bad("the tensor has no unit axis"));
+        };
+        if len % u.block != 0 {
+            return Err(bad("the unit axis is not a whole number of blocks"));
+        }
+        Ok(Self {
+            rows,
+            units: len / u.block,
+            span: u.block * inner,
+        })
+    }
+
+    /// Start of unit `unit` in row `row`.
+    pub(super) fn at(&self, row: usize, unit: usize) -> usize {
+        (row * self.units + unit) * self.span
+    }
+
+    /// `shape` with the unit axis of `u` holding `units` units.
+    pub(super) fn resized(u: &UnitUse, shape: &[usize], units: usize) -> Vec<usize> {
+        let mut s = shape.to_vec();
+        if let Some(a) = s.get_mut(u.axis) {
+            *a = units * u.block;
+        }
+        s
+    }
+}
+
+/// Moves unit `u` of one matched layer to position `perm[u]` in every tensor that holds or
+/// reads it (`uses`, one entry of [`fedfuse_core::layers::unit_uses`] for this model): the one
+/// place a permutation of units is applied, so the model computes the same function.
+///
+/// ```
+/// use fedfuse_core::{LayerSpec, Params};
+/// use fedfuse_core::layers::unit_uses;
+/// use fedfuse_fuse::permute_units;
+///
+/// let layers = [LayerSpec::linear(2), LayerSpec::Relu, LayerSpec::linear(1)];
+/// let mut p = Params::new();
+/// p.push("0.weight", vec![2, 1], vec![1.0, 2.0])?;
+/// p.push("0.bias", vec![2], vec![0.1, 0.2])?;
+/// p.push("2.weight", vec![1, 2], vec![3.0, 4.0])?;
+/// p.push("2.bias", vec![1], vec![0.0])?;
+/// let uses = unit_uses(&[1], &layers)?;
+/// permute_units(&mut p, &uses[0], &[1, 0])?;
+/// assert_eq!(p.get("0.weight").map(|t| t.data.clone()), Some(vec![2.0, 1.0]));
+/// assert_eq!(p.get("2.weight").map(|t| t.data.clone()), Some(vec![4.0, 3.0]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn permute_units(params: &mut Params, uses: &UnitUses, perm: &[usize]) -> Result<()> {
+    let mut seen = vec![false; uses.units];
+    for &to in perm {
+        match seen.get_mut(to) {
+            Some(s) if !*s => *s = true,
+            _ => {
+                return Err(FuseError::InvalidInput(format!(
+                    "{perm:?} is not a permutation of the {} units of model.layers[{}]",
+                    uses.units, uses.layer
+                )));
+            }
+        }
+    }
+    if perm.len() != uses.units {
+        return Err(FuseError::InvalidInput(format!(
+            "{perm:?} is not a permutation of the {} units of model.layers[{}]",
+            uses.units, uses.layer
+        )));
+    }
+    for u in uses.all() {
+        let t = params
+            .get_mut(&u.tensor)
+            .ok_or_else(|| FuseError::InvalidInput(format!("tensor `{}` is missing", u.tensor)))?;
+        let axis = UnitAxis::of(u, &t.shape)?;
+        if axis.units != uses.units {
+            return Err(FuseError::InvalidInput(format!(
+                "tensor `{}` {:?} holds {} units where model.layers[{}] has {}",
+                u.tensor, t.shape, axis.units, uses.layer, uses.units
+            )));
+        }
+        let old = t.data.clone();
+        for r in 0..axis.rows {
+            for (from, &to) in perm.iter().enumerate() {
+                let (src, dst) = (axis.at(r, from), axis.at(r, to));
+                t.data[dst..dst + axis.span].copy_from_slice(&old[src..src + axis.span]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each client's weight in averages: its share of the examples (`class_counts` summed), or
+/// `1/J` without counts.
+pub(super) fn client_weights(class_counts: Option<&[Vec<f64>]>, clients: usize) -> Vec<f64> {
+    let totals: Option<Vec<f64>> =
+        class_counts.map(|c| c.iter().map(|row| row.iter().sum()).collect());
+    match totals {
+        Some(t) if t.len() == clients && t.iter().sum::<f64>() > 0.0 => {
+            let all: f64 = t.iter().sum();
+            t.iter().map(|n| n / all).collect()
+        }
+        _ => vec![1.0 / clients as f64; clients],
+    }
+}
+
+/// Weighted mean of one tensor over clients (same shape at each), in f64; batch norm's
+/// `num_batches_tracked` is rounded to a whole count.
+pub(super) fn mean_tensor(name: &str, tensors: &[&Tensor], weights: &[f64]) -> Result<Tensor> {
+    let Some(first) = tensors.first() else {
+        return Err(FuseError::Empty);
+    };
+    if let Some((j, t)) = tensors
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.shape != first.shape)
+    {
+        return Err(FuseError::InvalidInput(format!(
+            "client {j}: tensor `{name}` has shape {:?} where client 0's has {:?}",
+            t.shape, first.shape
+        )));
+    }
+    let total: f64 = weights.iter().sum();
+    let mut data = vec![0.0f64; first.data.len()];
+    for (t, w) in tensors.iter().zip(weights) {
+        for (d, v) in data.iter_mut().zip(&t.data) {
+            *d += w / total * f64::from(*v);
+        }
+    }
+    let counter = TensorRole::of(name) == TensorRole::Counter;
+    let data = data
+        .into_iter()
+        .map(|v| if counter { v.round() as f32 } else { v as f32 })
+        .collect();
+    Ok(Tensor::new(name, first.shape.clone(), data)?)
+}
+
+/// The tensors of a model with layers `layers`, in the list's order, taken from `tensors`
+/// (which must hold each with the list's shape, and nothing else).
+pub(super) fn assemble(
+    input: &[usize],
+    layers: &[LayerSpec],
+    mut tensors: HashMap<String, Tensor>,
+) -> Result<Params> {
+    let (_, layout) = layers::chain(FeatureShape::of(input)?, layers)?;
+    let mut out = Params::new();
+    for want in &layout {
+        let t = tensors.remove(&want.name).ok_or_else(|| {
+            FuseError::InvalidInput(format!("fused tensor `{}` was never estimated", want.name))
+        })?;
+        if t.shape != want.shape {
+            return Err(FuseError::InvalidInput(format!(
+                "fused tensor `{}` has shape {:?} where the fused list has {:?}",
+                want.name, t.shape, want.shape
+            )));
+        }
+        out.push(want.name.clone(), t.shape, t.data)?;
+    }
+    if let Some(extra) = tensors.keys().next() {
+        return Err(FuseError::InvalidInput(format!(
+            "fused tensor `{extra}` is not in the fused list"
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use fedfuse_core::layers::unit_uses;
+
+    use super::*;
+
+    /// The view's offsets are the map's own ranges, on a list with a flatten block and a
+    /// batch norm.
+    #[test]
+    fn unit_axis_agrees_with_the_maps_ranges() {
+        let layers = [
+            LayerSpec::conv2d(3, 3).with_padding(1),
+            LayerSpec::batch_norm2d(),
+            LayerSpec::Relu,
+            LayerSpec::max_pool(2),
+            LayerSpec::Flatten,
+            LayerSpec::linear(4),
+            LayerSpec::Relu,
+            LayerSpec::linear(2),
+        ];
+        let input = [2, 4, 4];
+        let (_, layout) = layers::chain(FeatureShape::of(&input).unwrap(), &layers).unwrap();
+        let shapes: HashMap<_, _> = layout.into_iter().map(|p| (p.name, p.shape)).collect();
+        for uses in unit_uses(&input, &layers).unwrap() {
+            for u in uses.all() {
+                let shape = &shapes[&u.tensor];
+                let axis = UnitAxis::of(u, shape).unwrap();
+                assert_eq!(axis.units, uses.units, "{}", u.tensor);
+                for unit in 0..uses.units {
+                    let ours: Vec<_> = (0..axis.rows)
+                        .map(|r| axis.at(r, unit)..axis.at(r, unit) + axis.span)
+                        .collect();
+                    assert_eq!(ours, u.ranges(shape, unit), "{} unit {unit}", u.tensor);
+                }
+            }
+        }
+    }
+}

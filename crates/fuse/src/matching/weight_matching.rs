@@ -1,0 +1,265 @@
+//! Weight matching (Ainsworth, Hayase & Srinivasa, "Git Re-Basin", ICLR 2023, section 3.2),
+//! the data-free fixed-width baseline: every client is aligned to a reference (client 0) by one
+//! permutation per matched layer, then all are averaged.
+//!
+//! The permutations maximise `sum over tensors <W_ref, P W_client>`, where a layer's units
+//! appear in its own tensors (rows) and in its readers (input columns), so the problems are
+//! coupled: as in the paper, one layer's permutation is solved as a linear assignment with the
+//! others held fixed, layers in a random order, until a whole pass improves no layer (or
+//! `max_iters` passes). Departure: the paper starts from identity permutations; we start with
+//! one bottom-up pass in which each layer is aligned on its own tensors alone (its inputs
+//! already aligned by the layer below), since from the identity a layer's readers, not yet
+//! aligned, can outweigh its own rows and stall the descent in a wrong optimum (seen on small
+//! conv nets whose permuted copies were not recovered). A unit's inner product covers the tensors of
+//! `fedfuse_core::layers::unit_uses` that are parameters (weights, biases, norm scales and
+//! shifts), not batch norm's running statistics, which are data statistics.
+
+use std::collections::HashMap;
+
+use fedfuse_core::layers::{LayerSpec, TensorRole, UnitUses};
+use fedfuse_core::{Params, Tensor};
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+use super::lists::{
+    FusedLayers, ListClients, UnitAxis, assemble, client_weights, mean_tensor, permute_units,
+};
+use super::score::product_nt;
+use crate::{FuseError, Result};
+
+/// Settings of weight matching.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WeightMatchingConfig {
+    /// Most passes over the layers per client (the paper's reference code: 100).
+    pub max_iters: usize,
+}
+
+impl Default for WeightMatchingConfig {
+    fn default() -> Self {
+        Self { max_iters: 100 }
+    }
+}
+
+impl WeightMatchingConfig {
+    /// Checks every setting, naming the first that is out of range.
+    pub fn check(&self) -> Result<()> {
+        if self.max_iters == 0 {
+            return Err(FuseError::InvalidSetting {
+                field: "max_iters",
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Weight matching of clients of one layer list (all at the list's widths): each client is
+/// aligned to client 0, then the aligned models are averaged, weighted by each client's
+/// examples (`class_counts` summed) or equally without counts; batch norms'
+/// `num_batches_tracked` is rounded to a whole count. The layer order of each pass is drawn
+/// from `rng`. Lists are refused as for [`crate::pfnm_fuse_layers`].
+///
+/// `assignments[g][j][u]` is the unit of client 0 that client `j`'s unit `u` of matched layer
+/// `g` was aligned to.
+pub fn weight_matching_fuse<R: Rng + ?Sized>(
+    input: &[usize],
+    layers: &[LayerSpec],
+    clients: &[&Params],
+    class_counts: Option<&[Vec<f64>]>,
+    cfg: &WeightMatchingConfig,
+    rng: &mut R,
+) -> Result<FusedLayers> {
+    cfg.check()?;
+    let list = ListClients::new(input, layers, clients)?;
+    for (j, uses) in list.uses.iter().enumerate() {
+        for (a, b) in uses.iter().zip(&list.uses[0]) {
+            if a.units != b.units {
+                return Err(FuseError::InvalidInput(format!(
+                    "client {j}: model.layers[{}] has {} units where client 0's has {}; weight \
+                     matching keeps the widths fixed (PFNM matches clients of other widths)",
+                    a.layer, a.units, b.units
+                )));
+            }
+        }
+    }
+    if let Some(counts) = class_counts
+        && counts.len() != list.len()
+    {
+        return Err(FuseError::InvalidInput(format!(
+            "class counts for {} clients but {} models were given",
+            counts.len(),
+            list.len()
+        )));
+    }
+    let uses = &list.uses[0];
+    let reference = &list.params[0];
+    let mut aligned = vec![reference.clone()];
+    let mut assignments: Vec<Vec<Vec<usize>>> =
+        uses.iter().map(|u| vec![(0..u.units).collect()]).collect();
+    for client in &list.params[1..] {
+        let perms = align(reference, client, uses, cfg.max_iters, rng)?;
+        let mut p = client.clone();
+        for (g, (u, perm)) in uses.iter().zip(&perms).enumerate() {
+            permute_units(&mut p, u, perm)?;
+            assignments[g].push(perm.clone());
+        }
+        aligned.push(p);
+    }
+    let weights = client_weights(class_counts, list.len());
+    let mut fused = HashMap::new();
+    for (name, _) in reference.iter() {
+        let at: Vec<&Tensor> = aligned
+            .iter()
+            .map(|p| p.require(name))
+            .collect::<std::result::Result<_, _>>()?;
+        fused.insert(name.to_string(), mean_tensor(name, &at, &weights)?);
+    }
+    Ok(FusedLayers {
+        params: assemble(input, layers, fused)?,
+        layers: layers.to_vec(),
+        assignments,
+    })
+}
+
+/// One permutation per matched layer taking `client`'s units onto `reference`'s
+/// (`perm[u]` = the reference unit of client unit `u`), by coordinate descent.
+fn align<R: Rng + ?Sized>(
+    reference: &Params,
+    client: &Params,
+    uses: &[UnitUses],
+    max_iters: usize,
+    rng: &mut R,
+) -> Result<Vec<Vec<usize>>> {
+    let mut perms: Vec<Vec<usize>> = uses.iter().map(|u| (0..u.units).collect()).collect();
+    // The matched layer whose rows a tensor's axis 0 holds, to permute a reader's rows.
+    let rows_of: HashMap<&str, usize> = uses
+        .iter()
+        .enumerate()
+        .map(|(g, u)| (u.own[0].tensor.as_str(), g))
+        .collect();
+    let solve = |cost: &[f64], g: usize| -> Result<Vec<usize>> {
+        let n = uses[g].units;
+        let (_, cols) = lsap::solve(n, n, &cost.to_vec(), true).map_err(|e| {
+            FuseError::Solver(format!(
+                "weight matching of model.layers[{}] ({n} units): {e}",
+                uses[g].layer
+            ))
+        })?;
+        // `cols[a]` is the client unit put at reference unit `a`.
+        let mut perm = vec![0; n];
+        for (a, &b) in cols.iter().enumerate() {
+            perm[b] = a;
+        }
+        Ok(perm)
+    };
+    // Start bottom-up, each layer on its own tensors with its inputs aligned by the layer
+    // below (its readers are not aligned yet): from the identity, a layer's readers can
+    // outweigh its own rows and hold the descent in a wrong optimum.
+    for g in 0..uses.len() {
+        let cost = layer_similarity(reference, client, uses, g, &perms, &rows_of, false)?;
+        perms[g] = solve(&cost, g)?;
+    }
+    let mut order: Vec<usize> = (0..uses.len()).collect();
+    for _ in 0..max_iters {
+        order.shuffle(rng);
+        let mut improved = false;
+        for &g in &order {
+            let n = uses[g].units;
+            let cost = layer_similarity(reference, client, uses, g, &perms, &rows_of, true)?;
+            let perm = solve(&cost, g)?;
+            let total =
+                |p: &[usize]| -> f64 { p.iter().enumerate().map(|(b, &a)| cost[a * n + b]).sum() };
+            let (old, new) = (total(&perms[g]), total(&perm));
+            if new > old + 1e-12 * old.abs().max(1.0) {
+                perms[g] = perm;
+                improved = true;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    Ok(perms)
+}
+
+/// `n x n` inner products of reference unit `a` (row) with client unit `b` (column) of matched
+/// layer `g`, over every parameter that holds or reads the units, with the client's other
+/// axes put in the reference's order by the current permutations of the neighbouring layers.
+fn layer_similarity(
+    reference: &Params,
+    client: &Params,
+    uses: &[UnitUses],
+    g: usize,
+    perms: &[Vec<usize>],
+    rows_of: &HashMap<&str, usize>,
+    readers: bool,
+) -> Result<Vec<f64>> {
+    let n = uses[g].units;
+    let mut cost = vec![0.0; n * n];
+    let used = if readers {
+        &uses[g].all().collect::<Vec<_>>()[..]
+    } else {
+        &uses[g].own.iter().collect::<Vec<_>>()[..]
+    };
+    for &u in used {
+        if TensorRole::of(&u.tensor) != TensorRole::Param {
+            continue;
+        }
+        let (ta, tb) = (reference.require(&u.tensor)?, client.require(&u.tensor)?);
+        let axis = UnitAxis::of(u, &ta.shape)?;
+        // Client rows (axis 1 uses) in the reference's order, by the layer that owns them.
+        let row_perm = (u.axis == 1)
+            .then(|| rows_of.get(u.tensor.as_str()).map(|&h| &perms[h]))
+            .flatten();
+        // A weight's input side (axis 0 use of a layer above the first): its units below.
+        let inner_perm = (u.axis == 0 && u.tensor == uses[g].own[0].tensor)
+            .then(|| g.checked_sub(1))
+            .flatten()
+            .and_then(|gb| {
+                uses[gb]
+                    .readers
+                    .iter()
+                    .find(|r| r.tensor == u.tensor)
+                    .map(|r| (r, &perms[gb]))
+            });
+        let tb = match inner_perm {
+            Some((reader, perm)) => {
+                // Put the client's input units where the reference has them.
+                let mut t = Params::new();
+                t.push(reader.tensor.clone(), tb.shape.clone(), tb.data.clone())?;
+                let mut below = uses[g - 1].clone();
+                below.own.clear();
+                below.readers = vec![reader.clone()];
+                permute_units(&mut t, &below, perm)?;
+                t.remove(&reader.tensor).ok_or_else(|| {
+                    FuseError::InvalidInput(format!("tensor `{}` vanished", reader.tensor))
+                })?
+            }
+            None => tb.clone(),
+        };
+        // Units as rows of `rows * span` values, the reference's rows in the client's order:
+        // the inner products are one product.
+        let k = axis.rows * axis.span;
+        let mut lhs = vec![0.0; n * k];
+        let mut rhs = vec![0.0; n * k];
+        for rb in 0..axis.rows {
+            let ra = row_perm.map_or(rb, |p| p[rb]);
+            for a in 0..n {
+                let at = a * k + rb * axis.span;
+                let xa = &ta.data[axis.at(ra, a)..][..axis.span];
+                let xb = &tb.data[axis.at(rb, a)..][..axis.span];
+                for ((l, r), (x, y)) in lhs[at..]
+                    .iter_mut()
+                    .zip(&mut rhs[at..])
+                    .zip(xa.iter().zip(xb))
+                {
+                    *l = f64::from(*x);
+                    *r = f64::from(*y);
+                }
+            }
+        }
+        product_nt(&mut cost, n, &lhs, &rhs, k);
+    }
+    Ok(cost)
+}

@@ -515,9 +515,46 @@ fn im2col_shifted(x: &[f32], g: &Geom, col: &mut [f32]) {
     }
 }
 
+/// [`col2im_add`] for the convolutions of [`im2col_shifted`]: each tap's row is added as one
+/// span, after zeroing the values that wrapped into a neighbouring row.
+fn col2im_add_shifted(col: &mut [f32], g: &Geom, dx: &mut [f32]) {
+    let (h, w, pixels) = (g.h, g.w, g.pixels());
+    for c in 0..g.cg() {
+        let plane = &mut dx[c * h * w..][..h * w];
+        for ky in 0..g.kh {
+            let oy_lo = g.pt.saturating_sub(ky).min(g.ho);
+            let oy_hi = (h + g.pt).saturating_sub(ky).clamp(oy_lo, g.ho);
+            for kx in 0..g.kw {
+                let r = (c * g.kh + ky) * g.kw + kx;
+                let row = &mut col[r * pixels..][..pixels];
+                let (lo, hi) = g.valid_cols(kx);
+                if oy_lo == oy_hi || lo == hi {
+                    continue;
+                }
+                let (first, last) = (oy_lo * w + lo, (oy_hi - 1) * w + hi);
+                let dst = (oy_lo + ky - g.pt) * w + lo + kx - g.pl;
+                for out in row[oy_lo * w..oy_hi * w].chunks_exact_mut(w) {
+                    out[..lo].fill(0.0);
+                    out[hi..].fill(0.0);
+                }
+                for (d, &v) in plane[dst..][..last - first]
+                    .iter_mut()
+                    .zip(&row[first..last])
+                {
+                    *d += v;
+                }
+            }
+        }
+    }
+}
+
 /// col2im: adds `col` (`[taps, pixels]`) into one sample's group gradient `dx`
-/// (`[cg, h, w]`); the transpose of [`im2col`].
-fn col2im_add(col: &[f32], g: &Geom, dx: &mut [f32]) {
+/// (`[cg, h, w]`); the transpose of [`im2col`]. `col` is scratch: the shifted path zeroes
+/// its wrapped columns.
+fn col2im_add(col: &mut [f32], g: &Geom, dx: &mut [f32]) {
+    if g.sh == 1 && g.sw == 1 && g.wo == g.w {
+        return col2im_add_shifted(col, g, dx);
+    }
     let (h, w, wo) = (g.h, g.w, g.wo);
     for c in 0..g.cg() {
         let plane = &mut dx[c * h * w..][..h * w];

@@ -9,6 +9,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, BackendTypes, Flex};
+use burn::tensor::{DType, TensorData};
 
 /// The float primitive of `Autodiff<Flex>` (burn's `AutodiffTensor<Flex>`, which is not
 /// nameable from outside burn-autodiff).
@@ -62,8 +63,56 @@ impl<S: AffineState> Backward<Flex, 3> for WithBias<S> {
     }
 }
 
-/// Records `y`, computed from the tensors behind `x`, `w` and `b`, with its backward step.
-pub(super) fn record<S: AffineState>(
+/// A contiguous `f32` copy (or view) of `t`, or `None` for another dtype.
+pub(super) fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
+    (t.dtype() == DType::F32).then(|| t.to_contiguous())
+}
+
+/// The values of a contiguous `f32` tensor with `len` elements.
+pub(super) fn values(t: &FlexTensor, len: usize) -> Option<&[f32]> {
+    t.as_slice::<f32>().filter(|s| s.len() == len)
+}
+
+pub(super) fn flex(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
+}
+
+/// The graph nodes of an affine op's inputs, to record its output with.
+pub(super) struct Nodes {
+    x: NodeGuard,
+    w: NodeGuard,
+    b: Option<NodeGuard>,
+}
+
+/// The inputs `x`, `w` and `b` as contiguous `f32` tensors, and their nodes; `None` for
+/// another dtype.
+pub(super) fn inputs(
+    x: AdTensor,
+    w: AdTensor,
+    b: Option<AdTensor>,
+) -> Option<(FlexTensor, FlexTensor, Option<FlexTensor>, Nodes)> {
+    let (x, x_node) = x.into_parts();
+    let (w, w_node) = w.into_parts();
+    let (b, b_node) = match b.map(AdTensor::into_parts) {
+        Some((b, node)) => (Some(contiguous_f32(&b)?), Some(node)),
+        None => (None, None),
+    };
+    let nodes = Nodes {
+        x: x_node,
+        w: w_node,
+        b: b_node,
+    };
+    Some((contiguous_f32(&x)?, contiguous_f32(&w)?, b, nodes))
+}
+
+impl Nodes {
+    /// Records `y`, computed from the tensors behind these nodes, with its backward step.
+    pub(super) fn record<S: AffineState>(self, state: S, y: FlexTensor) -> AdTensor {
+        record(self.x, self.w, self.b, state, y)
+    }
+}
+
+fn record<S: AffineState>(
     x: NodeGuard,
     w: NodeGuard,
     b: Option<NodeGuard>,

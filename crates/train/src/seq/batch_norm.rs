@@ -17,8 +17,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use super::affine::AdTensor;
-use super::conv::{contiguous_f32, flex, values};
+use super::affine::{AdTensor, contiguous_f32, flex, values};
 
 /// Samples per parallel task of the element-wise passes.
 const SAMPLES_PER_TASK: usize = 4;

@@ -27,10 +27,10 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use super::affine::{self, AdTensor, AffineState, Grads};
+use super::affine::{self, AdTensor, AffineState, Grads, contiguous_f32, flex, values};
 
 /// `conv.forward(x)` for fedfuse's layers, with the custom op where it applies.
 pub(crate) fn forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
@@ -189,20 +189,6 @@ impl Geom {
     }
 }
 
-/// A contiguous `f32` copy (or view) of `t`, or `None` for another dtype.
-pub(super) fn contiguous_f32(t: &FlexTensor) -> Option<FlexTensor> {
-    (t.dtype() == DType::F32).then(|| t.to_contiguous())
-}
-
-/// The values of a contiguous `f32` tensor with `len` elements.
-pub(super) fn values(t: &FlexTensor, len: usize) -> Option<&[f32]> {
-    t.as_slice::<f32>().filter(|s| s.len() == len)
-}
-
-pub(super) fn flex(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
-}
-
 /// The eval path: a plain forward on Flex tensors.
 fn forward_plain(
     x: &FlexTensor,
@@ -275,33 +261,14 @@ fn gradients(s: &ConvState, dy: &FlexTensor, need: [bool; 3]) -> Grads {
 
 /// The autodiff path: computes the output and records the backward step.
 fn forward_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, g: Geom) -> Option<AdTensor> {
-    let (x, x_node) = x.into_parts();
-    let (w, w_node) = w.into_parts();
-    let (x, w) = (contiguous_f32(&x)?, contiguous_f32(&w)?);
-    let b = b.map(AdTensor::into_parts);
+    let (x, w, b, nodes) = affine::inputs(x, w, b)?;
     let bias = match &b {
-        Some((b, _)) => Some(contiguous_f32(b)?),
-        None => None,
-    };
-    let bias_values = match &bias {
         Some(b) => Some(values(b, g.c_out)?),
         None => None,
     };
-    let y = conv_forward(
-        values(&x, g.x_len())?,
-        values(&w, g.w_len())?,
-        bias_values,
-        &g,
-    );
+    let y = conv_forward(values(&x, g.x_len())?, values(&w, g.w_len())?, bias, &g);
     let y = flex(y, &[g.batch, g.c_out, g.ho, g.wo]);
-    let state = ConvState { x, w, geom: g };
-    Some(affine::record(
-        x_node,
-        w_node,
-        b.map(|(_, node)| node),
-        state,
-        y,
-    ))
+    Some(nodes.record(ConvState { x, w, geom: g }, y))
 }
 
 /// A strided read-only matrix.
@@ -478,38 +445,81 @@ fn im2col(x: &[f32], g: &Geom, col: &mut [f32]) {
     }
 }
 
+/// One kernel tap of a "same" convolution (stride 1, output rows as long as input rows), as
+/// a span of its `col` row: output pixel `i` reads input value `i + shift`.
+struct ShiftedTap {
+    /// The tap's row in `col`.
+    row: usize,
+    /// The valid outputs' span `first..last` in the row, and the input index of `first`.
+    first: usize,
+    last: usize,
+    src: usize,
+    /// Output rows `oy_lo..oy_hi` and columns `lo..hi` are valid; the rest of each such row
+    /// wrapped into a neighbouring row.
+    oy_lo: usize,
+    oy_hi: usize,
+    lo: usize,
+    hi: usize,
+}
+
+impl ShiftedTap {
+    /// The tap of channel `c` at `(ky, kx)`, or its row index alone (`Err`) when no output
+    /// sees the input.
+    fn new(g: &Geom, c: usize, ky: usize, kx: usize) -> Result<Self, usize> {
+        let row = (c * g.kh + ky) * g.kw + kx;
+        // Output rows whose input row `oy + ky - pt` lies inside the plane.
+        let oy_lo = g.pt.saturating_sub(ky).min(g.ho);
+        let oy_hi = (g.h + g.pt).saturating_sub(ky).clamp(oy_lo, g.ho);
+        let (lo, hi) = g.valid_cols(kx);
+        if oy_lo == oy_hi || lo == hi {
+            return Err(row);
+        }
+        let w = g.w;
+        Ok(Self {
+            row,
+            first: oy_lo * w + lo,
+            last: (oy_hi - 1) * w + hi,
+            // `iy·w + ix` of the first valid output, both ≥ 0 by the choice of the bounds.
+            src: (oy_lo + ky - g.pt) * w + lo + kx - g.pl,
+            oy_lo,
+            oy_hi,
+            lo,
+            hi,
+        })
+    }
+
+    /// Zeros the values of `row` that wrapped into a neighbouring row.
+    fn zero_wrapped(&self, row: &mut [f32], w: usize) {
+        for out in row[self.oy_lo * w..self.oy_hi * w].chunks_exact_mut(w) {
+            out[..self.lo].fill(0.0);
+            out[self.hi..].fill(0.0);
+        }
+    }
+}
+
+/// The taps of a "same" convolution, channel by channel.
+fn shifted_taps(g: &Geom) -> impl Iterator<Item = (usize, Result<ShiftedTap, usize>)> + '_ {
+    (0..g.cg()).flat_map(move |c| {
+        (0..g.kh * g.kw).map(move |t| (c, ShiftedTap::new(g, c, t / g.kw, t % g.kw)))
+    })
+}
+
 /// [`im2col`] where output rows are as long as input rows and the strides are 1 (a "same"
-/// convolution): output pixel `i` of a tap reads input value `i + shift`, so each tap's row is
-/// one copy of the plane's valid span, then zeros where a row wrapped into its neighbour.
-/// Copying row by row cost a library call per row (8 to 32 values in ResNet-20).
+/// convolution): each tap's row is one copy of the plane's valid span, then zeros where a row
+/// wrapped into its neighbour. Copying row by row cost a library call per row (8 to 32 values
+/// in ResNet-20).
 fn im2col_shifted(x: &[f32], g: &Geom, col: &mut [f32]) {
-    let (h, w, pixels) = (g.h, g.w, g.pixels());
-    for c in 0..g.cg() {
-        let plane = &x[c * h * w..][..h * w];
-        for ky in 0..g.kh {
-            // Output rows whose input row `oy + ky - pt` lies inside the plane.
-            let oy_lo = g.pt.saturating_sub(ky).min(g.ho);
-            let oy_hi = (h + g.pt).saturating_sub(ky).clamp(oy_lo, g.ho);
-            for kx in 0..g.kw {
-                let r = (c * g.kh + ky) * g.kw + kx;
-                let row = &mut col[r * pixels..][..pixels];
-                let (lo, hi) = g.valid_cols(kx);
-                if oy_lo == oy_hi || lo == hi {
-                    row.fill(0.0);
-                    continue;
-                }
-                // The span from the first valid output to the last, and its input start
-                // (`iy·w + ix` of the first, both ≥ 0 by the choice of the bounds).
-                let (first, last) = (oy_lo * w + lo, (oy_hi - 1) * w + hi);
-                let src = (oy_lo + ky - g.pt) * w + lo + kx - g.pl;
-                row[..first].fill(0.0);
-                row[first..last].copy_from_slice(&plane[src..][..last - first]);
-                row[last..].fill(0.0);
-                // The columns that wrapped into a neighbouring row.
-                for out in row[oy_lo * w..oy_hi * w].chunks_exact_mut(w) {
-                    out[..lo].fill(0.0);
-                    out[hi..].fill(0.0);
-                }
+    let (plane_len, pixels) = (g.h * g.w, g.pixels());
+    for (c, tap) in shifted_taps(g) {
+        let plane = &x[c * plane_len..][..plane_len];
+        match tap {
+            Err(r) => col[r * pixels..][..pixels].fill(0.0),
+            Ok(t) => {
+                let row = &mut col[t.row * pixels..][..pixels];
+                row[..t.first].fill(0.0);
+                row[t.first..t.last].copy_from_slice(&plane[t.src..][..t.last - t.first]);
+                row[t.last..].fill(0.0);
+                t.zero_wrapped(row, g.w);
             }
         }
     }
@@ -518,32 +528,17 @@ fn im2col_shifted(x: &[f32], g: &Geom, col: &mut [f32]) {
 /// [`col2im_add`] for the convolutions of [`im2col_shifted`]: each tap's row is added as one
 /// span, after zeroing the values that wrapped into a neighbouring row.
 fn col2im_add_shifted(col: &mut [f32], g: &Geom, dx: &mut [f32]) {
-    let (h, w, pixels) = (g.h, g.w, g.pixels());
-    for c in 0..g.cg() {
-        let plane = &mut dx[c * h * w..][..h * w];
-        for ky in 0..g.kh {
-            let oy_lo = g.pt.saturating_sub(ky).min(g.ho);
-            let oy_hi = (h + g.pt).saturating_sub(ky).clamp(oy_lo, g.ho);
-            for kx in 0..g.kw {
-                let r = (c * g.kh + ky) * g.kw + kx;
-                let row = &mut col[r * pixels..][..pixels];
-                let (lo, hi) = g.valid_cols(kx);
-                if oy_lo == oy_hi || lo == hi {
-                    continue;
-                }
-                let (first, last) = (oy_lo * w + lo, (oy_hi - 1) * w + hi);
-                let dst = (oy_lo + ky - g.pt) * w + lo + kx - g.pl;
-                for out in row[oy_lo * w..oy_hi * w].chunks_exact_mut(w) {
-                    out[..lo].fill(0.0);
-                    out[hi..].fill(0.0);
-                }
-                for (d, &v) in plane[dst..][..last - first]
-                    .iter_mut()
-                    .zip(&row[first..last])
-                {
-                    *d += v;
-                }
-            }
+    let (plane_len, pixels) = (g.h * g.w, g.pixels());
+    for (c, tap) in shifted_taps(g) {
+        let Ok(t) = tap else { continue };
+        let plane = &mut dx[c * plane_len..][..plane_len];
+        let row = &mut col[t.row * pixels..][..pixels];
+        t.zero_wrapped(row, g.w);
+        for (d, &v) in plane[t.src..][..t.last - t.first]
+            .iter_mut()
+            .zip(&row[t.first..t.last])
+        {
+            *d += v;
         }
     }
 }

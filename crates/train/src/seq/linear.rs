@@ -18,8 +18,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::nn::Linear;
 use burn::tensor::Tensor;
 
-use super::affine::{self, AdTensor, AffineState, Grads};
-use super::conv::{Mat, contiguous_f32, flex, matmul_on, values};
+use super::affine::{self, AdTensor, AffineState, Grads, contiguous_f32, flex, values};
+use super::conv::{Mat, matmul_on};
 
 /// `lin.forward(x)` for fedfuse's layers, with the custom op where it applies.
 pub(crate) fn forward(lin: &Linear, x: Tensor<2>) -> Tensor<2> {
@@ -194,33 +194,14 @@ impl AffineState for LinearState {
 
 /// The autodiff path: computes the output and records the backward step.
 fn forward_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, d: Dims) -> Option<AdTensor> {
-    let (x, x_node) = x.into_parts();
-    let (w, w_node) = w.into_parts();
-    let (x, w) = (contiguous_f32(&x)?, contiguous_f32(&w)?);
-    let b = b.map(AdTensor::into_parts);
+    let (x, w, b, nodes) = affine::inputs(x, w, b)?;
     let bias = match &b {
-        Some((b, _)) => Some(contiguous_f32(b)?),
-        None => None,
-    };
-    let bias_values = match &bias {
         Some(b) => Some(values(b, d.d_out)?),
         None => None,
     };
-    let y = linear_forward(
-        values(&x, d.x_len())?,
-        values(&w, d.w_len())?,
-        bias_values,
-        &d,
-    );
+    let y = linear_forward(values(&x, d.x_len())?, values(&w, d.w_len())?, bias, &d);
     let y = flex(y, &[d.batch, d.d_out]);
-    let state = LinearState { x, w, dims: d };
-    Some(affine::record(
-        x_node,
-        w_node,
-        b.map(|(_, node)| node),
-        state,
-        y,
-    ))
+    Some(nodes.record(LinearState { x, w, dims: d }, y))
 }
 
 #[cfg(test)]

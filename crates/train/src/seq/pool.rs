@@ -17,8 +17,7 @@ use burn::nn::pool::MaxPool2d;
 use burn::tensor::Tensor;
 use rayon::prelude::*;
 
-use super::affine::AdTensor;
-use super::conv::{contiguous_f32, flex, values};
+use super::affine::{AdTensor, contiguous_f32, flex, values};
 
 /// Planes per parallel task.
 const PLANES_PER_TASK: usize = 16;

@@ -44,7 +44,7 @@ pub enum ClientWeighting {
     Examples,
 }
 
-/// How a client recovers its feature graph (see [`recover_graph`]).
+/// How a client recovers its feature graph (see [`fedfuse_fuse::recover_graph`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GraphSettings {

@@ -83,16 +83,19 @@ def main():
     for name in args.models.split(","):
         label, make, data, batch = table[name]
         x, y = data()
-        secs = []
+        secs, cpu = [], []
         for r in range(args.repeats):
             torch.manual_seed(0)
             model = make()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             epoch(model, x, y, batch, r)
             secs.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
         med = statistics.median(secs)
+        # CPU time of the process, all threads: as `fedfuse bench train` reports it.
         print(f"{label}: {len(x)} samples, batch {batch}: median {med:.3f} s/epoch "
-              f"(min {min(secs):.3f}, max {max(secs):.3f}) = {len(x) / med:.0f} samples/s")
+              f"(min {min(secs):.3f}, max {max(secs):.3f}) = {len(x) / med:.0f} samples/s; "
+              f"CPU {statistics.median(cpu):.2f} s/epoch")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak memory {peak:.0f} MiB")
 

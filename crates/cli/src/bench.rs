@@ -38,6 +38,24 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// CPU seconds this process has used, all threads, user and system (`/proc/self/stat`'s
+/// `utime + stime`, in clock ticks of 1/100 s on Linux); `NaN` where unreadable. Unlike wall
+/// time, a one-thread epoch's CPU time barely moves when other work shares the machine.
+fn cpu_seconds() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which is in parentheses and may hold spaces:
+            // utime and stime are fields 14 and 15 of the line, 12 and 13 after it.
+            let rest = s.rsplit_once(')')?.1;
+            let mut fields = rest.split_whitespace().skip(11);
+            let utime = fields.next()?.parse::<f64>().ok()?;
+            let stime = fields.next()?.parse::<f64>().ok()?;
+            Some((utime + stime) / 100.0)
+        })
+        .unwrap_or(f64::NAN)
+}
+
 fn time_epochs(
     name: &str,
     spec: ModelSpec,
@@ -59,15 +77,18 @@ fn time_epochs(
         dropout: 0.0,
     };
     let mut secs = Vec::with_capacity(repeats);
+    let mut cpu = Vec::with_capacity(repeats);
     for r in 0..repeats {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_seconds());
         trainer.fit_with(&start, data, &cfg, None, r as u64)?;
         secs.push(t.elapsed().as_secs_f64());
+        cpu.push(cpu_seconds() - c);
     }
     let (median, min, max) = summary(&mut secs);
+    let (cpu_median, ..) = summary(&mut cpu);
     println!(
         "{name}: {} samples, batch {batch_size}: median {median:.3} s/epoch (min {min:.3}, max {max:.3}) \
-         = {:.0} samples/s",
+         = {:.0} samples/s; CPU {cpu_median:.2} s/epoch",
         data.len(),
         data.len() as f64 / median
     );

@@ -336,32 +336,77 @@ fn run_seed(
             ..fedngm.local.clone()
         },
     )?;
+    // FedNGR, with what makes its graph comparable: an NGR trained on the pooled rows by the
+    // clients' own training (`fit_ngr` at the local settings), read out by the same rule.
     let fedngr = match &cfg.fedngr {
         Some(r) => {
             let c = FedNgmConfig { seed, ..r.clone() };
-            Some(run_fedngm(&clients, None, &c, &|_| {})?)
+            let run = run_fedngm(&clients, None, &c, &|_| {})?;
+            let xr = run.encoding.encode(&train_core)?.x;
+            let pooled = run.ngm.fit_ngr(
+                None,
+                &xr,
+                &fedfuse_train::NgmConfig {
+                    seed,
+                    ..c.local.clone()
+                },
+            )?;
+            Some((run, c, pooled.params))
         }
         None => None,
     };
 
     // Graphs.
     if let Some(t) = &p.truth {
-        let mut graph = |name: &str, g: &Graph| -> Result<()> {
-            let m = edge_precision_recall(g, &t.graph)?;
-            push("graph", name, "", "precision", m.precision);
-            push("graph", name, "", "recall", m.recall);
-            push("graph", name, "", "f1", m.f1);
+        // Each graph's (precision, recall, F1); a list of graphs also gets its mean row.
+        let mut graphs = |named: &[(String, Graph)], mean: Option<&str>| -> Result<()> {
+            let mut sum = [0.0; 3];
+            for (name, g) in named {
+                let m = edge_precision_recall(g, &t.graph)?;
+                for (k, (metric, v)) in [
+                    ("precision", m.precision),
+                    ("recall", m.recall),
+                    ("f1", m.f1),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    push("graph", name, "", metric, v);
+                    sum[k] += v;
+                }
+            }
+            if let Some(mean) = mean {
+                let n = named.len().max(1) as f64;
+                for (k, metric) in ["precision", "recall", "f1"].into_iter().enumerate() {
+                    push("graph", mean, "", metric, sum[k] / n);
+                }
+            }
             Ok(())
         };
-        for (name, g) in p.names.iter().zip(&fed.client_graphs) {
-            graph(&format!("{name} (glasso)"), g)?;
-        }
-        graph("consensus (FedNGM)", &fed.consensus)?;
+        let glasso: Vec<(String, Graph)> = p
+            .names
+            .iter()
+            .zip(&fed.client_graphs)
+            .map(|(name, g)| (format!("{name} (glasso)"), g.clone()))
+            .collect();
+        graphs(&glasso, Some("clients' glasso (mean)"))?;
+        graphs(
+            &[("consensus (FedNGM)".into(), fed.consensus.clone())],
+            None,
+        )?;
         let enc = fed.encoding.encode(&train_core)?;
         let pooled_graph = recover_graph(&enc.x, enc.n, &enc.blocks, &fedngm.graph.recovery())?;
-        graph("pooled glasso", &pooled_graph)?;
-        if let Some(r) = &fedngr {
-            graph("FedNGR global", &r.global_graph)?;
+        graphs(&[("pooled glasso".into(), pooled_graph)], None)?;
+        if let Some((r, c, pooled)) = &fedngr {
+            let own = p
+                .names
+                .iter()
+                .zip(&r.locals)
+                .map(|(name, l)| Ok((format!("{name} (NGR)"), r.ngr_graph(l, c)?)))
+                .collect::<Result<Vec<_>>>()?;
+            graphs(&own, Some("clients' NGR (mean)"))?;
+            graphs(&[("pooled NGR".into(), r.ngr_graph(pooled, c)?)], None)?;
+            graphs(&[("FedNGR global".into(), r.global_graph.clone())], None)?;
         }
     }
 
@@ -379,8 +424,9 @@ fn run_seed(
         .collect();
     models.push(("FedNGM global".into(), &fed, &fed.global));
     models.push(("pooled NGM".into(), &fed, &pooled.params));
-    if let Some(r) = &fedngr {
+    if let Some((r, _, pooled)) = &fedngr {
         models.push(("FedNGR global".into(), r, &r.global));
+        models.push(("pooled NGR".into(), r, pooled));
     }
     let mp = message_passing();
     for target in &targets {

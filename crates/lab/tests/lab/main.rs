@@ -9,6 +9,7 @@ mod golden;
 mod local_norm;
 mod matching;
 mod naming;
+mod ngm;
 mod privacy;
 mod shipped;
 mod zoo;

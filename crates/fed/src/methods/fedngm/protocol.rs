@@ -23,7 +23,7 @@ use fedfuse_data::{Encoding, Table, TableStats};
 use fedfuse_fuse::{Graph, consensus, recover_graph};
 use fedfuse_train::{
     Distill, FeatureGraph, FirstDraw, InferConfig, InferMethod, Marginals, Ngm, NgmConfig,
-    SampleConfig, ngr_graph,
+    SampleConfig,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -34,6 +34,7 @@ use super::records::{
     SAMPLES, SAVED_STATE, STAGE, STATS, SavedGraph, SavedState, Stage, TABLE_STATS, bad_reply,
     bad_server, graph_from_record, graph_record, json, to_json,
 };
+use super::run::read_ngr_graph;
 use super::scoring::score_prediction;
 use super::settings::{FedNgmConfig, FedNgmVariant, SampleSite, member_weights};
 use crate::method::{SERVER_ROUND, TableContext};
@@ -465,14 +466,7 @@ impl FedNgm {
             let graph = match cfg.variant {
                 FedNgmVariant::Ngm => shared.consensus.clone(),
                 FedNgmVariant::Ngr => {
-                    let g = ngr_graph(
-                        &fit.params,
-                        ngm.blocks(),
-                        cfg.ngr_sparsity,
-                        cfg.global.path,
-                        cfg.graph.aggregate,
-                    )?;
-                    Graph::new(shared.consensus.features().to_vec(), g.adjacency().to_vec())?
+                    read_ngr_graph(ngm, shared.consensus.features(), &fit.params, cfg)?
                 }
             };
             report.insert("global_edges".into(), graph.num_edges() as f64);

@@ -4,7 +4,7 @@
 use fedfuse_core::{Params, Record};
 use fedfuse_data::{Encoding, Table};
 use fedfuse_fuse::{Graph, recover_graph};
-use fedfuse_train::{FeatureGraph, Ngm, NgmFit, StitchConfig};
+use fedfuse_train::{FeatureGraph, Ngm, NgmFit, StitchConfig, ngr_graph};
 use serde::Serialize;
 
 use super::FedNgm;
@@ -114,6 +114,12 @@ impl FedNgmRun {
         member_weights(&self.locals, &self.examples, weighting)
     }
 
+    /// The NGR graph of `params` (an NGR of this run's structure: the global model, a client's
+    /// or one trained on pooled rows) as FedNGR reads its global graph ([`read_ngr_graph`]).
+    pub fn ngr_graph(&self, params: &Params, cfg: &FedNgmConfig) -> Result<Graph> {
+        read_ngr_graph(&self.ngm, self.consensus.features(), params, cfg)
+    }
+
     /// What a finished simulation of `method` over the clients `names` (by client id)
     /// built. Every client must have taken part in every round: the first rejected reply is
     /// the error, naming its client.
@@ -189,6 +195,26 @@ impl FedNgmRun {
             traffic,
         })
     }
+}
+
+/// FedNGR's read-out of a graph over `features` from an NGR's `params` (the one definition
+/// the global graph, the clients' and a pooled NGR's graphs share, so that they compare):
+/// the top `cfg.ngr_sparsity` of feature pairs by the symmetrised path scores of
+/// `cfg.global.path`, blocks aggregated by `cfg.graph.aggregate`.
+pub(crate) fn read_ngr_graph(
+    ngm: &Ngm,
+    features: &[String],
+    params: &Params,
+    cfg: &FedNgmConfig,
+) -> Result<Graph> {
+    let g = ngr_graph(
+        params,
+        ngm.blocks(),
+        cfg.ngr_sparsity,
+        cfg.global.path,
+        cfg.graph.aggregate,
+    )?;
+    Ok(Graph::new(features.to_vec(), g.adjacency().to_vec())?)
 }
 
 /// Runs FedNGM (or FedNGR) over `clients`, with optional `public` rows for the server's

@@ -2,8 +2,9 @@
 
 The Rust core does the work; this package converts numpy arrays and Flower records.
 
-- :func:`fuse` fuses pre-trained MLPs (PyTorch ``state_dict``s as numpy arrays) with PFNM,
-  GPI-FNM or FedAvg, exactly as ``fedfuse fuse`` does with files.
+- :func:`fuse` fuses pre-trained networks (PyTorch ``state_dict``s as numpy arrays: MLPs, or
+  CNNs given their ``model``) with PFNM, GPI-FNM, weight matching or FedAvg, exactly as
+  ``fedfuse fuse`` does with files.
 - :mod:`fedfuse.flwr` has the fedfuse methods as Flower strategies and a ClientApp that trains
   with fedfuse (needs ``flwr``).
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import os
 
 import numpy as np
 
@@ -34,14 +37,26 @@ def tensors_from_arrays(model: Mapping[str, Any], what: str = "model") -> list:
     """``(name, shape, float32 bytes)`` per array of ``model``, in its key order."""
     out = []
     for name, value in model.items():
-        if hasattr(value, "detach"):  # a torch tensor: through numpy, on the CPU
-            value = value.detach().cpu().numpy()
-        arr = np.asarray(value)
+        arr = _as_numpy(value)
+        # Batch norm's ``num_batches_tracked`` is an int64 count; fedfuse holds it as a float.
+        if arr.dtype.kind in "iu" and _is_counter(str(name)):
+            arr = arr.astype(np.float64)
         if arr.dtype.kind != "f":
             raise FedfuseError(f"{what}, `{name}`: dtype {arr.dtype}; fedfuse fuses float arrays")
-        arr = np.ascontiguousarray(arr, dtype="<f4")
+        # Not `ascontiguousarray`, which makes a 0-d array (a counter) 1-d.
+        arr = np.asarray(arr, dtype="<f4", order="C")
         out.append((str(name), list(arr.shape), arr.tobytes()))
     return out
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor: through numpy, on the CPU
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _is_counter(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] == "num_batches_tracked"
 
 
 def arrays_from_tensors(tensors: Sequence) -> dict[str, np.ndarray]:
@@ -67,27 +82,39 @@ def fuse(
     eps: float = _PFNM["eps"],
     max_global: int = _PFNM["max_global"],
     bias_mean: float = _PFNM["bias_mean"],
-    order: str = _PFNM["order"],
+    order: str | None = None,
     seed: int = 0,
+    model: str | os.PathLike | None = None,
 ) -> tuple[dict[str, np.ndarray], dict]:
-    """Fuses pre-trained MLPs into one global model.
+    """Fuses pre-trained networks into one global model.
 
     ``models`` are mappings of names to arrays (``{k: v.numpy() for k, v in
-    net.state_dict().items()}`` of a chain of ``nn.Linear`` layers with biases, under any
-    PyTorch naming: ``nn.Sequential`` (``0.weight``, ``2.weight``), named (``fc1.weight``),
-    nested (``net.0.weight``, ``classifier.weight``); the layer order is the mapping's, or
-    the one its widths chain in). ``method`` is ``"pfnm"``, ``"gpi-fnm"`` (needs ``eps > 0``) or
-    ``"fedavg"``. ``sigma`` and ``sigma0`` are variances, as in the PFNM reference code;
-    ``class_counts`` (one list of per-class example counts per model) weight the output
-    layer, and weight FedAvg by each model's total. ``order`` is how a network of two or more
-    hidden layers is matched: ``"top_down"`` (the reference code's) or ``"bottom_up"`` (each
-    layer on its full fan-in; on deep MNIST networks far closer to the clients' ensemble, see
-    docs/EXPERIMENTS.md). ``seed`` seeds PFNM's refinement orders.
+    net.state_dict().items()}``). Without ``model`` they are chains of ``nn.Linear`` layers
+    with biases, under any PyTorch naming: ``nn.Sequential`` (``0.weight``, ``2.weight``),
+    named (``fc1.weight``), nested (``net.0.weight``, ``classifier.weight``); the layer order
+    is the mapping's, or the one its widths chain in. ``model`` names the network otherwise
+    (Conv2d, BatchNorm, Linear and the flatten between): ``"lenet5"``, ``"cnn-leaf"``,
+    ``"vgg9"``, or the path of a TOML file with a ``[model]`` table as in a run config
+    (``kind = "sequential"``, ``layers = [...]``) plus ``input``, the shape of one sample;
+    each model's tensors are read as that layer list in the mapping's order, with its own
+    widths, and matched over channels from the input side up.
 
-    Returns the fused arrays (under the first model's names) and the assignments: for each hidden
-    layer, which global unit each client unit joined (what ``fedfuse fuse`` writes to
-    ``FUSED.assignments.json``). The result equals ``fedfuse fuse`` on the same models, bit
-    for bit.
+    ``method`` is ``"pfnm"``, ``"gpi-fnm"`` (needs ``eps > 0``), ``"weight-matching"`` (Git
+    Re-Basin's; fixed widths) or ``"fedavg"``. ``sigma`` and ``sigma0`` are variances, as in
+    the PFNM reference code; ``class_counts`` (one list of per-class example counts per model)
+    weight the output layer, and weight averages by each model's total. ``order`` is how an
+    MLP of two or more hidden layers is matched: ``"top_down"`` (the default, the reference
+    code's) or ``"bottom_up"`` (each layer on its full fan-in; on deep MNIST networks far closer
+    to the clients' ensemble, see docs/EXPERIMENTS.md); with ``model`` it is always bottom-up.
+    ``seed`` seeds PFNM's refinement orders and weight matching's layer orders.
+
+    Returns the fused arrays (under the first model's names; ``num_batches_tracked`` as int64
+    where the first model had it as an integer) and the report: for each hidden layer, which
+    global unit each client unit joined (what ``fedfuse fuse`` writes to
+    ``FUSED.assignments.json``), the widths, the fused layer list (``model``), and
+    ``metadata``, the header ``fedfuse fuse`` writes (``safetensors.numpy.save_file(fused,
+    path, metadata=report["metadata"])`` gives its file). The result equals ``fedfuse fuse``
+    on the same models, bit for bit.
     """
     tensors = [tensors_from_arrays(m, f"model {j}") for j, m in enumerate(models)]
     counts = None if class_counts is None else [[float(c) for c in row] for row in class_counts]
@@ -102,10 +129,16 @@ def fuse(
         float(eps),
         int(max_global),
         float(bias_mean),
-        str(order),
+        None if order is None else str(order),
         int(seed),
+        None if model is None else os.fspath(model),
     )
-    return arrays_from_tensors(fused), report
+    arrays = arrays_from_tensors(fused)
+    first = models[0] if models else {}
+    for name, value in arrays.items():
+        if _is_counter(name) and name in first and _as_numpy(first[name]).dtype.kind in "iu":
+            arrays[name] = np.rint(value).astype(np.int64)
+    return arrays, report
 
 
 def rdp_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> tuple[float, float]:

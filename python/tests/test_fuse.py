@@ -113,3 +113,117 @@ def test_a_nested_pytorch_naming_saved_as_safetensors_fuses_as_layers_do(tmp_pat
     assert set(got) == set(rename.values())
     for key, value in want.items():
         assert got[rename[key]].tobytes() == value.tobytes(), key
+
+
+# A CNN under named modules, as a PyTorch class would register them:
+# conv1 (4 filters 3x3, padding 1), bn1, relu, pool 2, conv2 (6), relu, pool 2, flatten (6
+# channels of 2x2), fc1 (8), relu, fc2 (3), on 1x8x8 samples.
+CNN_TOML = """
+[model]
+kind = "sequential"
+input = [1, 8, 8]
+layers = [
+    { type = "conv2d", out = 4, kernel = 3, padding = 1 },
+    { type = "batchnorm2d" },
+    { type = "relu" },
+    { type = "maxpool2d", kernel = 2 },
+    { type = "conv2d", out = 6, kernel = 3, padding = 1 },
+    { type = "relu" },
+    { type = "maxpool2d", kernel = 2 },
+    { type = "flatten" },
+    { type = "linear", out = 8 },
+    { type = "relu" },
+    { type = "linear", out = 3 },
+]
+"""
+
+
+def cnn(rng):
+    f = lambda *shape: rng.normal(0, 0.5, shape).astype(np.float32)  # noqa: E731
+    return {
+        "conv1.weight": f(4, 1, 3, 3), "conv1.bias": f(4),
+        "bn1.weight": rng.uniform(0.5, 1.5, 4).astype(np.float32), "bn1.bias": f(4),
+        "bn1.running_mean": f(4), "bn1.running_var": rng.uniform(0.5, 2, 4).astype(np.float32),
+        "bn1.num_batches_tracked": np.array(321, np.int64),
+        "conv2.weight": f(6, 4, 3, 3), "conv2.bias": f(6),
+        "fc1.weight": f(8, 24), "fc1.bias": f(8),
+        "fc2.weight": f(3, 8), "fc2.bias": f(3),
+    }
+
+
+def permuted_cnn(m, rng):
+    """``m`` with conv1's, conv2's and fc1's units permuted, everything that reads them too."""
+    p1, p2, p3 = rng.permutation(4), rng.permutation(6), rng.permutation(8)
+    q = dict(m)
+    for k in ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias", "bn1.running_mean",
+              "bn1.running_var"]:
+        q[k] = m[k][p1]
+    q["conv2.weight"] = m["conv2.weight"][p2][:, p1]
+    q["conv2.bias"] = m["conv2.bias"][p2]
+    # fc1 reads conv2's channels as blocks of 2x2 after the flatten.
+    q["fc1.weight"] = m["fc1.weight"].reshape(8, 6, 4)[p3][:, p2].reshape(8, 24)
+    q["fc1.bias"] = m["fc1.bias"][p3]
+    q["fc2.weight"] = m["fc2.weight"][:, p3]
+    # Indexing along axis 1 leaves Fortran-ordered arrays, which safetensors' numpy writer
+    # stores in memory order.
+    return {k: np.asarray(v, order="C") for k, v in q.items()}
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("pfnm", dict(sigma=1e-4)),
+    ("weight-matching", {}),
+])
+def test_fuse_with_a_model_gives_permuted_cnns_back_as_the_command_line_does(
+        method, extra, tmp_path, fedfuse_bin):
+    rng = np.random.default_rng(3)
+    m = cnn(rng)
+    models = [m, permuted_cnn(m, rng), permuted_cnn(m, rng)]
+    toml = tmp_path / "cnn.toml"
+    toml.write_text(CNN_TOML)
+    fused, report = fedfuse.fuse(models, method=method, model=toml, seed=5, **extra)
+    assert list(fused) == list(m)
+    for k, v in m.items():
+        assert fused[k].dtype == v.dtype and fused[k].shape == v.shape, k
+        np.testing.assert_allclose(fused[k], v, rtol=1e-3, atol=1e-3, err_msg=k)
+    assert fused["bn1.num_batches_tracked"] == 321
+    assert report["fused_widths"] == [1, 4, 6, 8, 3]
+    assert report["metadata"]["fedfuse.widths"] == "[1,4,6,8,3]"
+    assert report["model"]["kind"] == "sequential" and report["model"]["input"] == [1, 8, 8]
+    assert [layer["tensor"] for layer in report["layers"]] == [
+        "conv1.weight", "conv2.weight", "fc1.weight"]
+
+    # The command line on the same state dicts saved by safetensors (int64 counters, sorted
+    # names): the same bytes, the same header.
+    files = []
+    for j, model in enumerate(models):
+        files.append(tmp_path / f"client{j}.safetensors")
+        save_file(model, str(files[-1]))
+    out = tmp_path / "fused.safetensors"
+    subprocess.run([str(fedfuse_bin), "fuse", *map(str, files), "--out", str(out), "--method",
+                    method, "--model", str(toml), "--seed", "5",
+                    *[a for k, v in extra.items() for a in (f"--{k}", str(v))]],
+                   check=True, capture_output=True)
+    from_cli = load_file(str(out))
+    assert set(from_cli) == set(fused)
+    for k, v in fused.items():
+        assert from_cli[k].dtype == v.dtype and from_cli[k].tobytes() == v.tobytes(), k
+    from safetensors import safe_open
+    with safe_open(str(out), "np") as f:
+        meta = f.metadata()
+    for key, value in report["metadata"].items():
+        assert meta[key] == value, key
+
+
+def test_cnns_without_a_model_or_not_fitting_it_are_refused(tmp_path):
+    m = cnn(np.random.default_rng(0))
+    toml = tmp_path / "cnn.toml"
+    toml.write_text(CNN_TOML)
+    with pytest.raises(fedfuse.FedfuseError, match="model="):
+        fedfuse.fuse([m, m])
+    with pytest.raises(fedfuse.FedfuseError, match="lenet5, cnn-leaf"):
+        fedfuse.fuse([m, m], model="lenet")
+    with pytest.raises(fedfuse.FedfuseError, match="model 1.*conv2.weight"):
+        fedfuse.fuse([m, dict(m, **{"conv2.weight": np.zeros((6, 4, 5, 5), np.float32)})],
+                     model=toml)
+    with pytest.raises(fedfuse.FedfuseError, match="model 1.*running_mean"):
+        fedfuse.fuse([m, {k: v for k, v in m.items() if not k.startswith("bn1")}], model=toml)

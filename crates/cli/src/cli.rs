@@ -81,7 +81,8 @@ enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
-    /// Fuse pre-trained MLPs (safetensors or npz, PyTorch nn.Linear names) into one model.
+    /// Fuse pre-trained models (safetensors or npz PyTorch state dicts: MLPs, or CNNs with
+    /// --model) into one model.
     Fuse {
         /// Client model files.
         #[arg(required = true)]
@@ -92,6 +93,11 @@ enum Command {
         /// Fusion method.
         #[arg(long, value_enum, default_value = "pfnm")]
         method: crate::fuse_cmd::FuseMethod,
+        /// The network the files hold: lenet5, cnn-leaf, vgg9, or a TOML file with [model]
+        /// kind = "sequential", input = [c, h, w] and layers = [...] (needed for anything but
+        /// MLPs; fused files carry theirs).
+        #[arg(long)]
+        model: Option<String>,
         /// JSON list of per-client class counts (weights the output layer / the mean).
         #[arg(long)]
         class_counts: Option<PathBuf>,
@@ -113,9 +119,10 @@ enum Command {
         /// GPI-FNM: weight of the global-posterior KL cost (0 is PFNM).
         #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().eps)]
         eps: f64,
-        /// PFNM: which way a deep network's hidden layers are matched.
-        #[arg(long, value_enum, default_value = "top_down")]
-        order: crate::fuse_cmd::FuseOrder,
+        /// PFNM: which way a deep network's hidden layers are matched (default top_down for
+        /// MLPs; layer lists are matched bottom_up).
+        #[arg(long, value_enum)]
+        order: Option<crate::fuse_cmd::FuseOrder>,
         /// Seed of the refinement order.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -247,6 +254,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             inputs,
             out,
             method,
+            model,
             class_counts,
             sigma,
             sigma0,
@@ -261,6 +269,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             inputs,
             out,
             class_counts,
+            model,
             pfnm: fedfuse_fuse::PfnmConfig {
                 sigma,
                 sigma0,
@@ -268,9 +277,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 iters,
                 max_global,
                 eps,
-                order: order.into(),
                 ..fedfuse_fuse::PfnmConfig::default()
             },
+            order: order.map(Into::into),
             seed,
         }),
         Command::FlowerNode(args) => {

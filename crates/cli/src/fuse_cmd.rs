@@ -1,13 +1,14 @@
-//! `fedfuse fuse`: one-shot fusion of pre-trained MLPs from safetensors or npz files; the
-//! fusion itself is [`fedfuse_lab::fusion`], which Python's `fedfuse.fuse` calls too.
+//! `fedfuse fuse`: one-shot fusion of pre-trained models (MLPs, or CNNs with `--model`) from
+//! safetensors or npz files; the fusion itself is [`fedfuse_lab::fusion`], which Python's
+//! `fedfuse.fuse` calls too.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use fedfuse_core::{load_params, params_to_safetensors};
-use fedfuse_fuse::PfnmConfig;
-use fedfuse_lab::fusion::{self, FuseMethod as Method};
+use fedfuse_core::{Params, load_params, params_from_safetensors, params_to_safetensors};
+use fedfuse_fuse::{PfnmConfig, WeightMatchingConfig};
+use fedfuse_lab::fusion::{self, FuseMethod as Method, FuseModel, FuseSettings};
 
 /// Fusion methods for files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -16,6 +17,9 @@ pub enum FuseMethod {
     Pfnm,
     /// PFNM plus `--eps` times the KL cost of the global posterior (Xiao & Cheng).
     GpiFnm,
+    /// Git Re-Basin's weight matching: each client aligned to the first by one permutation per
+    /// layer, then averaged; widths fixed.
+    WeightMatching,
     /// Coordinate-wise mean (weighted by the clients' example counts when given).
     Fedavg,
 }
@@ -50,10 +54,30 @@ pub struct FuseArgs {
     pub out: PathBuf,
     /// JSON list of per-client class counts.
     pub class_counts: Option<PathBuf>,
-    /// PFNM settings.
+    /// The network the files hold (a name or a TOML layer list); `None` for MLPs.
+    pub model: Option<String>,
+    /// PFNM settings (`order` is [`Self::order`]).
     pub pfnm: PfnmConfig,
-    /// Seed of PFNM's refinement orders.
+    /// PFNM's order; `None`: top-down for MLPs, bottom-up for layer lists.
+    pub order: Option<fedfuse_fuse::MatchOrder>,
+    /// Seed of PFNM's refinement orders and weight matching's layer orders.
     pub seed: u64,
+}
+
+/// A client file's tensors and, for safetensors written by `fedfuse fuse`, the layer list
+/// stored in its metadata.
+fn load_client(file: &Path) -> Result<(Params, Option<FuseModel>)> {
+    let what = || format!("client model {}", file.display());
+    let is_safetensors = file
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"));
+    if !is_safetensors {
+        return Ok((load_params(file).with_context(what)?, None));
+    }
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let (params, metadata) = params_from_safetensors(&bytes).with_context(what)?;
+    let stored = FuseModel::from_metadata(&metadata, &file.display().to_string())?;
+    Ok((params, stored))
 }
 
 fn read_class_counts(path: &Path) -> Result<Vec<Vec<f64>>> {
@@ -73,9 +97,19 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
         bail!("no client files given");
     }
     fedfuse_lab::table::prepare_output_path(&args.out).context("--out")?;
+    let model = args
+        .model
+        .as_deref()
+        .map(FuseModel::parse)
+        .transpose()
+        .context("--model")?;
     let mut models = Vec::with_capacity(args.inputs.len());
+    let mut stored = None;
     for file in &args.inputs {
-        let p = load_params(file).with_context(|| format!("client model {}", file.display()))?;
+        let (p, from_file) = load_client(file)?;
+        if stored.is_none() {
+            stored = from_file;
+        }
         models.push((file.display().to_string(), p));
     }
     let counts = match &args.class_counts {
@@ -85,14 +119,25 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
     let method = match args.method {
         FuseMethod::Pfnm => Method::Pfnm,
         FuseMethod::GpiFnm => Method::GpiFnm,
+        FuseMethod::WeightMatching => Method::WeightMatching,
         FuseMethod::Fedavg => Method::FedAvg,
     };
-    let fused = fusion::fuse(&models, method, counts.as_deref(), &args.pfnm, args.seed)
+    let settings = FuseSettings {
+        method,
+        pfnm: args.pfnm.clone(),
+        order: args.order,
+        weight_matching: WeightMatchingConfig::default(),
+        seed: args.seed,
+    };
+    // A fused file's stored list stands in for `--model` (used only where the files are not
+    // MLPs).
+    let model = model.or(stored);
+    let fused = fusion::fuse_with(&models, model.as_ref(), counts.as_deref(), &settings)
         .with_context(|| match &args.class_counts {
             Some(path) => format!("class counts from {}", path.display()),
             None => "fusing the client files".to_string(),
         })?;
-    let bytes = params_to_safetensors(&fused.params, Default::default())?;
+    let bytes = params_to_safetensors(&fused.params, fused.metadata()?)?;
     fedfuse_lab::table::write_atomic(&args.out, &bytes)?;
     let assignments_path = args.out.with_extension("assignments.json");
     fedfuse_lab::table::write_atomic(
@@ -100,11 +145,15 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
         serde_json::to_string_pretty(&fused)?.as_bytes(),
     )?;
     eprintln!(
-        "fused {} clients with {}: widths {:?} -> {:?}; wrote {} and {}",
+        "fused {} clients with {}: widths {:?} -> {:?}{}; wrote {} and {}",
         models.len(),
         fused.method,
         fused.input_widths[0],
         fused.fused_widths,
+        match &fused.model {
+            Some(_) => " (the fused layer list is in the file's `fedfuse.model` metadata)",
+            None => "",
+        },
         args.out.display(),
         assignments_path.display()
     );

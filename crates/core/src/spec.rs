@@ -103,6 +103,52 @@ impl ModelSpec {
         }
     }
 
+    /// The same network as a layer list (`Sequential`): an MLP's linear layers with ReLU
+    /// between them, LeNet-5's convolutions, pools and dense layers (the first convolution
+    /// padded by 2 on 28x28 inputs), a layer list as it is. The tensors keep their shapes and
+    /// forward order; their names become the list's (`{i}.weight` for `layers.{i}` or
+    /// `conv1`), which is how layer-list code (matching over channels) reads any of them.
+    pub fn as_sequential(&self) -> Self {
+        match self {
+            Self::Sequential { .. } => self.clone(),
+            Self::Mlp { input, .. } => {
+                let widths = self.mlp_widths().unwrap_or_default();
+                let mut layers = Vec::with_capacity(2 * widths.len());
+                for (i, &out) in widths.iter().skip(1).enumerate() {
+                    if i > 0 {
+                        layers.push(LayerSpec::Relu);
+                    }
+                    layers.push(LayerSpec::linear(out));
+                }
+                Self::sequential(&[*input], layers)
+            }
+            Self::LeNet5 {
+                channels,
+                side,
+                classes,
+            } => {
+                let pad = if *side == 28 { 2 } else { 0 };
+                Self::sequential(
+                    &[*channels, *side, *side],
+                    vec![
+                        LayerSpec::conv2d(6, 5).with_padding(pad),
+                        LayerSpec::Relu,
+                        LayerSpec::max_pool(2),
+                        LayerSpec::conv2d(16, 5),
+                        LayerSpec::Relu,
+                        LayerSpec::max_pool(2),
+                        LayerSpec::Flatten,
+                        LayerSpec::linear(120),
+                        LayerSpec::Relu,
+                        LayerSpec::linear(84),
+                        LayerSpec::Relu,
+                        LayerSpec::linear(*classes),
+                    ],
+                )
+            }
+        }
+    }
+
     /// The MLP whose parameters are `params` (`layers.{i}.weight` `[out, in]` and
     /// `layers.{i}.bias` `[out]`, in order), e.g. a fused model whose widths changed.
     pub fn infer_mlp(params: &Params) -> Result<Self> {
@@ -405,5 +451,34 @@ mod tests {
             classes: 10,
         };
         assert!(bad.validate().is_err());
+    }
+
+    /// The layer-list form of an MLP and of LeNet-5 holds the same shapes in the same order
+    /// (only the names differ), and validates.
+    #[test]
+    fn as_sequential_keeps_shapes_and_order() {
+        for spec in [
+            ModelSpec::mlp(8, &[5, 4], 3),
+            ModelSpec::mlp(8, &[], 3),
+            ModelSpec::LeNet5 {
+                channels: 1,
+                side: 28,
+                classes: 10,
+            },
+            ModelSpec::LeNet5 {
+                channels: 3,
+                side: 32,
+                classes: 7,
+            },
+        ] {
+            let list = spec.as_sequential();
+            list.validate().unwrap();
+            let shapes = |s: &ModelSpec| -> Vec<Vec<usize>> {
+                s.param_shapes().into_iter().map(|p| p.shape).collect()
+            };
+            assert_eq!(shapes(&list), shapes(&spec), "{spec:?}");
+            assert_eq!(list.classes(), spec.classes());
+            assert_eq!(list.input_len(), spec.input_len());
+        }
     }
 }

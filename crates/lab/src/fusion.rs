@@ -1,11 +1,23 @@
-//! One-shot fusion of pre-trained MLPs given as parameter sets: what `fedfuse fuse` does with
-//! files and `fedfuse.fuse` with Python dicts, in one place so both give the same bytes.
+//! One-shot fusion of pre-trained models given as parameter sets: what `fedfuse fuse` does with
+//! files and `fedfuse.fuse` with Python dicts, in one place so both give the same bytes. MLPs
+//! are read from their tensors alone; other networks (convolutions, batch norms) need their
+//! layer list, [`FuseModel`].
 
+mod model;
+
+use std::collections::HashMap;
+
+use fedfuse_core::layers::{self, LayerSpec, is_counter};
 use fedfuse_core::{ModelSpec, Params};
-use fedfuse_fuse::{PfnmConfig, pfnm_fuse, weighted_mean_params};
+use fedfuse_fuse::{
+    FusedLayers, MatchOrder, PfnmConfig, WeightMatchingConfig, pfnm_fuse, pfnm_fuse_layers,
+    weight_matching_fuse, weighted_mean_params,
+};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::Serialize;
+
+pub use model::{FuseModel, MODEL_KEY, WIDTHS_KEY};
 
 use crate::error::{Context, LabError, Result, bail};
 
@@ -16,6 +28,9 @@ pub enum FuseMethod {
     Pfnm,
     /// PFNM plus `eps` times the KL cost of the global posterior (Xiao & Cheng).
     GpiFnm,
+    /// Git Re-Basin's weight matching (Ainsworth et al.): every client aligned to the first by
+    /// one permutation per layer, then averaged; widths fixed.
+    WeightMatching,
     /// Coordinate-wise mean (weighted by the clients' example counts when given).
     FedAvg,
 }
@@ -26,29 +41,52 @@ impl FuseMethod {
         match self {
             Self::Pfnm => "pfnm",
             Self::GpiFnm => "gpi-fnm",
+            Self::WeightMatching => "weight-matching",
             Self::FedAvg => "fedavg",
         }
     }
 
-    /// Parses `pfnm`, `gpi-fnm` or `fedavg`.
+    /// Parses `pfnm`, `gpi-fnm`, `weight-matching` or `fedavg`.
     pub fn parse(name: &str) -> Result<Self> {
         Ok(match name {
             "pfnm" => Self::Pfnm,
             "gpi-fnm" => Self::GpiFnm,
+            "weight-matching" => Self::WeightMatching,
             "fedavg" => Self::FedAvg,
-            other => bail!("method {other:?}: use \"pfnm\", \"gpi-fnm\" or \"fedavg\""),
+            other => bail!(
+                "method {other:?}: use \"pfnm\", \"gpi-fnm\", \"weight-matching\" or \"fedavg\""
+            ),
         })
     }
+}
+
+/// How to fuse: the method and its settings.
+#[derive(Clone, Debug)]
+pub struct FuseSettings {
+    /// The method.
+    pub method: FuseMethod,
+    /// PFNM's and GPI-FNM's settings; `order` is read from [`Self::order`].
+    pub pfnm: PfnmConfig,
+    /// PFNM's order over hidden layers; `None`: top-down for MLPs read from their tensors (the
+    /// reference code's), bottom-up for layer lists (the only order they are matched in).
+    pub order: Option<MatchOrder>,
+    /// Weight matching's settings.
+    pub weight_matching: WeightMatchingConfig,
+    /// Seed of PFNM's refinement orders and of weight matching's layer orders.
+    pub seed: u64,
 }
 
 /// One layer's matching: which global unit each client unit joined.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LayerAssignments {
-    /// Hidden layer index.
+    /// Matched layer index (hidden layers from the input side).
     pub layer: usize,
+    /// Its weight, under the fused file's (the first client's) names.
+    pub tensor: String,
     /// Width of the fused layer.
     pub global_units: usize,
-    /// Client -> local unit -> global unit.
+    /// Client -> local unit -> global unit (weight matching: the first client's unit it was
+    /// aligned to).
     pub assignments: Vec<Vec<usize>>,
 }
 
@@ -58,17 +96,45 @@ pub struct Fusion {
     /// The fused parameters.
     #[serde(skip)]
     pub params: Params,
-    /// `pfnm`, `gpi-fnm` or `fedavg`.
+    /// `pfnm`, `gpi-fnm`, `weight-matching` or `fedavg`.
     pub method: &'static str,
     /// The clients' names (file paths, or `client {j}`), in the order given.
     pub clients: Vec<String>,
-    /// Each client's widths, input first.
+    /// Each client's widths: its input (a sample's channels or features), then every
+    /// convolution's and linear layer's outputs.
     pub input_widths: Vec<Vec<usize>>,
-    /// The fused model's widths.
+    /// The fused model's widths, in the same form.
     pub fused_widths: Vec<usize>,
     /// Per hidden layer matching (empty for FedAvg).
     pub layers: Vec<LayerAssignments>,
+    /// The fused layer list (`kind = "sequential"`, `input`, `layers` at the fused widths),
+    /// when the clients were read as one: what `--model` takes to fuse the result again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSpec>,
 }
+
+impl Fusion {
+    /// The safetensors metadata of the fused file: its widths (JSON) and, for layer lists, the
+    /// fused list as the TOML `[model]` table that `--model` reads.
+    pub fn metadata(&self) -> Result<HashMap<String, String>> {
+        let mut out = HashMap::new();
+        out.insert(
+            WIDTHS_KEY.to_string(),
+            serde_json::to_string(&self.fused_widths)?,
+        );
+        if let Some(spec) = &self.model {
+            let mut root = toml::Table::new();
+            root.insert("model".into(), toml::Value::try_from(spec)?);
+            out.insert(MODEL_KEY.to_string(), toml::to_string(&root)?);
+        }
+        Ok(out)
+    }
+}
+
+/// What to do with tensors that are not an MLP's.
+const NEEDS_MODEL: &str = "give the model (`--model`, Python `model=`): a network name \
+     (lenet5, cnn-leaf, vgg9) or a TOML file with [model] kind = \"sequential\", input = \
+     [channels, height, width] and layers = [...] as in a run config";
 
 /// A client's own tensor names for each Linear layer of its chain: `(weight, bias)`.
 type LayerNames = Vec<(String, String)>;
@@ -91,16 +157,28 @@ fn as_layers(p: &Params, name: &str) -> Result<(Params, LayerNames)> {
             (_, Some(prefix)) if prefix.is_empty() || prefix.ends_with('.') => {
                 (prefix.trim_end_matches('.'), false)
             }
+            _ if layers::TensorRole::of(tensor) != layers::TensorRole::Param => bail!(
+                "{name}: tensor `{tensor}` is a batch norm's; without a model, fusion reads a \
+                 chain of nn.Linear layers only: {NEEDS_MODEL}"
+            ),
             _ => bail!(
                 "{name}: tensor `{tensor}` is neither a `.weight` nor a `.bias`: fusion reads a \
                  chain of nn.Linear layers only"
             ),
         };
         let want = if is_weight { 2 } else { 1 };
+        if t.shape.len() > 2 {
+            bail!(
+                "{name}: tensor `{tensor}` has shape {:?}, a convolution's; without a model, \
+                 fusion reads a chain of nn.Linear layers only: {NEEDS_MODEL}",
+                t.shape
+            );
+        }
         if t.shape.len() != want {
             bail!(
                 "{name}: tensor `{tensor}` has shape {:?}; a Linear layer's {} has {want} axes \
-                 (fusion reads a chain of nn.Linear layers only)",
+                 (without a model, fusion reads a chain of nn.Linear layers only; for other \
+                 networks {NEEDS_MODEL})",
                 t.shape,
                 if is_weight { "weight" } else { "bias" }
             );
@@ -239,8 +317,9 @@ fn check_class_counts(counts: &[Vec<f64>], clients: usize, classes: usize) -> Re
     Ok(())
 }
 
-/// Fuses `models` (name, parameters) with `method`. `pfnm.eps` must be 0 for PFNM and
-/// positive for GPI-FNM; `seed` seeds PFNM's refinement orders.
+/// Fuses MLPs `models` (name, parameters) with `method`. `pfnm.eps` must be 0 for PFNM and
+/// positive for GPI-FNM; `seed` seeds PFNM's refinement orders. [`fuse_with`] with no model
+/// and `pfnm.order`.
 pub fn fuse(
     models: &[(String, Params)],
     method: FuseMethod,
@@ -248,20 +327,110 @@ pub fn fuse(
     pfnm: &PfnmConfig,
     seed: u64,
 ) -> Result<Fusion> {
-    let Some((first_name, _)) = models.first() else {
-        bail!("no client models given");
+    let settings = FuseSettings {
+        method,
+        pfnm: pfnm.clone(),
+        order: Some(pfnm.order),
+        weight_matching: WeightMatchingConfig::default(),
+        seed,
     };
-    let mut widths = Vec::with_capacity(models.len());
+    fuse_with(models, None, class_counts, &settings)
+}
+
+/// Fuses `models` (name, parameters). Without `model` they must be MLPs (read from their
+/// tensors, under any PyTorch names; weight matching reads them as a layer list); with it,
+/// each is read as `model`'s layer list with its own widths ([`FuseModel`]) and matched
+/// over channels bottom-up. A model read from a fused file's metadata is used only where the
+/// files are not MLPs.
+pub fn fuse_with(
+    models: &[(String, Params)],
+    model: Option<&FuseModel>,
+    class_counts: Option<&[Vec<f64>]>,
+    settings: &FuseSettings,
+) -> Result<Fusion> {
+    if models.is_empty() {
+        bail!("no client models given");
+    }
+    for (name, p) in models {
+        p.check_finite().context(name.clone())?;
+    }
+    check_eps(settings.method, &settings.pfnm)?;
+    let model = match model {
+        Some(m) if m.stored => {
+            // Files fused before as MLPs take the MLP way whatever their metadata says.
+            let all_mlps = models.iter().all(|(name, p)| as_layers(p, name).is_ok());
+            (!all_mlps).then_some(m)
+        }
+        other => other,
+    };
+    if let Some(model) = model {
+        return fuse_list(models, model, class_counts, settings);
+    }
     let mut chains = Vec::with_capacity(models.len());
     let mut own_names = LayerNames::new();
     for (name, p) in models {
-        p.check_finite().context(name.clone())?;
         let (chain, names) = as_layers(p, name)?;
-        widths.push(mlp_widths(&chain, name)?);
         if own_names.is_empty() {
             own_names = names;
         }
-        chains.push(chain);
+        chains.push((name.clone(), chain));
+    }
+    if settings.method == FuseMethod::WeightMatching {
+        // Weight matching works on layer lists: the MLP read as one, names put back.
+        let spec = ModelSpec::infer_mlp(&chains[0].1)
+            .with_context(|| format!("{}: not an MLP of PyTorch nn.Linear layers", chains[0].0))?;
+        let list = FuseModel::of_spec(&spec, "the MLP of the first file")?;
+        let mut fused = fuse_list(&chains, &list, class_counts, settings)?;
+        fused.params = renamed(fused.params, &own_names)?;
+        let by_chain: HashMap<String, String> = own_names
+            .iter()
+            .enumerate()
+            .map(|(i, (w, _))| (format!("layers.{i}.weight"), w.clone()))
+            .collect();
+        for l in &mut fused.layers {
+            if let Some(own) = by_chain.get(&l.tensor) {
+                l.tensor = own.clone();
+            }
+        }
+        return Ok(fused);
+    }
+    fuse_mlps(models, chains, own_names, class_counts, settings)
+}
+
+/// `eps` belongs to GPI-FNM, and GPI-FNM needs one.
+fn check_eps(method: FuseMethod, pfnm: &PfnmConfig) -> Result<()> {
+    if method == FuseMethod::Pfnm && pfnm.eps != 0.0 {
+        bail!("eps is GPI-FNM's coefficient: use method gpi-fnm");
+    }
+    if method == FuseMethod::GpiFnm && pfnm.eps <= 0.0 {
+        bail!(
+            "gpi-fnm needs eps > 0 (eps = 0 is PFNM); to choose eps on validation data, run the \
+             federation with method `gpi-fnm`"
+        );
+    }
+    Ok(())
+}
+
+/// `e` with the clients named in the order given.
+fn numbered(e: impl std::fmt::Display, names: &[String]) -> LabError {
+    LabError::Invalid(format!(
+        "{e} (clients are numbered in the order given: {})",
+        names.join(", ")
+    ))
+}
+
+/// PFNM, GPI-FNM or FedAvg of MLP chains (`layers.{i}` names; `own_names` the first file's).
+fn fuse_mlps(
+    models: &[(String, Params)],
+    chains: Vec<(String, Params)>,
+    own_names: LayerNames,
+    class_counts: Option<&[Vec<f64>]>,
+    settings: &FuseSettings,
+) -> Result<Fusion> {
+    let first_name = &models[0].0;
+    let mut widths = Vec::with_capacity(models.len());
+    for (name, chain) in &chains {
+        widths.push(mlp_widths(chain, name)?);
     }
     let first = &widths[0];
     let (first_in, first_out) = (first[0], first[first.len() - 1]);
@@ -276,33 +445,27 @@ pub fn fuse(
     if let Some(counts) = class_counts {
         check_class_counts(counts, models.len(), first_out)?;
     }
-    let refs: Vec<&Params> = chains.iter().collect();
+    let refs: Vec<&Params> = chains.iter().map(|(_, p)| p).collect();
     let names: Vec<String> = models.iter().map(|(n, _)| n.clone()).collect();
-    let (params, layers) = match method {
+    let (params, layers) = match settings.method {
         FuseMethod::Pfnm | FuseMethod::GpiFnm => {
-            if method == FuseMethod::Pfnm && pfnm.eps != 0.0 {
-                bail!("eps is GPI-FNM's coefficient: use method gpi-fnm");
-            }
-            if method == FuseMethod::GpiFnm && pfnm.eps <= 0.0 {
-                bail!(
-                    "gpi-fnm needs eps > 0 (eps = 0 is PFNM); to choose eps on validation data, \
-                     run the federation with method `gpi-fnm`"
-                );
-            }
+            let pfnm = PfnmConfig {
+                order: settings.order.unwrap_or(MatchOrder::TopDown),
+                ..settings.pfnm.clone()
+            };
             pfnm.check()?;
-            let mut rng = StdRng::seed_from_u64(seed);
-            let fused = pfnm_fuse(&refs, class_counts, pfnm, &mut rng).map_err(|e| {
-                LabError::Invalid(format!(
-                    "{e} (clients are numbered in the order given: {})",
-                    names.join(", ")
-                ))
-            })?;
+            let mut rng = StdRng::seed_from_u64(settings.seed);
+            let fused =
+                pfnm_fuse(&refs, class_counts, &pfnm, &mut rng).map_err(|e| numbered(e, &names))?;
             let layers = fused
                 .assignments
                 .into_iter()
                 .enumerate()
                 .map(|(layer, assignments)| LayerAssignments {
                     layer,
+                    tensor: own_names
+                        .get(layer)
+                        .map_or_else(String::new, |n| n.0.clone()),
                     global_units: fused
                         .params
                         .get(&format!("layers.{layer}.bias"))
@@ -328,14 +491,159 @@ pub fn fuse(
             let pairs: Vec<(&Params, f64)> = refs.iter().copied().zip(weights).collect();
             (weighted_mean_params(&pairs)?, Vec::new())
         }
+        FuseMethod::WeightMatching => bail!("weight matching reads MLPs as layer lists"),
     };
     let fused_widths = mlp_widths(&params, "the fused model")?;
     Ok(Fusion {
         params: renamed(params, &own_names)?,
-        method: method.name(),
+        method: settings.method.name(),
         clients: names,
         input_widths: widths,
         fused_widths,
         layers,
+        model: None,
+    })
+}
+
+/// A layer list's widths: a sample's channels (or features), then every convolution's and
+/// linear layer's outputs.
+fn list_widths(input: &[usize], layers: &[LayerSpec]) -> Vec<usize> {
+    input
+        .first()
+        .copied()
+        .into_iter()
+        .chain(layers.iter().filter_map(|l| match l {
+            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => Some(*out),
+            _ => None,
+        }))
+        .collect()
+}
+
+/// `message` with the first client's own names for the list's (`` `3.weight` `` becomes
+/// `` `fc1.weight` ``), so that errors name the file's tensors.
+fn with_own_names(message: &str, own: &HashMap<String, String>) -> String {
+    let mut out = message.to_string();
+    for (ours, theirs) in own {
+        if ours != theirs {
+            out = out.replace(&format!("`{ours}`"), &format!("`{theirs}`"));
+        }
+    }
+    out
+}
+
+/// Fuses the clients read as `model`'s layer list.
+fn fuse_list(
+    models: &[(String, Params)],
+    model: &FuseModel,
+    class_counts: Option<&[Vec<f64>]>,
+    settings: &FuseSettings,
+) -> Result<Fusion> {
+    let resolved = model.resolve(models)?;
+    let input = &resolved.input;
+    let first = &resolved.clients[0];
+    let names: Vec<String> = models.iter().map(|(n, _)| n.clone()).collect();
+    let classes = list_widths(input, &first.layers)
+        .last()
+        .copied()
+        .unwrap_or(0);
+    if let Some(counts) = class_counts {
+        check_class_counts(counts, models.len(), classes)?;
+    }
+    let refs: Vec<&Params> = resolved.clients.iter().map(|c| &c.params).collect();
+    let mut rng = StdRng::seed_from_u64(settings.seed);
+    let failed = |e: fedfuse_fuse::FuseError| {
+        LabError::Invalid(with_own_names(
+            &numbered(format!("model `{}`: {e}", model.source()), &names).to_string(),
+            &first.own,
+        ))
+    };
+    let fused = match settings.method {
+        FuseMethod::Pfnm | FuseMethod::GpiFnm => {
+            let pfnm = PfnmConfig {
+                order: settings.order.unwrap_or(MatchOrder::BottomUp),
+                ..settings.pfnm.clone()
+            };
+            pfnm.check()?;
+            pfnm_fuse_layers(input, &first.layers, &refs, class_counts, &pfnm, &mut rng)
+                .map_err(failed)?
+        }
+        FuseMethod::WeightMatching => weight_matching_fuse(
+            input,
+            &first.layers,
+            &refs,
+            class_counts,
+            &settings.weight_matching,
+            &mut rng,
+        )
+        .map_err(failed)?,
+        FuseMethod::FedAvg => {
+            for (c, name) in resolved.clients.iter().zip(&names) {
+                if c.layers != first.layers {
+                    bail!(
+                        "{name}: widths {:?} differ from {}'s {:?}; fedavg needs identical \
+                         shapes (use method pfnm)",
+                        list_widths(input, &c.layers),
+                        names[0],
+                        list_widths(input, &first.layers)
+                    );
+                }
+            }
+            let weights: Vec<f64> = match class_counts {
+                Some(c) => c.iter().map(|v| v.iter().sum()).collect(),
+                None => vec![1.0; refs.len()],
+            };
+            let pairs: Vec<(&Params, f64)> = refs.iter().copied().zip(weights).collect();
+            let mut params = weighted_mean_params(&pairs)?;
+            // Batch norm's counters are counts: a whole number, as the matchers give them.
+            for (name, t) in params.iter_mut() {
+                if is_counter(name) {
+                    t.data.iter_mut().for_each(|v| *v = v.round());
+                }
+            }
+            FusedLayers {
+                params,
+                layers: first.layers.clone(),
+                assignments: Vec::new(),
+            }
+        }
+    };
+    let uses = layers::unit_uses(input, &fused.layers)?;
+    let own = |list_name: &str| {
+        first
+            .own
+            .get(list_name)
+            .cloned()
+            .unwrap_or_else(|| list_name.to_string())
+    };
+    let layers = fused
+        .assignments
+        .into_iter()
+        .enumerate()
+        .map(|(g, assignments)| LayerAssignments {
+            layer: g,
+            tensor: uses
+                .get(g)
+                .map_or_else(String::new, |u| own(&format!("{}.weight", u.layer))),
+            global_units: uses.get(g).map_or(0, |u| u.units),
+            assignments,
+        })
+        .collect();
+    let mut params = Params::new();
+    for (name, t) in fused.params.iter() {
+        params.push(own(name), t.shape.clone(), t.data.clone())?;
+    }
+    let spec = ModelSpec::sequential(input, fused.layers);
+    Ok(Fusion {
+        params,
+        method: settings.method.name(),
+        clients: names,
+        input_widths: resolved
+            .clients
+            .iter()
+            .map(|c| list_widths(input, &c.layers))
+            .collect(),
+        fused_widths: list_widths(input, spec.layer_list()),
+        layers,
+        model: Some(spec),
     })
 }

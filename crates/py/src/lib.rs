@@ -14,9 +14,9 @@ use std::time::Instant;
 use fedfuse_core::flower::{FlowerArray, FlowerContent, MetricValue};
 use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_fed::{LastUploads, ReplyBounds, RoundMetrics, RoundState, RunResult, Sampler};
-use fedfuse_fuse::PfnmConfig;
+use fedfuse_fuse::{MatchOrder, PfnmConfig, WeightMatchingConfig};
 use fedfuse_lab::Config;
-use fedfuse_lab::fusion::{FuseMethod, fuse as fuse_models};
+use fedfuse_lab::fusion::{FuseMethod, FuseModel, FuseSettings, fuse_with};
 use fedfuse_lab::run::Federation;
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
@@ -215,10 +215,11 @@ fn pfnm_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     to_py(py, &PfnmConfig::default())
 }
 
-/// Fuses pre-trained MLPs; returns the fused tensors and the assignments as a dict (what
-/// `fedfuse fuse` writes to `.assignments.json`).
+/// Fuses pre-trained models (MLPs, or layer lists with `model`: a network name or a TOML
+/// file); returns the fused tensors and the assignments as a dict (what `fedfuse fuse` writes
+/// to `.assignments.json`), with `metadata`: what `fedfuse fuse` writes into the file's header.
 #[pyfunction]
-#[pyo3(signature = (models, method, class_counts, sigma, sigma0, gamma, iters, eps, max_global, bias_mean, order, seed))]
+#[pyo3(signature = (models, method, class_counts, sigma, sigma0, gamma, iters, eps, max_global, bias_mean, order, seed, model))]
 #[allow(clippy::too_many_arguments)]
 fn fuse<'py>(
     py: Python<'py>,
@@ -232,33 +233,47 @@ fn fuse<'py>(
     eps: f64,
     max_global: usize,
     bias_mean: f64,
-    order: &str,
+    order: Option<&str>,
     seed: u64,
+    model: Option<&str>,
 ) -> PyResult<(PyTensors<'py>, Bound<'py, PyAny>)> {
     let method = FuseMethod::parse(method).map_err(err)?;
-    let order = order.parse().map_err(err)?;
+    let order = order
+        .map(str::parse::<MatchOrder>)
+        .transpose()
+        .map_err(err)?;
+    let model = model.map(FuseModel::parse).transpose().map_err(err)?;
     let models = models
         .into_iter()
         .enumerate()
         .map(|(j, m)| Ok((format!("model {j}"), params_from_py(m, j)?)))
         .collect::<PyResult<Vec<_>>>()?;
-    let cfg = PfnmConfig {
-        sigma,
-        sigma0,
-        gamma,
-        iters,
-        max_global,
-        bias_mean,
-        eps,
+    let settings = FuseSettings {
+        method,
+        pfnm: PfnmConfig {
+            sigma,
+            sigma0,
+            gamma,
+            iters,
+            max_global,
+            bias_mean,
+            eps,
+            ..PfnmConfig::default()
+        },
         order,
+        weight_matching: WeightMatchingConfig::default(),
+        seed,
     };
-    let fused = py
+    let (fused, metadata) = py
         .detach(|| {
-            fuse_models(&models, method, class_counts.as_deref(), &cfg, seed)
-                .map_err(|e| e.to_string())
+            let fused = fuse_with(&models, model.as_ref(), class_counts.as_deref(), &settings)
+                .map_err(|e| e.to_string())?;
+            let metadata = fused.metadata().map_err(|e| e.to_string())?;
+            Ok::<_, String>((fused, metadata))
         })
         .map_err(err)?;
     let report = to_py(py, &fused)?;
+    report.set_item("metadata", to_py(py, &metadata)?)?;
     Ok((params_to_py(py, &fused.params), report))
 }
 

@@ -4,6 +4,7 @@
 
 mod cli;
 mod fuse;
+mod fuse_cnn;
 mod partition;
 mod resume;
 mod sweep;

@@ -1,0 +1,521 @@
+//! `fedfuse fuse --model` on convolutional state dicts under PyTorch's names: permuted copies
+//! of one network (conv, batch norm, flatten, linear) fuse back to it with PFNM and weight
+//! matching; the output keeps the names, stores its widths and layer list, and writes batch
+//! norm's counters as I64; files that do not fit are refused by name.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use fedfuse_core::layers::unit_uses;
+use fedfuse_core::{
+    BlockNorm, LayerSpec, ModelSpec, Params, ZooModel, params_from_safetensors, save_safetensors,
+};
+use fedfuse_fuse::permute_units;
+use fedfuse_train::{Init, init_params};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+
+fn fedfuse(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fedfuse"))
+        .args(args)
+        .output()
+        .expect("the fedfuse binary runs")
+}
+
+const INPUT: [usize; 3] = [1, 8, 8];
+
+/// The net of `net.toml`: conv, batch norm, pool, conv, pool, flatten (6 channels of 2x2),
+/// linear, linear.
+fn layers() -> Vec<LayerSpec> {
+    vec![
+        LayerSpec::conv2d(4, 3).with_padding(1),
+        LayerSpec::batch_norm2d(),
+        LayerSpec::Relu,
+        LayerSpec::max_pool(2),
+        LayerSpec::conv2d(6, 3).with_padding(1),
+        LayerSpec::Relu,
+        LayerSpec::max_pool(2),
+        LayerSpec::Flatten,
+        LayerSpec::linear(8),
+        LayerSpec::Relu,
+        LayerSpec::linear(3),
+    ]
+}
+
+const NET_TOML: &str = r#"
+[model]
+kind = "sequential"
+input = [1, 8, 8]
+layers = [
+    { type = "conv2d", out = 4, kernel = 3, padding = 1 },
+    { type = "batchnorm2d" },
+    { type = "relu" },
+    { type = "maxpool2d", kernel = 2 },
+    { type = "conv2d", out = 6, kernel = 3, padding = 1 },
+    { type = "relu" },
+    { type = "maxpool2d", kernel = 2 },
+    { type = "flatten" },
+    { type = "linear", out = 8 },
+    { type = "relu" },
+    { type = "linear", out = 3 },
+]
+"#;
+
+/// Layer index -> the module name a PyTorch class with named layers gives it.
+const NAMES: [(&str, &str); 5] = [
+    ("0", "conv1"),
+    ("1", "bn1"),
+    ("4", "conv2"),
+    ("8", "fc1"),
+    ("10", "fc2"),
+];
+
+fn pytorch_name(list_name: &str) -> String {
+    let (layer, leaf) = list_name.split_once('.').unwrap();
+    let module = NAMES.iter().find(|(i, _)| *i == layer).unwrap().1;
+    format!("{module}.{leaf}")
+}
+
+/// `p` (list names) under PyTorch's named-module names, in `p`'s order or sorted by name (as
+/// `safetensors.torch.save_file` leaves a file that fedfuse did not write).
+fn renamed(p: &Params, sorted: bool) -> Params {
+    let mut named: Vec<(String, Vec<usize>, Vec<f32>)> = p
+        .iter()
+        .map(|(n, t)| (pytorch_name(n), t.shape.clone(), t.data.clone()))
+        .collect();
+    if sorted {
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+    }
+    let mut out = Params::new();
+    for (n, shape, data) in named {
+        out.push(n, shape, data).unwrap();
+    }
+    out
+}
+
+/// A random net with trained-looking batch norm statistics and counter.
+fn net(seed: u64) -> Params {
+    let spec = ModelSpec::sequential(&INPUT, layers());
+    let mut p = init_params(&spec, Init::Default, seed);
+    let mut rng = StdRng::seed_from_u64(seed);
+    for (name, t) in p.iter_mut() {
+        match name {
+            "1.weight" => t
+                .data
+                .iter_mut()
+                .for_each(|v| *v = rng.random_range(0.5..1.5)),
+            "1.bias" | "1.running_mean" => t
+                .data
+                .iter_mut()
+                .for_each(|v| *v = rng.random_range(-1.0..1.0)),
+            "1.running_var" => t
+                .data
+                .iter_mut()
+                .for_each(|v| *v = rng.random_range(0.5..2.0)),
+            "1.num_batches_tracked" => t.data[0] = 1234.0,
+            _ => {}
+        }
+    }
+    p
+}
+
+/// `p` with every matched layer's units permuted at random, and the permutations.
+fn permuted(
+    input: &[usize],
+    layers: &[LayerSpec],
+    p: &Params,
+    seed: u64,
+) -> (Params, Vec<Vec<usize>>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut q = p.clone();
+    let mut perms = Vec::new();
+    for uses in unit_uses(input, layers).unwrap() {
+        let mut perm: Vec<usize> = (0..uses.units).collect();
+        perm.shuffle(&mut rng);
+        permute_units(&mut q, &uses, &perm).unwrap();
+        perms.push(perm);
+    }
+    (q, perms)
+}
+
+fn write(dir: &Path, name: &str, p: &Params) -> String {
+    let f = dir.join(name);
+    save_safetensors(p, &f).unwrap();
+    f.to_str().unwrap().to_string()
+}
+
+/// The fused file's tensors, its metadata, and the dtype of each tensor in its header.
+fn read_fused(path: &Path) -> (Params, HashMap<String, String>, HashMap<String, String>) {
+    let bytes = std::fs::read(path).unwrap();
+    let (p, meta) = params_from_safetensors(&bytes).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let dtypes = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| (k.clone(), v["dtype"].as_str().unwrap().to_string()))
+        .collect();
+    (p, meta, dtypes)
+}
+
+fn assert_close(got: &Params, want: &Params, tol: f32) {
+    let mut names: Vec<&str> = got.names().iter().map(String::as_str).collect();
+    let mut wanted: Vec<&str> = want.names().iter().map(String::as_str).collect();
+    names.sort_unstable();
+    wanted.sort_unstable();
+    assert_eq!(names, wanted, "the fused file keeps the input's names");
+    for (name, t) in want.iter() {
+        let g = got.get(name).unwrap();
+        assert_eq!(g.shape, t.shape, "{name}");
+        for (a, b) in g.data.iter().zip(&t.data) {
+            assert!((a - b).abs() <= tol * (1.0 + b.abs()), "{name}: {a} vs {b}");
+        }
+    }
+}
+
+/// Client `j`'s unit `perms[j][g][u]` is the network's unit `u`: matched to fused unit `u`.
+fn assert_recovered(report: &serde_json::Value, perms: &[Vec<Vec<usize>>]) {
+    let layers = report["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), perms[0].len());
+    for (g, layer) in layers.iter().enumerate() {
+        for (j, asg) in layer["assignments"].as_array().unwrap().iter().enumerate() {
+            for (u, &local) in perms[j][g].iter().enumerate() {
+                assert_eq!(
+                    asg[local].as_u64().unwrap() as usize,
+                    u,
+                    "layer {g} client {j}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn permuted_copies_of_a_batch_norm_cnn_fuse_back_under_pytorch_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("net.toml");
+    std::fs::write(&model, NET_TOML).unwrap();
+    let p = net(1);
+    let (a, pa) = permuted(&INPUT, &layers(), &p, 2);
+    let (b, pb) = permuted(&INPUT, &layers(), &p, 3);
+    let ident: Vec<Vec<usize>> = pa.iter().map(|x| (0..x.len()).collect()).collect();
+    let perms = vec![ident, pa, pb];
+    let files = [
+        write(dir.path(), "c0.safetensors", &renamed(&p, false)),
+        write(dir.path(), "c1.safetensors", &renamed(&a, false)),
+        // Sorted names (`bn1` before `conv1`): each kind of module is taken in its order.
+        write(dir.path(), "c2.safetensors", &renamed(&b, true)),
+    ];
+    let want = renamed(&p, false);
+    for (method, extra) in [
+        ("pfnm", vec!["--sigma", "1e-4"]),
+        ("gpi-fnm", vec!["--sigma", "1e-4", "--eps", "0.5"]),
+        ("weight-matching", vec![]),
+    ] {
+        let out = dir.path().join(format!("{method}.safetensors"));
+        let mut args = vec!["fuse", "--method", method, "--seed", "5"];
+        args.extend(["--model", model.to_str().unwrap()]);
+        args.extend(files.iter().map(String::as_str));
+        args.extend(["--out", out.to_str().unwrap()]);
+        args.extend(&extra);
+        let o = fedfuse(&args);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{method}: {stderr}");
+        assert!(
+            stderr.contains("[1, 4, 6, 8, 3] -> [1, 4, 6, 8, 3]"),
+            "{stderr}"
+        );
+        let (fused, meta, dtypes) = read_fused(&out);
+        // PFNM's posterior shrinks toward the prior by a factor near 1 / (1 + sigma / 3).
+        assert_close(&fused, &want, 1e-3);
+        assert_eq!(fused.get("bn1.num_batches_tracked").unwrap().data, [1234.0]);
+        assert_eq!(dtypes["bn1.num_batches_tracked"], "I64");
+        assert_eq!(dtypes["conv1.weight"], "F32");
+        assert_eq!(meta["fedfuse.widths"], "[1,4,6,8,3]");
+        // The stored list is `--model`'s at the fused widths: the same here.
+        let stored: toml::Table = toml::from_str(&meta["fedfuse.model"]).unwrap();
+        let spec: ModelSpec = stored["model"].clone().try_into().unwrap();
+        assert_eq!(spec, ModelSpec::sequential(&INPUT, layers()));
+        let report: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.with_extension("assignments.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(report["method"], method);
+        assert_eq!(report["layers"][0]["tensor"], "conv1.weight");
+        assert_eq!(report["layers"][2]["tensor"], "fc1.weight");
+        assert_recovered(&report, &perms);
+    }
+
+    // A fused file carries its list: fused again with the originals, no --model needed.
+    let again = dir.path().join("again.safetensors");
+    let fused = dir.path().join("weight-matching.safetensors");
+    let o = fedfuse(&[
+        "fuse",
+        "--method",
+        "fedavg",
+        fused.to_str().unwrap(),
+        &files[0],
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_close(&read_fused(&again).0, &want, 1e-6);
+}
+
+#[test]
+fn a_zoo_name_reads_lenet5_files_and_infers_their_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let lenet = ModelSpec::LeNet5 {
+        channels: 1,
+        side: 28,
+        classes: 10,
+    };
+    let ModelSpec::Sequential { input, layers } = lenet.as_sequential() else {
+        unreachable!()
+    };
+    // fedfuse's LeNet-5 (`conv1` ... `fc3`), permuted through the list's names.
+    let p = init_params(&lenet, Init::Default, 4);
+    let as_list = |p: &Params, names: &[String]| {
+        let mut out = Params::new();
+        for ((_, t), n) in p.iter().zip(names) {
+            out.push(n.clone(), t.shape.clone(), t.data.clone())
+                .unwrap();
+        }
+        out
+    };
+    let list_names: Vec<String> = ModelSpec::sequential(&input, layers.clone())
+        .param_shapes()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let (q, perm) = permuted(&input, &layers, &as_list(&p, &list_names), 6);
+    let q = as_list(&q, p.names());
+    let files = [
+        write(dir.path(), "a.safetensors", &p),
+        write(dir.path(), "b.safetensors", &q),
+    ];
+    let out = dir.path().join("fused.safetensors");
+    let o = fedfuse(&[
+        "fuse",
+        "--model",
+        "lenet5",
+        "--method",
+        "weight-matching",
+        &files[0],
+        &files[1],
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (fused, meta, _) = read_fused(&out);
+    assert_close(&fused, &p, 1e-6);
+    assert_eq!(meta["fedfuse.widths"], "[1,6,16,120,84,10]");
+    assert!(
+        meta["fedfuse.model"].contains("input = [1, 28, 28]"),
+        "{}",
+        meta["fedfuse.model"]
+    );
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("fused.assignments.json")).unwrap(),
+    )
+    .unwrap();
+    let ident: Vec<Vec<usize>> = perm.iter().map(|x| (0..x.len()).collect()).collect();
+    assert_recovered(&report, &[ident, perm]);
+}
+
+#[test]
+fn files_that_do_not_fit_the_model_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = d.join("net.toml");
+    std::fs::write(&model, NET_TOML).unwrap();
+    let model = model.to_str().unwrap().to_string();
+    let good = write(d, "good.safetensors", &renamed(&net(1), false));
+    let lenet = ModelSpec::LeNet5 {
+        channels: 1,
+        side: 28,
+        classes: 10,
+    };
+    let lenet_file = write(
+        d,
+        "lenet.safetensors",
+        &init_params(&lenet, Init::Default, 0),
+    );
+    // Kernel 5 where the list says 3.
+    let mut wide_kernel = renamed(&net(1), false);
+    let t = wide_kernel.get_mut("conv2.weight").unwrap();
+    t.shape = vec![6, 4, 5, 5];
+    t.data = vec![0.1; 6 * 4 * 25];
+    let wide_kernel = write(d, "kernel5.safetensors", &wide_kernel);
+    // Another width of conv1: fine for PFNM, not for weight matching.
+    let narrow_layers = {
+        let mut l = layers();
+        l[0] = LayerSpec::conv2d(3, 3).with_padding(1);
+        l
+    };
+    let narrow = init_params(
+        &ModelSpec::sequential(&INPUT, narrow_layers),
+        Init::Default,
+        2,
+    );
+    let narrow = write(d, "narrow.safetensors", &renamed(&net_from(&narrow), false));
+    let resnet = ZooModel::Resnet20
+        .spec(&[3, 32, 32], 10, BlockNorm::Batch, 16)
+        .unwrap();
+    let resnet = write(
+        d,
+        "resnet.safetensors",
+        &init_params(&resnet, Init::Default, 0),
+    );
+    let toml_without_input = d.join("noinput.toml");
+    std::fs::write(
+        &toml_without_input,
+        NET_TOML.replace("input = [1, 8, 8]\n", ""),
+    )
+    .unwrap();
+    let out = d.join("f.safetensors");
+    let out = out.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        // Conv tensors without a model.
+        (
+            vec![&good, &good],
+            vec!["good.safetensors", "conv1.weight", "--model"],
+        ),
+        // Another network than the model's.
+        (
+            vec!["--model", &model, &good, &lenet_file],
+            vec!["lenet.safetensors", "net.toml", "running_mean"],
+        ),
+        (
+            vec!["--model", &model, &good, &wide_kernel],
+            vec![
+                "kernel5.safetensors",
+                "`conv2.weight`",
+                "[6, 4, 5, 5]",
+                "[6, 4, 3, 3]",
+            ],
+        ),
+        (
+            vec!["--model", "lenet5", &lenet_file, &good],
+            vec!["good.safetensors", "lenet5"],
+        ),
+        (
+            vec![
+                "--model",
+                &model,
+                "--method",
+                "weight-matching",
+                &good,
+                &narrow,
+            ],
+            vec![
+                "narrow.safetensors",
+                "weight matching keeps the widths fixed",
+            ],
+        ),
+        (
+            vec!["--model", &model, "--method", "fedavg", &good, &narrow],
+            vec!["narrow.safetensors", "[1, 3, 6, 8, 3]", "fedavg"],
+        ),
+        // Residual networks: the tensors a skip connection ties are named.
+        (
+            vec!["--model", "resnet20", &resnet, &resnet],
+            vec!["residual", "skip connection", "conv2.weight"],
+        ),
+        (
+            vec!["--model", "lenet", &good],
+            vec!["lenet5", "cnn-leaf", "vgg9"],
+        ),
+        (
+            vec!["--model", toml_without_input.to_str().unwrap(), &good],
+            vec!["noinput.toml", "model.input"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let mut all = vec!["fuse", "--out", out];
+        all.extend(args);
+        let o = fedfuse(&all);
+        assert!(!o.status.success(), "{all:?} succeeded");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        for n in needles {
+            assert!(stderr.contains(n), "{all:?}: `{n}` not in: {stderr}");
+        }
+    }
+    // PFNM takes clients of other widths.
+    let o = fedfuse(&["fuse", "--model", &model, &good, &narrow, "--out", out]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `p` (an initialised net of other widths) with its batch norm's counter set, as `net` does.
+fn net_from(p: &Params) -> Params {
+    let mut p = p.clone();
+    p.get_mut("1.num_batches_tracked").unwrap().data[0] = 3.0;
+    p
+}
+
+#[test]
+fn weight_matching_reads_mlps_without_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = ModelSpec::mlp(6, &[5, 4], 3);
+    let p = init_params(&spec, Init::Default, 8);
+    let ModelSpec::Sequential { input, layers } = spec.as_sequential() else {
+        unreachable!()
+    };
+    let list_names: Vec<String> = ModelSpec::sequential(&input, layers.clone())
+        .param_shapes()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let rename = |p: &Params, names: &[String]| {
+        let mut out = Params::new();
+        for ((_, t), n) in p.iter().zip(names) {
+            out.push(n.clone(), t.shape.clone(), t.data.clone())
+                .unwrap();
+        }
+        out
+    };
+    let (q, perm) = permuted(&input, &layers, &rename(&p, &list_names), 1);
+    let q = rename(&q, p.names());
+    let files = [
+        write(dir.path(), "a.safetensors", &p),
+        write(dir.path(), "b.safetensors", &q),
+    ];
+    let out = dir.path().join("wm.safetensors");
+    let o = fedfuse(&[
+        "fuse",
+        "--method",
+        "weight-matching",
+        &files[0],
+        &files[1],
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (fused, meta, _) = read_fused(&out);
+    assert_close(&fused, &p, 1e-6);
+    assert_eq!(meta["fedfuse.widths"], "[6,5,4,3]");
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.with_extension("assignments.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["layers"][1]["tensor"], "layers.1.weight");
+    let ident: Vec<Vec<usize>> = perm.iter().map(|x| (0..x.len()).collect()).collect();
+    assert_recovered(&report, &[ident, perm]);
+    // Fused MLPs still take the MLP way (top-down PFNM) despite their stored list.
+    let again = dir.path().join("again.safetensors");
+    let o = fedfuse(&[
+        "fuse",
+        out.to_str().unwrap(),
+        &files[0],
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!read_fused(&again).1.contains_key("fedfuse.model"));
+}

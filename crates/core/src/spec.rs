@@ -195,6 +195,37 @@ impl ModelSpec {
         Ok(spec)
     }
 
+    /// The architecture `params` are a model of: this one when they fit its layout, else the
+    /// same network at the widths they hold (what a matching method's global model becomes
+    /// when it opens or merges units). An MLP stays an MLP ([`Self::infer_mlp`]); LeNet-5 and
+    /// layer lists become layer lists ([`Self::as_sequential`], `{i}.weight` names) with each
+    /// convolution's and linear layer's `out` read from its weight's rows. An error when the
+    /// tensors still do not fit.
+    pub fn with_widths_of(&self, params: &Params) -> Result<Self> {
+        if params.check_layout(&self.param_shapes()).is_ok() {
+            return Ok(self.clone());
+        }
+        if let Self::Mlp { .. } = self {
+            return Self::infer_mlp(params);
+        }
+        let Self::Sequential { input, mut layers } = self.as_sequential() else {
+            return Err(CoreError::InvalidSpec("not a layer list".into()));
+        };
+        for (i, layer) in layers.iter_mut().enumerate() {
+            if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer
+                && let Some(&rows) = params
+                    .get(&format!("{i}.weight"))
+                    .and_then(|t| t.shape.first())
+            {
+                *out = rows;
+            }
+        }
+        let spec = Self::sequential(&input, layers);
+        spec.validate()?;
+        params.check_layout(&spec.param_shapes())?;
+        Ok(spec)
+    }
+
     /// Checks widths and sizes; every constructor of a network calls this first.
     pub fn validate(&self) -> Result<()> {
         match self {
@@ -480,5 +511,33 @@ mod tests {
             assert_eq!(list.classes(), spec.classes());
             assert_eq!(list.input_len(), spec.input_len());
         }
+    }
+
+    /// A global model whose widths changed is read as the same network at its widths: LeNet-5
+    /// at 8 and 20 filters becomes its layer list with those widths; a model that fits the
+    /// spec keeps it; tensors that fit no widths are refused.
+    #[test]
+    fn with_widths_of_reads_a_wider_model() {
+        let lenet = ModelSpec::LeNet5 {
+            channels: 1,
+            side: 28,
+            classes: 10,
+        };
+        let same = Params::zeros(&lenet.param_shapes());
+        assert_eq!(lenet.with_widths_of(&same).unwrap(), lenet);
+        let mut list = lenet.as_sequential();
+        if let ModelSpec::Sequential { layers, .. } = &mut list {
+            layers[0] = LayerSpec::conv2d(8, 5).with_padding(2);
+            layers[3] = LayerSpec::conv2d(20, 5);
+        }
+        let wider = Params::zeros(&list.param_shapes());
+        assert_eq!(lenet.with_widths_of(&wider).unwrap(), list);
+        let mut broken = wider.clone();
+        broken.remove("3.bias");
+        assert!(lenet.with_widths_of(&broken).is_err());
+        let mlp = ModelSpec::mlp(4, &[3], 2);
+        let grown = ModelSpec::mlp(4, &[6], 2);
+        let p = Params::zeros(&grown.param_shapes());
+        assert_eq!(mlp.with_widths_of(&p).unwrap(), grown);
     }
 }

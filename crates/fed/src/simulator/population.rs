@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use fedfuse_core::{ModelSpec, Params, Record};
+use fedfuse_core::{Params, Record};
 use fedfuse_data::{ClientData, Dataset, Table};
 use fedfuse_train::{TrainConfig, Trainer};
 use rayon::prelude::*;
@@ -206,7 +206,7 @@ fn own_accuracy(params: &Params, data: &ClientData, trainer: &Trainer) -> Option
             .ok()
             .map(|e| e.accuracy);
     }
-    let own = Trainer::new(ModelSpec::infer_mlp(params).ok()?).ok()?;
+    let own = Trainer::new(trainer.spec().with_widths_of(params).ok()?).ok()?;
     own.evaluate(params, &data.test).ok().map(|e| e.accuracy)
 }
 
@@ -228,7 +228,7 @@ pub fn evaluate_classifier(
     let evaluator = if global.check_layout(&trainer.spec().param_shapes()).is_ok() {
         trainer
     } else {
-        reshaped = Trainer::new(ModelSpec::infer_mlp(global)?)?;
+        reshaped = Trainer::new(trainer.spec().with_widths_of(global)?)?;
         &reshaped
     };
     let eval = evaluator.evaluate(global, test)?;

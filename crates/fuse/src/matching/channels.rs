@@ -110,14 +110,6 @@ pub fn pfnm_fuse_list(
         .unwrap_or(0);
     let shares = class_shares(class_counts, list.len(), k)?;
     let weights = client_weights(class_counts, list.len());
-    let (inv_s, inv_s0) = (1.0 / cfg.sigma, 1.0 / cfg.sigma0);
-    let settings = LayerSettings {
-        gamma: cfg.gamma,
-        iters: cfg.iters,
-        max_global: cfg.max_global,
-        eps: cfg.eps,
-    };
-
     let mut fused: HashMap<String, Tensor> = HashMap::new();
     let mut new_layers = layers.to_vec();
     let mut assignments = Vec::with_capacity(n_matched);
@@ -125,15 +117,170 @@ pub fn pfnm_fuse_list(
     // Width and assignment of the matched layer below (none under the first).
     let mut below: Option<(usize, Vec<Vec<usize>>)> = None;
     for g in 0..n_matched {
+        let top = (g + 1 == n_matched).then_some(out_weight.as_str());
+        let step = MatchStep {
+            list: &list,
+            shares: &shares,
+            weights: &weights,
+            cfg,
+        };
+        let (width, assigned, timing) = step.run(g, below.as_ref(), top, orders, &mut fused)?;
+        set_width(&mut new_layers[list.uses[0][g].layer], width);
+        timings.push(timing);
+        below = Some((width, assigned.clone()));
+        assignments.push(assigned);
+    }
+
+    // The output bias, as for MLPs; everything the map does not list, averaged.
+    let out_bias = format!("{}.bias", list.output);
+    if list.params[0].get(&out_bias).is_some() {
+        let biases: Vec<Vec<f64>> = (0..list.len())
+            .map(|j| {
+                let t = list.tensor(j, &out_bias)?;
+                Ok(t.data.iter().map(|&v| f64::from(v)).collect())
+            })
+            .collect::<Result<_>>()?;
+        let slices: Vec<&[f64]> = biases.iter().map(Vec::as_slice).collect();
+        let b = output_bias(&slices, &shares, cfg);
+        let shape = list.tensor(0, &out_bias)?.shape.clone();
+        let b = Tensor::new(&out_bias, shape, b.into_iter().map(|v| v as f32).collect())?;
+        fused.insert(out_bias, b);
+    }
+    average_rest(&list, &weights, &mut fused)?;
+    let params = assemble(input, &new_layers, fused)?;
+    Ok((
+        FusedLayers {
+            params,
+            layers: new_layers,
+            assignments,
+        },
+        timings,
+    ))
+}
+
+/// One matched layer of FedMA (Wang et al. 2020, Algorithm 1): the clients share every layer
+/// below matched layer `g` (the fused ones, at one width) and have their own from `g` up.
+/// Their units of layer `g` (filters or rows over the shared units below; the top matched
+/// layer with its outgoing weights into the classes, as [`pfnm_fuse_layers`] matches it) are
+/// matched as PFNM matches one layer. Returns the fused layer's own tensors (weight, bias and
+/// the per-channel tensors of the norms after it, at the fused width, in the list's order),
+/// its width and each client's assignment; the layers above are the clients' to re-lay over
+/// the fused units ([`spread_readers`](crate::spread_readers)).
+///
+/// Arguments as for [`pfnm_fuse_list`]; an error when the clients' widths below `g` differ.
+pub fn pfnm_match_layer(
+    input: &[usize],
+    layers: &[LayerSpec],
+    clients: &[&Params],
+    g: usize,
+    class_counts: Option<&[Vec<f64>]>,
+    cfg: &PfnmConfig,
+    orders: &mut dyn OrderSource,
+) -> Result<MatchedLayer> {
+    cfg.check()?;
+    let list = ListClients::new(input, layers, clients)?;
+    let n_matched = list.matched();
+    if g >= n_matched {
+        return Err(FuseError::InvalidInput(format!(
+            "matched layer {g} asked of a list with {n_matched}"
+        )));
+    }
+    let below = match g.checked_sub(1) {
+        None => None,
+        Some(gb) => {
+            let width = list.uses[0][gb].units;
+            if let Some(j) = (0..list.len()).find(|&j| list.uses[j][gb].units != width) {
+                return Err(FuseError::InvalidInput(format!(
+                    "client {j} has {} units in model.layers[{}] where client 0 has {width}; \
+                     the layers below the one matched must be shared",
+                    list.uses[j][gb].units, list.uses[0][gb].layer
+                )));
+            }
+            Some((width, vec![(0..width).collect(); list.len()]))
+        }
+    };
+    let out_weight = format!("{}.weight", list.output);
+    let k = list
+        .tensor(0, &out_weight)?
+        .shape
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let shares = class_shares(class_counts, list.len(), k)?;
+    let weights = client_weights(class_counts, list.len());
+    let step = MatchStep {
+        list: &list,
+        shares: &shares,
+        weights: &weights,
+        cfg,
+    };
+    let top = (g + 1 == n_matched).then_some(out_weight.as_str());
+    let mut fused = HashMap::new();
+    let (width, assignments, _) = step.run(g, below.as_ref(), top, orders, &mut fused)?;
+    let mut tensors = Params::new();
+    for own in &list.uses[0][g].own {
+        let t = fused.remove(&own.tensor).ok_or_else(|| {
+            FuseError::InvalidInput(format!("fused tensor `{}` was never estimated", own.tensor))
+        })?;
+        tensors.push(own.tensor.clone(), t.shape, t.data)?;
+    }
+    Ok(MatchedLayer {
+        tensors,
+        width,
+        assignments,
+    })
+}
+
+/// One layer matched by [`pfnm_match_layer`].
+#[derive(Clone, Debug)]
+pub struct MatchedLayer {
+    /// The fused layer's own tensors, in the list's order.
+    pub tensors: Params,
+    /// Its fused width.
+    pub width: usize,
+    /// Client -> local unit -> fused unit.
+    pub assignments: Vec<Vec<usize>>,
+}
+
+/// What matching one layer of a list needs besides the layer.
+struct MatchStep<'a> {
+    list: &'a ListClients,
+    /// Per client, its share of each class (weights the outgoing side of the top layer).
+    shares: &'a [Vec<f64>],
+    /// Per client, its weight in averages.
+    weights: &'a [f64],
+    cfg: &'a PfnmConfig,
+}
+
+impl MatchStep<'_> {
+    /// Matches layer `g` over `below` (the fused width under it and each client's assignment
+    /// there; `None` for the first), with the output weight `top` for the top matched layer;
+    /// writes the fused tensors into `fused`. Returns width, assignments and timings.
+    fn run(
+        &self,
+        g: usize,
+        below: Option<&(usize, Vec<Vec<usize>>)>,
+        top: Option<&str>,
+        orders: &mut dyn OrderSource,
+        fused: &mut HashMap<String, Tensor>,
+    ) -> Result<(usize, Vec<Vec<usize>>, MatchTimings)> {
+        let (list, cfg) = (self.list, self.cfg);
         let started = Instant::now();
-        let top = g + 1 == n_matched;
-        let layer = LayerVectors::new(&list, g, below.as_ref(), top.then_some(&out_weight))?;
+        let (inv_s, inv_s0) = (1.0 / cfg.sigma, 1.0 / cfg.sigma0);
+        let settings = LayerSettings {
+            gamma: cfg.gamma,
+            iters: cfg.iters,
+            max_global: cfg.max_global,
+            eps: cfg.eps,
+        };
+        let layer = LayerVectors::new(list, g, below, top)?;
         let p = layer.len();
-        let precisions: Vec<Vec<f64>> = shares
+        let precisions: Vec<Vec<f64>> = self
+            .shares
             .iter()
             .map(|r| {
                 let mut s = vec![inv_s; p];
-                if top {
+                if top.is_some() {
                     let out = &mut s[layer.incoming + layer.has_bias..];
                     for (block, share) in out.chunks_mut(layer.span_out.max(1)).zip(r) {
                         block.fill(share * inv_s);
@@ -169,38 +316,9 @@ pub fn pfnm_fuse_list(
         let m = match_rows(&rows, &prior, &runs, &settings, orders, started, true)?;
         let post = m.posterior_mean();
         let width = m.width();
-        layer.write(&list, &post, &m.assignments, &weights, &mut fused)?;
-        set_width(&mut new_layers[layer.layer], width);
-        timings.push(m.timings);
-        below = Some((width, m.assignments.clone()));
-        assignments.push(m.assignments);
+        layer.write(list, &post, &m.assignments, self.weights, fused)?;
+        Ok((width, m.assignments, m.timings))
     }
-
-    // The output bias, as for MLPs; everything the map does not list, averaged.
-    let out_bias = format!("{}.bias", list.output);
-    if list.params[0].get(&out_bias).is_some() {
-        let biases: Vec<Vec<f64>> = (0..list.len())
-            .map(|j| {
-                let t = list.tensor(j, &out_bias)?;
-                Ok(t.data.iter().map(|&v| f64::from(v)).collect())
-            })
-            .collect::<Result<_>>()?;
-        let slices: Vec<&[f64]> = biases.iter().map(Vec::as_slice).collect();
-        let b = output_bias(&slices, &shares, cfg);
-        let shape = list.tensor(0, &out_bias)?.shape.clone();
-        let b = Tensor::new(&out_bias, shape, b.into_iter().map(|v| v as f32).collect())?;
-        fused.insert(out_bias, b);
-    }
-    average_rest(&list, &weights, &mut fused)?;
-    let params = assemble(input, &new_layers, fused)?;
-    Ok((
-        FusedLayers {
-            params,
-            layers: new_layers,
-            assignments,
-        },
-        timings,
-    ))
 }
 
 /// Every tensor not estimated yet, averaged over the clients (same shape at each).
@@ -225,8 +343,6 @@ pub(super) fn average_rest(
 /// into the classes]`, read through the unit map.
 struct LayerVectors<'a> {
     list: &'a ListClients,
-    /// The matched layer's index in the list.
-    layer: usize,
     /// Matched-layer index `g`.
     g: usize,
     /// Units per client.
@@ -256,7 +372,7 @@ impl<'a> LayerVectors<'a> {
         list: &'a ListClients,
         g: usize,
         below: Option<&(usize, Vec<Vec<usize>>)>,
-        out_weight: Option<&String>,
+        out_weight: Option<&str>,
     ) -> Result<Self> {
         let first = &list.uses[0][g];
         let weight_name = &first.own[0].tensor;
@@ -302,7 +418,6 @@ impl<'a> LayerVectors<'a> {
         let (span_out, classes) = output[0].map_or((0, 0), |a| (a.span, a.rows));
         Ok(Self {
             list,
-            layer: first.layer,
             g,
             units,
             below_width,

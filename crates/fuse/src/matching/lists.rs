@@ -259,43 +259,130 @@ impl UnitAxis {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn permute_units(params: &mut Params, uses: &UnitUses, perm: &[usize]) -> Result<()> {
-    let mut seen = vec![false; uses.units];
-    for &to in perm {
-        match seen.get_mut(to) {
-            Some(s) if !*s => *s = true,
-            _ => {
-                return Err(FuseError::InvalidInput(format!(
-                    "{perm:?} is not a permutation of the {} units of model.layers[{}]",
-                    uses.units, uses.layer
-                )));
-            }
+    let not_perm = || {
+        FuseError::InvalidInput(format!(
+            "{perm:?} is not a permutation of the {} units of model.layers[{}]",
+            uses.units, uses.layer
+        ))
+    };
+    if perm.len() != uses.units {
+        return Err(not_perm());
+    }
+    let mut picks = vec![usize::MAX; uses.units];
+    for (from, &to) in perm.iter().enumerate() {
+        match picks.get_mut(to) {
+            Some(p) if *p == usize::MAX => *p = from,
+            _ => return Err(not_perm()),
         }
     }
-    if perm.len() != uses.units {
+    select_units(params, uses, &picks)
+}
+
+/// Keeps unit `picks[k]` of one matched layer as its unit `k`, in every tensor that holds or
+/// reads the units (`uses`, for the model as `params` has it): the sub-network of the chosen
+/// units, which computes what the whole one does with the others' outputs left out. A
+/// client's part of a fused model (its matched units, `picks` its assignment) is this, layer
+/// after layer from the input side.
+///
+/// ```
+/// use fedfuse_core::{LayerSpec, Params};
+/// use fedfuse_core::layers::unit_uses;
+/// use fedfuse_fuse::select_units;
+///
+/// let layers = [LayerSpec::linear(3), LayerSpec::Relu, LayerSpec::linear(1)];
+/// let mut p = Params::new();
+/// p.push("0.weight", vec![3, 1], vec![1.0, 2.0, 3.0])?;
+/// p.push("0.bias", vec![3], vec![0.1, 0.2, 0.3])?;
+/// p.push("2.weight", vec![1, 3], vec![4.0, 5.0, 6.0])?;
+/// p.push("2.bias", vec![1], vec![0.0])?;
+/// let uses = unit_uses(&[1], &layers)?;
+/// select_units(&mut p, &uses[0], &[2, 0])?;
+/// assert_eq!(p.get("0.weight").map(|t| t.data.clone()), Some(vec![3.0, 1.0]));
+/// assert_eq!(p.get("2.weight").map(|t| t.data.clone()), Some(vec![6.0, 4.0]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn select_units(params: &mut Params, uses: &UnitUses, picks: &[usize]) -> Result<()> {
+    if let Some(bad) = picks.iter().find(|&&p| p >= uses.units) {
         return Err(FuseError::InvalidInput(format!(
-            "{perm:?} is not a permutation of the {} units of model.layers[{}]",
+            "unit {bad} picked of the {} units of model.layers[{}]",
             uses.units, uses.layer
         )));
     }
     for u in uses.all() {
-        let t = params
-            .get_mut(&u.tensor)
-            .ok_or_else(|| FuseError::InvalidInput(format!("tensor `{}` is missing", u.tensor)))?;
-        let axis = UnitAxis::of(u, &t.shape)?;
-        if axis.units != uses.units {
-            return Err(FuseError::InvalidInput(format!(
-                "tensor `{}` {:?} holds {} units where model.layers[{}] has {}",
-                u.tensor, t.shape, axis.units, uses.layer, uses.units
-            )));
-        }
-        let old = t.data.clone();
-        for r in 0..axis.rows {
-            for (from, &to) in perm.iter().enumerate() {
-                let (src, dst) = (axis.at(r, from), axis.at(r, to));
-                t.data[dst..dst + axis.span].copy_from_slice(&old[src..src + axis.span]);
+        remap_units(params, u, uses, picks.len(), |k| Some(picks[k]))?;
+    }
+    Ok(())
+}
+
+/// Lays the readers of one matched layer's units (`uses.readers`: the next layer's input
+/// channels or flatten blocks) over `width` fused units: what read local unit `u` reads fused
+/// unit `to[u]`, and fused units no local unit joined are read with zero weights. The
+/// layer's own tensors are left alone (a client replaces them with the fused layer's). With
+/// the fused layer in place the network computes what it did, the new units ignored.
+pub fn spread_readers(
+    params: &mut Params,
+    uses: &UnitUses,
+    to: &[usize],
+    width: usize,
+) -> Result<()> {
+    if to.len() != uses.units {
+        return Err(FuseError::InvalidInput(format!(
+            "an assignment of {} units for the {} units of model.layers[{}]",
+            to.len(),
+            uses.units,
+            uses.layer
+        )));
+    }
+    let mut from = vec![None; width];
+    for (u, &g) in to.iter().enumerate() {
+        match from.get_mut(g) {
+            Some(slot) if slot.is_none() => *slot = Some(u),
+            _ => {
+                return Err(FuseError::InvalidInput(format!(
+                    "fused unit {g} is out of {width} or taken twice in the assignment of \
+                     model.layers[{}]",
+                    uses.layer
+                )));
             }
         }
     }
+    for u in &uses.readers {
+        remap_units(params, u, uses, width, |k| from[k])?;
+    }
+    Ok(())
+}
+
+/// Rewrites the unit axis of one use of a layer's units (`uses.units` of them now) to `units`
+/// units, new unit `k` taking old unit `source(k)` or zeros.
+fn remap_units(
+    params: &mut Params,
+    u: &UnitUse,
+    uses: &UnitUses,
+    units: usize,
+    source: impl Fn(usize) -> Option<usize>,
+) -> Result<()> {
+    let t = params
+        .get_mut(&u.tensor)
+        .ok_or_else(|| FuseError::InvalidInput(format!("tensor `{}` is missing", u.tensor)))?;
+    let axis = UnitAxis::of(u, &t.shape)?;
+    if axis.units != uses.units {
+        return Err(FuseError::InvalidInput(format!(
+            "tensor `{}` {:?} holds {} units where model.layers[{}] has {}",
+            u.tensor, t.shape, axis.units, uses.layer, uses.units
+        )));
+    }
+    let new = UnitAxis { units, ..axis };
+    let mut data = vec![0.0; new.rows * units * new.span];
+    for r in 0..axis.rows {
+        for k in 0..units {
+            if let Some(old) = source(k) {
+                let (src, dst) = (axis.at(r, old), new.at(r, k));
+                data[dst..dst + axis.span].copy_from_slice(&t.data[src..src + axis.span]);
+            }
+        }
+    }
+    t.shape = UnitAxis::resized(u, &t.shape, units);
+    t.data = data;
     Ok(())
 }
 

@@ -20,11 +20,11 @@ mod score;
 mod types;
 mod weight_matching;
 
-pub use channels::{pfnm_fuse_layers, pfnm_fuse_list};
+pub use channels::{MatchedLayer, pfnm_fuse_layers, pfnm_fuse_list, pfnm_match_layer};
 pub use layer::{
     ClientUnits, LayerMatch, MatchTimings, OrderSource, ReplayOrder, RngOrder, match_layer,
 };
-pub use lists::{FusedLayers, permute_units};
+pub use lists::{FusedLayers, permute_units, select_units, spread_readers};
 pub use mlp::{
     DenseLayer, Fused, FusedMlp, MatchOrder, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp,
 };

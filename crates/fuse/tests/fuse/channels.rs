@@ -680,3 +680,107 @@ fn refused_lists_name_the_layer() {
         "{e}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// FedMA's step on a client: its layer `g` replaced by a wider fused layer that holds its
+    /// units at `to` (the other units arbitrary), its readers spread over the fused units:
+    /// the logits stay the same, and picking the units at `to` gives the client back.
+    #[test]
+    fn spreading_readers_over_a_fused_layer_keeps_the_logits(
+        w1 in 1usize..5, w2 in 1usize..5, w3 in 1usize..6, extra in 0usize..3,
+        g in 0usize..3, norms in any::<[bool; 3]>(), seed in any::<u64>(),
+    ) {
+        let layers = conv_net([w1, w2, w3], norms, true);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let p = random_params(&INPUT, &layers, &mut rng);
+        let uses = unit_uses(&INPUT, &layers).unwrap();
+        let units = uses[g].units;
+        let width = units + extra;
+        let mut slots: Vec<usize> = (0..width).collect();
+        slots.shuffle(&mut rng);
+        let to = &slots[..units];
+        let mut wide_layers = layers.clone();
+        if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } =
+            &mut wide_layers[uses[g].layer]
+        {
+            *out = width;
+        }
+        let mut wide = random_params(&INPUT, &wide_layers, &mut rng);
+        let mut spread = p.clone();
+        fedfuse_fuse::spread_readers(&mut spread, &uses[g], to, width).unwrap();
+        let own: Vec<&str> = uses[g].own.iter().map(|u| u.tensor.as_str()).collect();
+        for (name, t) in spread.iter() {
+            let w = wide.get_mut(name).unwrap();
+            if own.contains(&name) {
+                // The client's unit u sits at fused unit to[u].
+                let span = t.data.len() / units;
+                for (u, &at) in to.iter().enumerate() {
+                    w.data[at * span..(at + 1) * span]
+                        .copy_from_slice(&t.data[u * span..(u + 1) * span]);
+                }
+            } else {
+                prop_assert_eq!(&w.shape, &t.shape, "{}", name);
+                w.data.clone_from(&t.data);
+            }
+        }
+        let xs = samples(&mut rng, 3);
+        let (a, b) = (logits(&wide_layers, &wide, &xs), logits(&layers, &p, &xs));
+        assert_close(&a, &b, 1e-9, "logits");
+        let wide_uses = unit_uses(&INPUT, &wide_layers).unwrap();
+        fedfuse_fuse::select_units(&mut wide, &wide_uses[g], to).unwrap();
+        prop_assert_eq!(wide, p);
+    }
+
+    /// FedMA's matching of one layer: clients that share the layers below and hold permuted
+    /// copies of the same layer `g` (and of everything above it) are matched unit for unit,
+    /// and the fused layer is the shared one.
+    #[test]
+    fn matching_one_layer_over_shared_layers_below_pairs_the_copies(
+        w1 in 1usize..5, w2 in 1usize..5, w3 in 1usize..6, g in 0usize..3,
+        norms in any::<[bool; 3]>(), seed in any::<u64>(),
+    ) {
+        let layers = conv_net([w1, w2, w3], norms, true);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let p = random_params(&INPUT, &layers, &mut rng);
+        let uses = unit_uses(&INPUT, &layers).unwrap();
+        let mut clients = vec![p.clone()];
+        let mut perms = vec![(0..uses[g].units).collect::<Vec<usize>>()];
+        for _ in 0..2 {
+            let mut q = p.clone();
+            for (h, u) in uses.iter().enumerate().skip(g) {
+                let mut perm: Vec<usize> = (0..u.units).collect();
+                perm.shuffle(&mut rng);
+                permute_units(&mut q, u, &perm).unwrap();
+                if h == g {
+                    perms.push(perm);
+                }
+            }
+            clients.push(q);
+        }
+        let refs: Vec<&Params> = clients.iter().collect();
+        let cfg = PfnmConfig {
+            sigma: 1e-4,
+            order: MatchOrder::BottomUp,
+            ..PfnmConfig::default()
+        };
+        let mut orders = fedfuse_fuse::RngOrder(&mut rng);
+        let m = fedfuse_fuse::pfnm_match_layer(&INPUT, &layers, &refs, g, None, &cfg, &mut orders)
+            .unwrap();
+        prop_assert_eq!(m.width, uses[g].units);
+        for (j, perm) in perms.iter().enumerate() {
+            for (u, &local) in perm.iter().enumerate() {
+                prop_assert_eq!(m.assignments[j][local], u, "client {}, unit {}", j, u);
+            }
+        }
+        let names: Vec<&str> = m.tensors.iter().map(|(n, _)| n).collect();
+        let want: Vec<&str> = uses[g].own.iter().map(|u| u.tensor.as_str()).collect();
+        prop_assert_eq!(names, want);
+        for (name, t) in m.tensors.iter() {
+            let want: Vec<f64> = p.get(name).unwrap().data.iter().map(|&v| f64::from(v)).collect();
+            let got: Vec<f64> = t.data.iter().map(|&v| f64::from(v)).collect();
+            assert_close(&got, &want, 1e-3, name);
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! The networks, as burn modules. Their parameters are read and written in `params.rs` only.
 
-use burn::module::Module;
+use burn::module::{Module, ParamId};
 use burn::nn::Linear;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
@@ -156,6 +156,31 @@ impl Net {
             Self::LeNet5(m) => m.forward_train(x, gates, drop),
             Self::Seq(m) => m.forward(x, gates, drop, Mode::Train),
         }
+    }
+
+    /// The ids of the trainable tensors, in `state_dict` order without the buffers.
+    pub(crate) fn param_ids(&self) -> Vec<ParamId> {
+        fn linear(out: &mut Vec<ParamId>, l: &Linear) {
+            out.push(l.weight.id);
+            out.extend(l.bias.as_ref().map(|b| b.id));
+        }
+        fn conv(out: &mut Vec<ParamId>, c: &Conv2d) {
+            out.push(c.weight.id);
+            out.extend(c.bias.as_ref().map(|b| b.id));
+        }
+        let mut out = Vec::new();
+        match self {
+            Self::Mlp(m) => m.layers.iter().for_each(|l| linear(&mut out, l)),
+            Self::LeNet5(m) => {
+                conv(&mut out, &m.conv1);
+                conv(&mut out, &m.conv2);
+                for l in [&m.fc1, &m.fc2, &m.fc3] {
+                    linear(&mut out, l);
+                }
+            }
+            Self::Seq(m) => return m.param_ids(),
+        }
+        out
     }
 
     /// `(width, p)` of the layers that dropout acts on: every hidden layer of an MLP, fc1 and

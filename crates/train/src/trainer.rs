@@ -1,9 +1,10 @@
-use burn::module::Module;
+use burn::module::{Module, ParamId};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use fedfuse_core::layers::TensorRole;
 use fedfuse_core::{GroupLayout, ModelSpec, Params};
 use fedfuse_data::Dataset;
 use rand::SeedableRng;
@@ -142,7 +143,60 @@ impl Trainer {
             Some((a, mu)) => Anchor::Prox(a, mu),
             None => Anchor::None,
         };
-        self.fit_inner(start, data, cfg, anchor, 0.0, None, seed)
+        self.fit_inner(start, data, cfg, anchor, 0.0, None, &[], seed)
+    }
+
+    /// [`fit_with`](Self::fit_with) without a proximal term and with the tensors `frozen`
+    /// (names of the spec's trainable tensors) left as they are: they get no gradient, so no
+    /// step, momentum or weight decay moves them. FedMA's clients retrain the layers above
+    /// the matched ones this way. Batch norms still update their running statistics in
+    /// training, frozen or not, as PyTorch's do when their parameters stop requiring
+    /// gradients.
+    pub fn fit_frozen(
+        &self,
+        start: &Params,
+        frozen: &[String],
+        data: &Dataset,
+        cfg: &TrainConfig,
+        seed: u64,
+    ) -> Result<Fitted> {
+        self.fit_inner(start, data, cfg, Anchor::None, 0.0, None, frozen, seed)
+    }
+
+    /// The ids of `net`'s trainable tensors that are not `frozen`; `None` when nothing is.
+    fn trainable(&self, net: &Net, frozen: &[String]) -> Result<Option<Vec<ParamId>>> {
+        if frozen.is_empty() {
+            return Ok(None);
+        }
+        let names: Vec<String> = self
+            .spec
+            .param_shapes()
+            .into_iter()
+            .filter(|p| TensorRole::of(&p.name) == TensorRole::Param)
+            .map(|p| p.name)
+            .collect();
+        if let Some(bad) = frozen.iter().find(|f| !names.contains(f)) {
+            return Err(TrainError::InvalidConfig {
+                field: "frozen",
+                reason: format!("`{bad}` is no trainable tensor of the model"),
+            });
+        }
+        let ids = net.param_ids();
+        if ids.len() != names.len() {
+            return Err(TrainError::Backend(format!(
+                "the network holds {} trainable tensors where its spec lists {}",
+                ids.len(),
+                names.len()
+            )));
+        }
+        Ok(Some(
+            names
+                .iter()
+                .zip(ids)
+                .filter(|(n, _)| !frozen.contains(n))
+                .map(|(_, id)| id)
+                .collect(),
+        ))
     }
 
     /// Trains from `start` under a Gaussian-mixture prior (fedsparse-em eq. 48): the loss
@@ -173,7 +227,7 @@ impl Trainer {
                 ),
             });
         }
-        self.fit_inner(start, data, cfg, Anchor::Mixture(prior), 0.0, None, seed)
+        self.fit_inner(start, data, cfg, Anchor::Mixture(prior), 0.0, None, &[], seed)
     }
 
     /// FedL1 local training: [`fit_with`](Self::fit_with) without a proximal term, the loss
@@ -195,7 +249,7 @@ impl Trainer {
                 reason: format!("{l1} is not >= 0"),
             });
         }
-        self.fit_inner(start, data, cfg, Anchor::None, l1, None, seed)
+        self.fit_inner(start, data, cfg, Anchor::None, l1, None, &[], seed)
     }
 
     /// Training with every unit of the grouped layers (see [`Self::groups`]) scaled by a fixed
@@ -217,7 +271,7 @@ impl Trainer {
                 reason: format!("{g} is not a finite non-negative factor"),
             });
         }
-        self.fit_inner(start, data, cfg, Anchor::None, 0.0, Some(gates), seed)
+        self.fit_inner(start, data, cfg, Anchor::None, 0.0, Some(gates), &[], seed)
     }
 
     #[allow(clippy::too_many_arguments)] // private; the public entry points each fix some
@@ -229,6 +283,7 @@ impl Trainer {
         anchor: Anchor<'_>,
         l1: f64,
         gates: Option<&[f32]>,
+        frozen: &[String],
         seed: u64,
     ) -> Result<Fitted> {
         cfg.check()?;
@@ -242,6 +297,7 @@ impl Trainer {
             None => Vec::new(),
         };
         let mut net = params::build(&self.spec, start, &device)?;
+        let trainable = self.trainable(&net, frozen)?;
         let fixed =
             |p: &Params| -> Result<Net> { Ok(params::build(&self.spec, p, &device)?.no_grad()) };
         let prox = match anchor {
@@ -295,7 +351,10 @@ impl Trainer {
                 {
                     loss = loss + penalty.mul_scalar(l1);
                 }
-                let grads = GradientsParams::from_grads(loss.backward(), &net);
+                let grads = match &trainable {
+                    None => GradientsParams::from_grads(loss.backward(), &net),
+                    Some(ids) => GradientsParams::from_params(&mut loss.backward(), &net, ids),
+                };
                 net = optim.step(cfg.lr, net, grads);
                 steps += 1;
             }

@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use burn::module::{Module, Param};
+use burn::module::{Module, Param, ParamId};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{AvgPool2d, AvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, PaddingConfig2d};
@@ -708,46 +708,59 @@ pub(crate) fn read(net: &SeqNet, spec: &ModelSpec) -> Result<Params> {
 impl SeqNet {
     /// Every parameter (not the running statistics), flattened, in order.
     pub(crate) fn flat_params(&self) -> Vec<Tensor<1>> {
-        fn conv(out: &mut Vec<Tensor<1>>, c: &Conv2d) {
-            out.push(c.weight.val().reshape([-1]));
-            if let Some(b) = &c.bias {
-                out.push(b.val());
-            }
-        }
-        fn norm(out: &mut Vec<Tensor<1>>, n: &Option<Norm>) {
-            if let Some(n) = n {
-                out.push(n.weight.val());
-                out.push(n.bias.val());
-            }
-        }
         let mut out = Vec::new();
+        self.each_param(&mut |_, t| out.push(t));
+        out
+    }
+
+    /// The ids of [`Self::flat_params`], in the same order: `state_dict` order without the
+    /// buffers.
+    pub(crate) fn param_ids(&self) -> Vec<ParamId> {
+        let mut out = Vec::new();
+        self.each_param(&mut |id, _| out.push(id));
+        out
+    }
+
+    /// Calls `f` on every parameter (not the running statistics), flattened, in order.
+    fn each_param(&self, f: &mut dyn FnMut(ParamId, Tensor<1>)) {
+        let conv = |f: &mut dyn FnMut(ParamId, Tensor<1>), c: &Conv2d| {
+            f(c.weight.id, c.weight.val().reshape([-1]));
+            if let Some(b) = &c.bias {
+                f(b.id, b.val());
+            }
+        };
+        let norm = |f: &mut dyn FnMut(ParamId, Tensor<1>), n: &Option<Norm>| {
+            if let Some(n) = n {
+                f(n.weight.id, n.weight.val());
+                f(n.bias.id, n.bias.val());
+            }
+        };
         for layer in &self.layers {
             match layer {
-                Layer::Conv(c) => conv(&mut out, c),
+                Layer::Conv(c) => conv(f, c),
                 Layer::Linear(l) => {
-                    out.push(l.weight.val().reshape([-1]));
+                    f(l.weight.id, l.weight.val().reshape([-1]));
                     if let Some(b) = &l.bias {
-                        out.push(b.val());
+                        f(b.id, b.val());
                     }
                 }
                 Layer::Norm(n) => {
-                    out.push(n.weight.val());
-                    out.push(n.bias.val());
+                    f(n.weight.id, n.weight.val());
+                    f(n.bias.id, n.bias.val());
                 }
                 Layer::Block(b) => {
-                    conv(&mut out, &b.conv1);
-                    norm(&mut out, &b.norm1);
-                    conv(&mut out, &b.conv2);
-                    norm(&mut out, &b.norm2);
+                    conv(f, &b.conv1);
+                    norm(f, &b.norm1);
+                    conv(f, &b.conv2);
+                    norm(f, &b.norm2);
                     if let Some(c) = &b.shortcut {
-                        conv(&mut out, c);
+                        conv(f, c);
                     }
-                    norm(&mut out, &b.shortcut_norm);
+                    norm(f, &b.shortcut_norm);
                 }
                 Layer::MaxPool(_) | Layer::AvgPool(_) | Layer::Op(_) => {}
             }
         }
-        out
     }
 
     /// Per gate slot: the weights `[units, fan_in]` with all but the last per-unit tensor as

@@ -448,3 +448,58 @@ fn ensemble_averages_probabilities() {
     assert!(trainer.evaluate_ensemble(&[&a, &wide], &data).is_ok());
     assert!(trainer.evaluate_ensemble(&[], &data).is_err());
 }
+
+/// FedMA's retraining: the frozen tensors come back bit for bit (momentum and weight decay
+/// included), the others move, and a layer list's batch norm still tracks its statistics.
+/// A name that is no trainable tensor is refused by name.
+#[test]
+fn frozen_tensors_stay_as_they_were() {
+    use fedfuse_core::LayerSpec;
+    let data = tiny_data();
+    let cfg = TrainConfig {
+        lr: 0.05,
+        epochs: 2,
+        batch_size: 8,
+        optimizer: OptimizerConfig::Sgd {
+            momentum: 0.9,
+            weight_decay: 1e-3,
+        },
+        ..TrainConfig::default()
+    };
+    let list = ModelSpec::sequential(
+        &[1, 8, 8],
+        vec![
+            LayerSpec::conv2d(4, 3).with_padding(1),
+            LayerSpec::batch_norm2d(),
+            LayerSpec::Relu,
+            LayerSpec::Flatten,
+            LayerSpec::linear(6),
+            LayerSpec::Relu,
+            LayerSpec::linear(10),
+        ],
+    );
+    let frozen_list: Vec<String> = ["0.weight", "0.bias", "1.weight", "1.bias"]
+        .map(String::from)
+        .to_vec();
+    let mlp = ModelSpec::mlp(64, &[8], 10);
+    let frozen_mlp = vec!["layers.0.weight".to_string()];
+    for (spec, frozen) in [(list, frozen_list), (mlp, frozen_mlp)] {
+        let start = init_params(&spec, Init::Default, 3);
+        let trainer = Trainer::new(spec.clone()).unwrap();
+        let out = trainer
+            .fit_frozen(&start, &frozen, &data, &cfg, 1)
+            .unwrap()
+            .params;
+        for (name, t) in start.iter() {
+            let after = out.get(name).unwrap();
+            let moved = after.data != t.data;
+            let expect = !frozen.contains(&name.to_string());
+            assert_eq!(moved, expect, "{spec:?}: `{name}` moved {moved}");
+        }
+        let err = trainer
+            .fit_frozen(&start, &["nope".to_string()], &data, &cfg, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`nope`"), "{err}");
+    }
+}

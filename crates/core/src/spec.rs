@@ -197,16 +197,18 @@ impl ModelSpec {
 
     /// The architecture `params` are a model of: this one when they fit its layout, else the
     /// same network at the widths they hold (what a matching method's global model becomes
-    /// when it opens or merges units). An MLP stays an MLP ([`Self::infer_mlp`]); LeNet-5 and
-    /// layer lists become layer lists ([`Self::as_sequential`], `{i}.weight` names) with each
+    /// when it opens or merges units). An MLP's tensors stay an MLP ([`Self::infer_mlp`]);
+    /// every other model, and an MLP under its layer list's names, becomes a layer list ([`Self::as_sequential`], `{i}.weight` names) with each
     /// convolution's and linear layer's `out` read from its weight's rows. An error when the
     /// tensors still do not fit.
     pub fn with_widths_of(&self, params: &Params) -> Result<Self> {
         if params.check_layout(&self.param_shapes()).is_ok() {
             return Ok(self.clone());
         }
-        if let Self::Mlp { .. } = self {
-            return Self::infer_mlp(params);
+        if let Self::Mlp { .. } = self
+            && let Ok(spec) = Self::infer_mlp(params)
+        {
+            return Ok(spec);
         }
         let Self::Sequential { input, mut layers } = self.as_sequential() else {
             return Err(CoreError::InvalidSpec("not a layer list".into()));

@@ -31,12 +31,12 @@ pub use method::{
 pub use methods::put_class_counts;
 pub use methods::{
     BuildContext, Bulyan, BulyanSettings, CentralDp, CheckedMethod, CriterionKind, DpSampling,
-    FedAvg, FedAvgSettings, FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMedian, FedMix,
-    FedMixSettings, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun, FedNgmVariant,
-    FedNgrConfig, FedOpt, FedOptSettings, FedProx, FedProxSettings, FedSparse, FedSparseSettings,
-    FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum, KrumSettings,
-    LocalDp, LocalNorm, MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR, Pfnm,
-    PfnmSettings, PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep,
+    FedAvg, FedAvgSettings, FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMa, FedMaSettings,
+    FedMedian, FedMix, FedMixSettings, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun,
+    FedNgmVariant, FedNgrConfig, FedOpt, FedOptSettings, FedProx, FedProxSettings, FedSparse,
+    FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum,
+    KrumSettings, LocalDp, LocalNorm, MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR,
+    Pfnm, PfnmSettings, PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep,
     ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer,
     hidden_features,
 };

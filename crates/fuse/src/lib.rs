@@ -43,8 +43,8 @@ pub use matching::{
     ClientUnits, DenseLayer, Fused, FusedLayers, FusedMlp, GlobalUnits, LayerMatch, LayerPrior,
     LayerSettings, MatchOrder, MatchTimings, MatchedLayer, Matrix, MlpWeights, OrderSource,
     POPULARITY_CAP, PfnmConfig, ReplayOrder, RngOrder, WeightMatchingConfig, gpi_cost, match_layer,
-    permute_units, pfnm_fuse, pfnm_fuse_layers, pfnm_fuse_list, pfnm_fuse_mlp, pfnm_match_layer,
-    pfnm_scores, select_units, spread_readers, weight_matching_fuse,
+    matchable, permute_units, pfnm_fuse, pfnm_fuse_layers, pfnm_fuse_list, pfnm_fuse_mlp,
+    pfnm_match_layer, pfnm_scores, select_units, spread_readers, weight_matching_fuse,
 };
 pub use mixture::{
     GaussianMixture, MixtureConfig, MixtureStep, responsibilities_from_sq_distances,

@@ -256,6 +256,19 @@ impl Federation {
             Some(path) => initial_weights(path, &spec)?,
             None => init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX)),
         };
+        if let fedfuse_fed::MethodConfig::FedMa(fedma) = &cfg.method {
+            let per_pass = fedfuse_fed::FedMaSettings::rounds_per_pass(&spec)?;
+            let needed = fedma.rounds * per_pass;
+            if cfg.rounds < needed {
+                bail!(
+                    "`rounds` = {} is too few for FedMA: each of its `method.rounds` = {} passes \
+                     takes {per_pass} federation rounds on this model (one per matched layer, \
+                     and one for the output layer); set `rounds` = {needed}",
+                    cfg.rounds,
+                    fedma.rounds
+                );
+            }
+        }
         let method = cfg.build_method(
             BuildContext {
                 init: model.init,

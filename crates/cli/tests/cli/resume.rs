@@ -171,6 +171,18 @@ fn pfnm_over_rounds_resumes_to_the_uninterrupted_result() {
 }
 
 #[test]
+fn fedma_resumes_within_a_pass_to_the_uninterrupted_result() {
+    // Mid-pass the server holds the fused layers and assignments, each client its model.
+    killed_and_resumed_equals_whole(&[
+        "rounds=4",
+        "clients=5",
+        "method.name=\"fedma\"",
+        "method.rounds=2",
+        "method.sigma=0.1",
+    ]);
+}
+
+#[test]
 fn deep_gems_resumes_between_its_stages_to_the_uninterrupted_result() {
     // Fused hidden layers and the stage reached; each stage is one round.
     // Three near-IID learners and a looser criterion than the defaults, so the balls meet;

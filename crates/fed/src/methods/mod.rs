@@ -6,6 +6,7 @@
 mod fedavg;
 mod feddrop;
 mod fedl1;
+mod fedma;
 mod fedmedian;
 mod fedmix;
 mod fedngm;
@@ -23,6 +24,7 @@ mod separate_inits;
 pub use fedavg::{FedAvg, FedAvgSettings};
 pub use feddrop::{FedDrop, FedDropSettings};
 pub use fedl1::{FedL1, FedL1Settings};
+pub use fedma::{FedMa, FedMaSettings};
 pub use fedmedian::FedMedian;
 pub use fedmix::{FedMix, FedMixSettings};
 pub use fedngm::{
@@ -106,6 +108,11 @@ pub enum MethodConfig {
     /// global posterior; `eps` is chosen from `eps_grid` unless given.
     #[serde(deserialize_with = "PfnmSettings::deserialize_gpi_fnm")]
     GpiFnm(PfnmSettings),
+    /// FedMA (Wang et al. 2020): PFNM's matching layer by layer from the input side, the
+    /// clients retraining the layers above each matched one; `rounds` passes ("FedMA with
+    /// communication"), each one federation round per matched layer plus one.
+    #[serde(rename = "fedma")]
+    FedMa(FedMaSettings),
     /// GEMS (Guha & Smith): good-enough balls per learner, neurons merged where balls
     /// intersect, one hidden layer per round, then the output layer; MLPs only.
     Gems(GemsSettings),
@@ -185,6 +192,7 @@ impl MethodConfig {
             Self::Krum(s) => s.check(),
             Self::Pfnm(s) => s.check_pfnm(),
             Self::GpiFnm(s) => s.check_gpi_fnm(),
+            Self::FedMa(s) => s.check(),
             Self::Gems(s) => s.check(),
             Self::FedNgm(cfg) | Self::FedNgr(FedNgrConfig(cfg)) => cfg.check(),
         }?;
@@ -199,9 +207,17 @@ impl MethodConfig {
             .unwrap_or_default()
     }
 
-    /// Whether the method fuses networks whose hidden units may be permuted (MLPs only, the
-    /// global width may change).
+    /// Whether the method fuses networks whose hidden units may be permuted (the global width
+    /// may change).
     pub fn matching(&self) -> bool {
+        matches!(
+            self,
+            Self::Pfnm(_) | Self::GpiFnm(_) | Self::Gems(_) | Self::FedMa(_)
+        )
+    }
+
+    /// Whether the method fuses MLPs only.
+    pub fn mlp_only(&self) -> bool {
         matches!(self, Self::Pfnm(_) | Self::GpiFnm(_) | Self::Gems(_))
     }
 
@@ -244,6 +260,7 @@ impl CheckedMethod {
             MethodConfig::Bulyan(s) => Box::new(s.build(&ctx)?),
             MethodConfig::Pfnm(s) => Box::new(s.build_pfnm(&ctx)?),
             MethodConfig::GpiFnm(s) => Box::new(s.build_gpi_fnm(&ctx)?),
+            MethodConfig::FedMa(s) => Box::new(s.build(&ctx)?),
             MethodConfig::Gems(s) => Box::new(s.build(&ctx)?),
             // The run's seed seeds FedNGM too.
             MethodConfig::FedNgm(cfg) | MethodConfig::FedNgr(FedNgrConfig(cfg)) => {

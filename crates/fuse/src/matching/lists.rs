@@ -43,25 +43,7 @@ impl ListClients {
         if clients.is_empty() {
             return Err(FuseError::Empty);
         }
-        let uses = layers::unit_uses(input, layers)?;
-        refuse_unsupported(input, layers, &uses)?;
-        let Some(output) = layers
-            .iter()
-            .rposition(|l| matches!(l, LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. }))
-        else {
-            return Err(FuseError::InvalidInput(
-                "the layer list has no convolution or linear layer to match".into(),
-            ));
-        };
-        if uses.is_empty() {
-            return Err(FuseError::UnsupportedLayer {
-                layer: output,
-                kind: layers[output].type_name(),
-                reason: "the only convolution or linear layer writes the logits; matching needs \
-                         a hidden layer below it"
-                    .into(),
-            });
-        }
+        let (uses, output) = matchable(input, layers)?;
         let matched: Vec<usize> = uses.iter().map(|u| u.layer).collect();
         let mut params = Vec::with_capacity(clients.len());
         let mut client_uses = Vec::with_capacity(clients.len());
@@ -104,6 +86,32 @@ impl ListClients {
     pub(super) fn tensor(&self, j: usize, name: &str) -> Result<&Tensor> {
         Ok(self.params[j].require(name)?)
     }
+}
+
+/// Checks that matching can follow every unit of the list (see [`crate::pfnm_fuse_layers`]
+/// for what it refuses, naming the layer); returns the unit map of its matched layers and
+/// the index of the layer that writes the logits.
+pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>, usize)> {
+    let uses = layers::unit_uses(input, layers)?;
+    refuse_unsupported(input, layers, &uses)?;
+    let Some(output) = layers
+        .iter()
+        .rposition(|l| matches!(l, LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. }))
+    else {
+        return Err(FuseError::InvalidInput(
+            "the layer list has no convolution or linear layer to match".into(),
+        ));
+    };
+    if uses.is_empty() {
+        return Err(FuseError::UnsupportedLayer {
+            layer: output,
+            kind: layers[output].type_name(),
+            reason: "the only convolution or linear layer writes the logits; matching needs \
+                     a hidden layer below it"
+                .into(),
+        });
+    }
+    Ok((uses, output))
 }
 
 /// `out` of a convolution or linear layer set to `width` (other layers are left as they are).

@@ -24,7 +24,7 @@ pub use channels::{MatchedLayer, pfnm_fuse_layers, pfnm_fuse_list, pfnm_match_la
 pub use layer::{
     ClientUnits, LayerMatch, MatchTimings, OrderSource, ReplayOrder, RngOrder, match_layer,
 };
-pub use lists::{FusedLayers, permute_units, select_units, spread_readers};
+pub use lists::{FusedLayers, matchable, permute_units, select_units, spread_readers};
 pub use mlp::{
     DenseLayer, Fused, FusedMlp, MatchOrder, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp,
 };

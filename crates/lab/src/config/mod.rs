@@ -271,7 +271,21 @@ impl Config {
                 self.method.name()
             );
         }
-        if self.method.matching() && model.kind != ModelKind::Mlp {
+        if matches!(self.method, MethodConfig::FedMa(_)) {
+            let all = match self.clients_per_round {
+                ClientsPerRound::Count(c) => c == self.clients,
+                ClientsPerRound::Fraction(f) => f >= 1.0,
+            };
+            if !all {
+                bail!(
+                    "FedMA matches each layer over the clients that trained the layers below \
+                     it, so every client takes part in every round: set `clients_per_round` = \
+                     {} (or 1.0)",
+                    self.clients
+                );
+            }
+        }
+        if self.method.mlp_only() && model.kind != ModelKind::Mlp {
             bail!(
                 "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
                 self.method.name()

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -227,3 +228,73 @@ def test_cnns_without_a_model_or_not_fitting_it_are_refused(tmp_path):
                      model=toml)
     with pytest.raises(fedfuse.FedfuseError, match="model 1.*running_mean"):
         fedfuse.fuse([m, {k: v for k, v in m.items() if not k.startswith("bn1")}], model=toml)
+
+
+# Two PyTorch CNNs with batch norm (different seeds, label-skewed halves of an MNIST slice),
+# trained by scripts/fuse_torch_cnns.py, which recorded each fusion's widths and the accuracy
+# PyTorch measured on the fused file (loaded with strict=True) on the first 2000 MNIST test
+# images: facts.json. No torch here.
+TORCH_CNNS = Path(__file__).resolve().parent / "fixtures" / "torch_cnns"
+MNIST = SHARED / "data" / "mnist"
+# Bounds that hold where the method works (facts.json's accuracies: clients 0.931 and 0.939;
+# PFNM at its defaults 0.519, PFNM with sigma 0.1 0.9095, weight matching 0.8855, FedAvg 0.4565).
+FUSED_AT_LEAST = {"pfnm": 0.3, "pfnm-sigma0.1": 0.88, "weight-matching": 0.85, "fedavg": 0.1}
+STATE_DICT_LEAVES = ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+
+
+def mnist_accuracy(model, layers, tmp_path):
+    """fedfuse's accuracy of ``model`` (an nn.Sequential state_dict of ``layers``) on the first
+    2000 MNIST test images: the server evaluation of a run config, as Flower strategies get it."""
+    from flwr.app import Array, ArrayRecord
+
+    from fedfuse.flwr import evaluate_fn
+
+    config = tmp_path / "score.toml"
+    config.write_text(
+        f"seed = 0\nrounds = 1\nclients = 1\ndata_dir = {json.dumps(str(MNIST))}\n\n"
+        '[dataset]\nname = "mnist"\ntrain_samples = 100\ntest_samples = 2000\n\n'
+        '[method]\nname = "fedavg"\n\n'
+        f'[model]\nkind = "sequential"\nlayers = {toml_value(layers)}\n')
+    # The model's own order: layer by layer, PyTorch's order of a layer's tensors.
+    order = sorted(model, key=lambda k: (int(k.split(".")[0]),
+                                         STATE_DICT_LEAVES.index(k.split(".")[1])))
+    arrays = ArrayRecord({k: Array(np.asarray(model[k], np.float32)) for k in order})
+    return evaluate_fn(config)(0, arrays)["accuracy"]
+
+
+@pytest.mark.parametrize("name", list(FUSED_AT_LEAST))
+def test_pytorch_cnns_fused_score_what_pytorch_measured_on_the_fused_file(name, tmp_path):
+    facts = json.loads((TORCH_CNNS / "facts.json").read_text())
+    run = next(r for r in facts["fused"] if r["name"] == name)
+    models = [load_file(str(TORCH_CNNS / c["file"])) for c in facts["clients"]]
+    fused, report = fedfuse.fuse(models, method=run["method"], class_counts=facts["class_counts"],
+                                 model=TORCH_CNNS / "cnn.toml", **run["settings"])
+    assert report["fused_widths"] == run["widths"]
+    assert fused["1.num_batches_tracked"].dtype == np.int64
+    accuracy = mnist_accuracy(fused, report["model"]["layers"], tmp_path)
+    # The fusion is deterministic and every test image's two top logits were at least
+    # run["min_logit_margin"] (>= 6e-5) apart in PyTorch, far above float32 rounding, so
+    # fedfuse must score exactly what PyTorch measured.
+    assert abs(accuracy - run["accuracy"]) <= 1e-6, (accuracy, run["accuracy"])
+    assert min(c["accuracy"] for c in facts["clients"]) > 0.9
+    assert accuracy >= FUSED_AT_LEAST[name]
+    fedavg = next(r["accuracy"] for r in facts["fused"] if r["name"] == "fedavg")
+    if name in ("pfnm-sigma0.1", "weight-matching"):
+        assert accuracy > fedavg + 0.3
+    if name == "pfnm-sigma0.1":
+        # Matched, not stacked: every hidden layer wider than a client's (units opened) and
+        # narrower than the two side by side (units merged).
+        client = report["input_widths"][0][1:-1]
+        assert all(c < w < 2 * c for c, w in zip(client, run["widths"][1:-1]))

@@ -132,6 +132,18 @@ def test_fedbn_over_python_clientapps_equals_the_simulator(ten_nodes, tmp_path, 
         assert [x for _, x in ours] == pytest.approx([x for _, x in theirs], abs=1e-9)
 
 
+def test_fedma_over_python_clientapps_equals_the_simulator(ten_nodes, tmp_path, fedfuse_bin):
+    # Two FedMA passes over an MLP with two hidden layers: three rounds a pass (two matched
+    # layers, then the output layer). Each ClientApp keeps its model of the pass in its node's
+    # Context.state between rounds; the server keeps the fused layers and the assignments.
+    sets = ["clients=3", "rounds=6", "method={name='fedma',rounds=2,sigma=0.1}",
+            "model={kind='mlp',hidden=[32,16]}"]
+    got = over_flower(ten_nodes, tmp_path / "over-flower", sets)
+    want = simulate(fedfuse_bin, tmp_path / "sim", sets)
+    assert_same_run(got, want, rounds=6, clients=3)
+    assert got[1]["rounds"][-1]["global_accuracy"] > 0.8
+
+
 def test_a_stock_numpy_clientapp_fused_by_pfnm_beats_fedavg_of_separate_inits(ten_nodes, tmp_path):
     sys.path.insert(0, str(NUMPY_APP))
     from numpy_mlp.client_app import accuracy  # noqa: PLC0415 (the app's own module)

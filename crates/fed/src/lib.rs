@@ -37,8 +37,8 @@ pub use methods::{
     FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum,
     KrumSettings, LocalDp, LocalNorm, MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR,
     Pfnm, PfnmSettings, PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep,
-    ServerStepConfig, SparsityPreset, V_TENSOR, Z_TENSOR, default_eps_grid, finetune_output_layer,
-    hidden_features,
+    ServerStepConfig, SparsityPreset, V_TENSOR, WeightMatching, Z_TENSOR, default_eps_grid,
+    finetune_output_layer, hidden_features,
 };
 pub use methods::{
     ClientWeighting, GraphSettings, PredictionScore, SampleSite, Stitched, Traffic, run_fedngm,

@@ -227,7 +227,16 @@ impl Trainer {
                 ),
             });
         }
-        self.fit_inner(start, data, cfg, Anchor::Mixture(prior), 0.0, None, &[], seed)
+        self.fit_inner(
+            start,
+            data,
+            cfg,
+            Anchor::Mixture(prior),
+            0.0,
+            None,
+            &[],
+            seed,
+        )
     }
 
     /// FedL1 local training: [`fit_with`](Self::fit_with) without a proximal term, the loss

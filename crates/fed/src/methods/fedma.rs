@@ -26,16 +26,15 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use fedfuse_core::layers::{self, FeatureShape, LayerSpec, TensorRole, UnitUses};
+use fedfuse_core::layers::{self, LayerSpec, TensorRole, UnitUses};
 use fedfuse_core::{ConfigValue, ModelSpec, ParamShape, Params, Record, Tensor};
-use fedfuse_fuse::{
-    PfnmConfig, RngOrder, matchable, pfnm_match_layer, select_units, spread_readers,
-};
-use fedfuse_train::{Init, Trainer, init_params};
+use fedfuse_fuse::{PfnmConfig, RngOrder, pfnm_match_layer, spread_readers};
+use fedfuse_train::{Init, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use super::list_view::ListView;
 use super::pfnm::{class_counts, put_class_counts};
 use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
@@ -117,15 +116,7 @@ impl FedMaSettings {
 
     /// Federation rounds one pass takes on `spec`: its matched layers plus one.
     pub fn rounds_per_pass(spec: &ModelSpec) -> Result<usize> {
-        let (input, layers) = list_of(spec);
-        Ok(matchable(&input, &layers).map_err(in_method)?.0.len() + 1)
-    }
-}
-
-fn list_of(spec: &ModelSpec) -> (Vec<usize>, Vec<LayerSpec>) {
-    match spec.as_sequential() {
-        ModelSpec::Sequential { input, layers } => (input, layers),
-        ModelSpec::Mlp { .. } | ModelSpec::LeNet5 { .. } => (Vec::new(), Vec::new()),
+        Ok(ListView::of(spec)?.matched + 1)
     }
 }
 
@@ -147,16 +138,7 @@ struct Progress {
 /// FedMA (see the module docs).
 pub struct FedMa {
     settings: FedMaSettings,
-    input: Vec<usize>,
-    /// The model's layer list at the clients' widths.
-    layers: Vec<LayerSpec>,
-    /// The model's own tensor names and the list's, in the same order.
-    native: Vec<String>,
-    listed: Vec<String>,
-    /// Matched layers.
-    matched: usize,
-    /// Index of the output layer in the list.
-    output: usize,
+    view: ListView,
     init: Init,
     seed: u64,
     progress: Progress,
@@ -169,20 +151,9 @@ pub struct FedMa {
 
 impl FedMa {
     fn new(settings: &FedMaSettings, spec: &ModelSpec, init: Init, seed: u64) -> Result<Self> {
-        let (input, layers) = list_of(spec);
-        let (uses, output) = matchable(&input, &layers).map_err(in_method)?;
-        let list = ModelSpec::sequential(&input, layers.clone());
-        let names = |s: &ModelSpec| -> Vec<String> {
-            s.param_shapes().into_iter().map(|p| p.name).collect()
-        };
         Ok(Self {
             settings: settings.clone(),
-            native: names(spec),
-            listed: names(&list),
-            matched: uses.len(),
-            output,
-            input,
-            layers,
+            view: ListView::of(spec)?,
             init,
             seed,
             progress: Progress::default(),
@@ -199,38 +170,6 @@ impl FedMa {
         })
     }
 
-    /// `params` under the list's names (a model in the spec's own names is renamed in order).
-    fn listed(&self, params: &Params) -> Result<Params> {
-        if params.names() == self.native.as_slice() && self.native != self.listed {
-            let mut out = Params::new();
-            for (name, (_, t)) in self.listed.iter().zip(params.iter()) {
-                out.push(name.clone(), t.shape.clone(), t.data.clone())?;
-            }
-            return Ok(out);
-        }
-        Ok(params.clone())
-    }
-
-    /// The list at the widths `params` holds, and its unit map.
-    fn at_widths(&self, params: &Params) -> Result<(Vec<LayerSpec>, Vec<UnitUses>)> {
-        let mut layers = self.layers.clone();
-        for (i, layer) in layers.iter_mut().enumerate() {
-            if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer
-                && let Some(&rows) = params
-                    .get(&format!("{i}.weight"))
-                    .and_then(|t| t.shape.first())
-            {
-                *out = rows;
-            }
-        }
-        let uses = layers::unit_uses(&self.input, &layers)?;
-        Ok((layers, uses))
-    }
-
-    fn layout(&self, layers: &[LayerSpec]) -> Result<Vec<ParamShape>> {
-        Ok(layers::chain(FeatureShape::of(&self.input)?, layers)?.1)
-    }
-
     /// The own tensors of matched layer `g` (weight, bias, norm channels), by name.
     fn own_names(&self, uses: &[UnitUses], g: usize) -> Vec<String> {
         uses[g].own.iter().map(|u| u.tensor.clone()).collect()
@@ -238,14 +177,14 @@ impl FedMa {
 
     /// What a client sends at `stage`.
     fn sent_names(&self, uses: &[UnitUses], layout: &[ParamShape], stage: usize) -> Vec<String> {
-        if stage < self.matched {
+        if stage < self.view.matched {
             let mut names = self.own_names(uses, stage);
-            if stage + 1 == self.matched {
-                names.push(format!("{}.weight", self.output));
+            if stage + 1 == self.view.matched {
+                names.push(format!("{}.weight", self.view.output));
             }
             return names;
         }
-        let owned: Vec<String> = (0..self.matched)
+        let owned: Vec<String> = (0..self.view.matched)
             .flat_map(|g| self.own_names(uses, g))
             .collect();
         layout
@@ -253,30 +192,6 @@ impl FedMa {
             .filter(|s| TensorRole::of(&s.name) != TensorRole::Param || !owned.contains(&s.name))
             .map(|s| s.name.clone())
             .collect()
-    }
-
-    /// Client `client`'s part of the global model: the fused units it was matched to in the
-    /// last pass (the first units of each layer for a client that was not).
-    fn part_of(&self, client: usize, global: &Params) -> Result<Params> {
-        let mut part = self.listed(global)?;
-        let spec_widths: Vec<usize> = layers::unit_uses(&self.input, &self.layers)?
-            .iter()
-            .map(|u| u.units)
-            .collect();
-        for g in 0..self.matched {
-            let (_, uses) = self.at_widths(&part)?;
-            let picks = match self.progress.last.get(&client).and_then(|a| a.get(g)) {
-                Some(a) if a.iter().all(|&u| u < uses[g].units) => a.clone(),
-                _ => (0..spec_widths[g].min(uses[g].units)).collect(),
-            };
-            select_units(&mut part, &uses[g], &picks)?;
-        }
-        Ok(part)
-    }
-
-    fn trainer_for(&self, params: &Params) -> Result<Trainer> {
-        let (layers, _) = self.at_widths(params)?;
-        Ok(Trainer::new(ModelSpec::sequential(&self.input, layers))?)
     }
 
     /// The reply of `stage`: the tensors the server needs, the counts, the loss.
@@ -287,8 +202,8 @@ impl FedMa {
         ctx: &ClientContext<'_>,
         loss: f64,
     ) -> Result<Record> {
-        let (layers, uses) = self.at_widths(model)?;
-        let layout = self.layout(&layers)?;
+        let (layers, uses) = self.view.at_widths(model)?;
+        let layout = self.view.layout(&layers)?;
         let mut out = Params::new();
         for name in self.sent_names(&uses, &layout, stage) {
             let t = model.require(&name)?;
@@ -308,8 +223,8 @@ impl FedMa {
             client: reply.client,
             reason,
         };
-        let mut layers = self.layers.clone();
-        let (_, uses) = self.at_widths(&self.built)?;
+        let mut layers = self.view.layers.clone();
+        let (_, uses) = self.view.at_widths(&self.built)?;
         for (g, &w) in self.progress.widths.iter().enumerate().take(stage) {
             set_out(&mut layers[uses[g].layer], w);
         }
@@ -321,8 +236,8 @@ impl FedMa {
             .and_then(|t| t.shape.first().copied())
             .ok_or_else(|| bad(format!("FedMA stage {stage}: tensor `{weight}` is missing")))?;
         set_out(&mut layers[uses[stage].layer], rows);
-        let layout = self.layout(&layers).map_err(|e| bad(e.to_string()))?;
-        let uses = layers::unit_uses(&self.input, &layers).map_err(|e| bad(e.to_string()))?;
+        let layout = self.view.layout(&layers).map_err(|e| bad(e.to_string()))?;
+        let uses = layers::unit_uses(&self.view.input, &layers).map_err(|e| bad(e.to_string()))?;
         let sent = self.sent_names(&uses, &layout, stage);
         let names: Vec<&str> = reply.record.params.iter().map(|(n, _)| n).collect();
         if names != sent.iter().map(String::as_str).collect::<Vec<_>>() {
@@ -358,14 +273,14 @@ impl FedMa {
     /// The last stage: output rows weighted by each client's count of their class, every
     /// other tensor sent by examples; with the fused layers, the global model.
     fn complete(&self, replies: &[Reply]) -> Result<Params> {
-        let mut layers = self.layers.clone();
-        let (_, uses) = self.at_widths(&self.built)?;
+        let mut layers = self.view.layers.clone();
+        let (_, uses) = self.view.at_widths(&self.built)?;
         for (g, &w) in self.progress.widths.iter().enumerate() {
             set_out(&mut layers[uses[g].layer], w);
         }
-        let layout = self.layout(&layers)?;
-        let (_, uses) = self.at_widths(&Params::zeros(&layout))?;
-        let sent = self.sent_names(&uses, &layout, self.matched);
+        let layout = self.view.layout(&layers)?;
+        let (_, uses) = self.view.at_widths(&Params::zeros(&layout))?;
+        let sent = self.sent_names(&uses, &layout, self.view.matched);
         let classes = self.layers_classes(&layout);
         let counts = replies
             .iter()
@@ -376,8 +291,8 @@ impl FedMa {
             .map(|r| r.record.num_examples as f64)
             .collect();
         let out_names = [
-            format!("{}.weight", self.output),
-            format!("{}.bias", self.output),
+            format!("{}.weight", self.view.output),
+            format!("{}.bias", self.view.output),
         ];
         let mut global = Params::new();
         for s in &layout {
@@ -435,7 +350,7 @@ impl FedMa {
     }
 
     fn layers_classes(&self, layout: &[ParamShape]) -> usize {
-        let name = format!("{}.weight", self.output);
+        let name = format!("{}.weight", self.view.output);
         layout
             .iter()
             .find(|s| s.name == name)
@@ -452,7 +367,7 @@ impl FedMa {
             self.built = Params::new();
             return;
         }
-        if self.progress.stage == self.matched {
+        if self.progress.stage == self.view.matched {
             self.progress.passes += 1;
             self.progress.stage = 0;
             self.progress.widths.clear();
@@ -485,10 +400,13 @@ impl Method for FedMa {
             if self.progress.passes == 0 {
                 Record::default()
             } else {
-                Record::from_params(self.part_of(client, global)?)
+                Record::from_params(
+                    self.view
+                        .part(global, self.progress.last.get(&client).map(Vec::as_slice))?,
+                )
             }
         } else {
-            let (_, uses) = self.at_widths(&self.built)?;
+            let (_, uses) = self.view.at_widths(&self.built)?;
             let mut layer = Params::new();
             for name in self.own_names(&uses, stage - 1) {
                 let t = self.built.require(&name)?;
@@ -516,7 +434,9 @@ impl Method for FedMa {
 
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
         let stage = match instruction.config.get(STAGE) {
-            Some(ConfigValue::Int(s)) if *s >= 0 && (*s as usize) <= self.matched => *s as usize,
+            Some(ConfigValue::Int(s)) if *s >= 0 && (*s as usize) <= self.view.matched => {
+                *s as usize
+            }
             _ => {
                 return Err(bad_instruction(
                     ctx.id,
@@ -526,11 +446,12 @@ impl Method for FedMa {
         };
         if stage == 0 {
             let start = if instruction.params.is_empty() {
-                self.listed(&init_params(ctx.trainer.spec(), self.init, ctx.seed))?
+                self.view
+                    .listed(&init_params(ctx.trainer.spec(), self.init, ctx.seed))?
             } else {
                 instruction.params
             };
-            let trainer = self.trainer_for(&start)?;
+            let trainer = self.view.trainer_for(&start)?;
             let fitted = trainer.fit_with(&start, &ctx.data.train, ctx.train, None, ctx.seed)?;
             let reply = self.reply(&fitted.params, 0, ctx, fitted.loss)?;
             self.store()?.insert(ctx.id, fitted.params);
@@ -557,7 +478,7 @@ impl Method for FedMa {
                 "it holds no model of this FedMA pass (it missed its first stage)".into(),
             ));
         };
-        let (_, uses) = self.at_widths(&model)?;
+        let (_, uses) = self.view.at_widths(&model)?;
         let g = stage - 1;
         let width = instruction
             .params
@@ -574,13 +495,13 @@ impl Method for FedMa {
             })?;
             *slot = t.clone();
         }
-        let (layers, uses) = self.at_widths(&model)?;
-        model.check_layout(&self.layout(&layers)?)?;
+        let (layers, uses) = self.view.at_widths(&model)?;
+        model.check_layout(&self.view.layout(&layers)?)?;
         let frozen: Vec<String> = (0..stage)
             .flat_map(|h| self.own_names(&uses, h))
             .filter(|n| TensorRole::of(n) == TensorRole::Param)
             .collect();
-        let trainer = self.trainer_for(&model)?;
+        let trainer = self.view.trainer_for(&model)?;
         let fitted = trainer.fit_frozen(&model, &frozen, &ctx.data.train, ctx.train, ctx.seed)?;
         let reply = self.reply(&fitted.params, stage, ctx, fitted.loss)?;
         self.store()?.insert(ctx.id, fitted.params);
@@ -605,7 +526,7 @@ impl Method for FedMa {
         self.report
             .insert("pass".into(), (self.progress.passes + 1) as f64);
         self.report.insert("stage".into(), stage as f64);
-        if stage == self.matched {
+        if stage == self.view.matched {
             let global = self.complete(replies)?;
             self.advance(true);
             return Ok(Aggregate::Replace(global));
@@ -615,15 +536,15 @@ impl Method for FedMa {
             .map(|r| self.padded(r, stage))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Params> = padded.iter().collect();
-        let classes = self.layers_classes(&self.layout(&self.layers)?);
+        let classes = self.layers_classes(&self.view.layout(&self.view.layers)?);
         let counts = replies
             .iter()
             .map(|r| class_counts(r, classes))
             .collect::<Result<Vec<_>>>()?;
         let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, round, usize::MAX));
-        let (layers, _) = self.at_widths(&padded[0])?;
+        let (layers, _) = self.view.at_widths(&padded[0])?;
         let m = pfnm_match_layer(
-            &self.input,
+            &self.view.input,
             &layers,
             &refs,
             stage,
@@ -673,8 +594,11 @@ impl Method for FedMa {
                     client,
                     reason: format!("its FedMA model does not fit the layer list: {e}"),
                 };
-                let (layers, _) = self.at_widths(&model).map_err(|e| bad(e.to_string()))?;
-                let layout = self.layout(&layers).map_err(|e| bad(e.to_string()))?;
+                let (layers, _) = self
+                    .view
+                    .at_widths(&model)
+                    .map_err(|e| bad(e.to_string()))?;
+                let layout = self.view.layout(&layers).map_err(|e| bad(e.to_string()))?;
                 let model = model.arranged(&layout).map_err(|e| bad(e.to_string()))?;
                 model.check_finite().map_err(|e| bad(e.to_string()))?;
                 store.insert(client, model);

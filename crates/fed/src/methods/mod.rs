@@ -16,10 +16,12 @@ mod fedsparse;
 mod fedtrimmedavg;
 mod gems;
 mod krum;
+mod list_view;
 mod local_norm;
 mod pfnm;
 mod privacy;
 mod separate_inits;
+mod weight_matching;
 
 pub use fedavg::{FedAvg, FedAvgSettings};
 pub use feddrop::{FedDrop, FedDropSettings};
@@ -45,12 +47,13 @@ pub use local_norm::LocalNorm;
 pub use pfnm::{Pfnm, PfnmSettings, default_eps_grid, put_class_counts};
 pub use privacy::{CentralDp, DpSampling, LocalDp, PrivacySettings};
 pub use separate_inits::SeparateInits;
+pub use weight_matching::WeightMatching;
 
 use std::sync::Arc;
 
 use fedfuse_core::{CoreError, ModelSpec};
 use fedfuse_data::Dataset;
-use fedfuse_fuse::FuseError;
+use fedfuse_fuse::{FuseError, WeightMatchingConfig};
 use fedfuse_train::{Init, TrainError};
 use serde::{Deserialize, Serialize};
 
@@ -101,7 +104,7 @@ pub enum MethodConfig {
     #[serde(rename = "bulyan")]
     Bulyan(BulyanSettings),
     /// PFNM: neuron matching of clients trained from their own initialisations (Yurochkin et
-    /// al. 2019); MLPs only. Takes no `eps` nor `eps_grid`.
+    /// al. 2019); MLPs, and conv nets' channels bottom-up. Takes no `eps` nor `eps_grid`.
     #[serde(deserialize_with = "PfnmSettings::deserialize_pfnm")]
     Pfnm(PfnmSettings),
     /// GPI-FNM (Xiao & Cheng): PFNM's assignment cost plus `eps` times the KL cost of the
@@ -113,6 +116,11 @@ pub enum MethodConfig {
     /// communication"), each one federation round per matched layer plus one.
     #[serde(rename = "fedma")]
     FedMa(FedMaSettings),
+    /// Weight matching (Ainsworth et al., Git Re-Basin): clients from their own
+    /// initialisations, each aligned to the first by one permutation per layer, then
+    /// averaged; fixed widths.
+    #[serde(rename = "weight-matching")]
+    WeightMatching(WeightMatchingConfig),
     /// GEMS (Guha & Smith): good-enough balls per learner, neurons merged where balls
     /// intersect, one hidden layer per round, then the output layer; MLPs only.
     Gems(GemsSettings),
@@ -193,6 +201,7 @@ impl MethodConfig {
             Self::Pfnm(s) => s.check_pfnm(),
             Self::GpiFnm(s) => s.check_gpi_fnm(),
             Self::FedMa(s) => s.check(),
+            Self::WeightMatching(s) => s.check().map_err(in_method),
             Self::Gems(s) => s.check(),
             Self::FedNgm(cfg) | Self::FedNgr(FedNgrConfig(cfg)) => cfg.check(),
         }?;
@@ -212,13 +221,17 @@ impl MethodConfig {
     pub fn matching(&self) -> bool {
         matches!(
             self,
-            Self::Pfnm(_) | Self::GpiFnm(_) | Self::Gems(_) | Self::FedMa(_)
+            Self::Pfnm(_)
+                | Self::GpiFnm(_)
+                | Self::Gems(_)
+                | Self::FedMa(_)
+                | Self::WeightMatching(_)
         )
     }
 
     /// Whether the method fuses MLPs only.
     pub fn mlp_only(&self) -> bool {
-        matches!(self, Self::Pfnm(_) | Self::GpiFnm(_) | Self::Gems(_))
+        matches!(self, Self::Gems(_))
     }
 
     /// Whether the method needs a server validation split.
@@ -261,6 +274,7 @@ impl CheckedMethod {
             MethodConfig::Pfnm(s) => Box::new(s.build_pfnm(&ctx)?),
             MethodConfig::GpiFnm(s) => Box::new(s.build_gpi_fnm(&ctx)?),
             MethodConfig::FedMa(s) => Box::new(s.build(&ctx)?),
+            MethodConfig::WeightMatching(s) => Box::new(weight_matching::build(s, &ctx)?),
             MethodConfig::Gems(s) => Box::new(s.build(&ctx)?),
             // The run's seed seeds FedNGM too.
             MethodConfig::FedNgm(cfg) | MethodConfig::FedNgr(FedNgrConfig(cfg)) => {

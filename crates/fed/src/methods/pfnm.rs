@@ -15,13 +15,14 @@ use std::sync::Arc;
 
 use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
 use fedfuse_data::Dataset;
-use fedfuse_fuse::{Fused, MatchOrder, PfnmConfig, pfnm_fuse, sub_model};
+use fedfuse_fuse::{Fused, MatchOrder, PfnmConfig, pfnm_fuse, pfnm_fuse_layers, sub_model};
 use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rayon::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::list_view::ListView;
 use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
@@ -258,6 +259,9 @@ pub struct Pfnm {
     pub init: Init,
     /// Seed of the server's refinement order.
     pub seed: u64,
+    /// The clients' model as a layer list, for anything but an MLP (matched bottom-up over
+    /// channels and units: `fedfuse_fuse::pfnm_fuse_layers`).
+    view: Option<ListView>,
     /// Client -> hidden layer -> local unit -> global unit, from the last fusion.
     matched: BTreeMap<usize, Vec<Vec<usize>>>,
     /// What the last round reports (chosen eps, global widths).
@@ -266,8 +270,11 @@ pub struct Pfnm {
 
 impl Pfnm {
     /// A matching method with checked settings ([`PfnmSettings::check_pfnm`],
-    /// [`PfnmSettings::check_gpi_fnm`]); checks what they cannot know: an MLP, and a
-    /// validation split when a grid needs one.
+    /// [`PfnmSettings::check_gpi_fnm`]); checks what they cannot know: a model whose units
+    /// matching can follow (an MLP, or a layer list without residual blocks, grouped
+    /// convolutions or group and layer norms after a matched layer, refused naming the
+    /// layer), and a validation split when a grid needs one. Models other than MLPs are
+    /// matched bottom-up whatever `config.order` says.
     pub fn new(
         config: PfnmConfig,
         (eps_grid, sigma_grid): (Vec<f64>, Vec<f64>),
@@ -276,12 +283,10 @@ impl Pfnm {
         init: Init,
         seed: u64,
     ) -> Result<Self> {
-        if spec.mlp_widths().is_none() {
-            return Err(FedError::InvalidSetting {
-                field: "model.kind",
-                reason: "neuron matching fuses MLPs only; use kind = \"mlp\"".into(),
-            });
-        }
+        let view = match spec.mlp_widths() {
+            Some(_) => None,
+            None => Some(ListView::of(&spec)?),
+        };
         let no_validation = validation.as_ref().is_none_or(|v| v.is_empty());
         if !eps_grid.is_empty() && no_validation {
             return Err(FedError::MethodSetting {
@@ -307,6 +312,7 @@ impl Pfnm {
             spec,
             init,
             seed,
+            view,
             matched: BTreeMap::new(),
             report: BTreeMap::new(),
         })
@@ -327,7 +333,31 @@ impl Pfnm {
                 ..self.config.clone()
             };
             let mut rng = StdRng::seed_from_u64(seed);
-            Ok(pfnm_fuse(models, Some(counts), &cfg, &mut rng)?)
+            let Some(view) = &self.view else {
+                return Ok(pfnm_fuse(models, Some(counts), &cfg, &mut rng)?);
+            };
+            let cfg = PfnmConfig {
+                order: MatchOrder::BottomUp,
+                ..cfg
+            };
+            let listed = models
+                .iter()
+                .map(|m| view.listed(m))
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<&Params> = listed.iter().collect();
+            let fused = pfnm_fuse_layers(
+                &view.input,
+                &view.layers,
+                &refs,
+                Some(counts),
+                &cfg,
+                &mut rng,
+            )?;
+            Ok(Fused {
+                params: fused.params,
+                assignments: fused.assignments,
+                timings: Vec::new(),
+            })
         };
         let sigmas = if self.sigma_grid.is_empty() {
             vec![self.config.sigma]
@@ -355,7 +385,7 @@ impl Pfnm {
             .par_iter()
             .map(|&(sigma, eps)| {
                 let fused = fuse(sigma, eps)?;
-                let trainer = Trainer::new(ModelSpec::infer_mlp(&fused.params)?)?;
+                let trainer = Trainer::new(self.spec.with_widths_of(&fused.params)?)?;
                 let eval = trainer.evaluate(&fused.params, validation)?;
                 Ok((sigma, eps, eval.accuracy, fused))
             })
@@ -462,12 +492,21 @@ impl Method for Pfnm {
         } else {
             // A client left out of the last fusion (its reply was rejected) takes the first
             // units of each global layer.
-            let fallback: Vec<Vec<usize>> = match &self.spec {
-                ModelSpec::Mlp { hidden, .. } => hidden.iter().map(|&w| (0..w).collect()).collect(),
-                ModelSpec::LeNet5 { .. } | ModelSpec::Sequential { .. } => Vec::new(),
-            };
-            let matched = self.matched.get(&client).unwrap_or(&fallback);
-            Record::from_params(sub_model(global, matched)?)
+            let matched = self.matched.get(&client);
+            match &self.view {
+                Some(view) => Record::from_params(
+                    view.native(&view.part(global, matched.map(Vec::as_slice))?)?,
+                ),
+                None => {
+                    let fallback: Vec<Vec<usize>> = match &self.spec {
+                        ModelSpec::Mlp { hidden, .. } => {
+                            hidden.iter().map(|&w| (0..w).collect()).collect()
+                        }
+                        ModelSpec::LeNet5 { .. } | ModelSpec::Sequential { .. } => Vec::new(),
+                    };
+                    Record::from_params(sub_model(global, matched.unwrap_or(&fallback))?)
+                }
+            }
         };
         Ok(record.with_config(SERVER_ROUND, ConfigValue::Int(round as i64)))
     }

@@ -377,7 +377,8 @@ impl Config {
                 self.train.dropout
             );
         }
-        // GEMS, PFNM and GPI-FNM were refused above: they fuse MLPs. FedDrop refuses, at
+        // GEMS was refused above: it fuses MLPs. PFNM, GPI-FNM, weight matching and FedMA
+        // refuse, at build, the layers they cannot match (naming the layer). FedDrop refuses, at
         // build, the norms it cannot drop a unit from (it names the layer).
         if self.privacy.is_some() && model.has_batch_norm() {
             bail!(

@@ -244,7 +244,20 @@ fn what_a_list_cannot_do_is_refused_by_name() {
         e.contains("model.layers[2] (batchnorm1d)") && e.contains("directly after"),
         "{e}"
     );
-    assert!(err(&["method={name=\"pfnm\"}"]).contains("model.kind = \"mlp\""));
+    assert!(err(&["method={name=\"gems\"}"]).contains("model.kind = \"mlp\""));
+    // Matching methods refuse, naming the layer, a norm that mixes the units they permute.
+    for method in ["pfnm", "weight-matching", "fedma"] {
+        let e = err(&[
+            &format!("method={{name=\"{method}\"}}"),
+            "rounds=4",
+            "model.layers=[{type=\"linear\", out=32}, {type=\"layernorm\"}, {type=\"relu\"}, \
+             {type=\"linear\", out=10}]",
+        ]);
+        assert!(
+            e.contains("model.layers[1]") && e.contains("layernorm"),
+            "{method}: {e}"
+        );
+    }
     assert!(err(&["train.dropout=0.2"]).contains("type = \"dropout\""));
     let e = err(&["privacy={kind=\"central-fixed\", noise_multiplier=1.0, clipping_norm=1.0}"]);
     assert!(e.contains("running statistics"), "{e}");

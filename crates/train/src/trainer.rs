@@ -404,7 +404,7 @@ impl Trainer {
         for member in members {
             let spec = match member.check_layout(&self.spec.param_shapes()) {
                 Ok(()) => self.spec.clone(),
-                Err(_) => ModelSpec::infer_mlp(member)?,
+                Err(_) => self.spec.with_widths_of(member)?,
             };
             let trainer = Trainer::new(spec)?;
             let mut at = 0;

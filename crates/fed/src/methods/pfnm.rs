@@ -266,6 +266,9 @@ pub struct Pfnm {
     matched: BTreeMap<usize, Vec<Vec<usize>>>,
     /// What the last round reports (chosen eps, global widths).
     report: BTreeMap<String, f64>,
+    /// Round 1's replies, until the next aggregate: the clients' ensemble, the reference a
+    /// one-shot fusion is measured against.
+    first_replies: Vec<Params>,
 }
 
 impl Pfnm {
@@ -315,6 +318,7 @@ impl Pfnm {
             view,
             matched: BTreeMap::new(),
             report: BTreeMap::new(),
+            first_replies: Vec::new(),
         })
     }
 
@@ -546,6 +550,11 @@ impl Method for Pfnm {
             .map(|r| class_counts(r, classes))
             .collect::<Result<Vec<_>>>()?;
         let models: Vec<&Params> = replies.iter().map(|r| &r.record.params).collect();
+        self.first_replies = if round == 1 {
+            replies.iter().map(|r| r.record.params.clone()).collect()
+        } else {
+            Vec::new()
+        };
         let seed = derive_seed(self.seed, round, usize::MAX);
         let (fused, (sigma, eps)) = self.fuse_best(&models, &counts, seed)?;
         self.matched.clear();
@@ -573,6 +582,21 @@ impl Method for Pfnm {
 
     fn round_metrics(&self) -> BTreeMap<String, f64> {
         self.report.clone()
+    }
+
+    /// After round 1, the accuracy of the clients' ensemble (their mean predicted
+    /// probabilities), `ensemble_accuracy`: what one-shot fusion tries to come near.
+    fn evaluate(&self, _trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
+        let mut out = BTreeMap::new();
+        if !self.first_replies.is_empty() {
+            let members: Vec<&Params> = self.first_replies.iter().collect();
+            let clients = Trainer::new(self.spec.clone())?;
+            out.insert(
+                "ensemble_accuracy".into(),
+                clients.evaluate_ensemble(&members, test)?.accuracy,
+            );
+        }
+        Ok(out)
     }
 }
 

@@ -66,4 +66,4 @@ pub use tabular::{
     BlockKind, Coding, Column, ColumnStats, Encoded, Encoding, FeatureBlock, FeatureCoding, Table,
     TableStats,
 };
-pub use transform::{map_labels, permute_features, select_classes};
+pub use transform::{map_labels, permute_clients, permute_features, select_classes};

@@ -1,12 +1,13 @@
 //! Dataset transforms used to build the papers' learner splits: pixel-permuted copies
-//! (MNIST vs permuted MNIST), class subsets and relabelling (e.g. parity).
+//! (MNIST vs permuted MNIST, for whole datasets or for some of the clients), class subsets
+//! and relabelling (e.g. parity).
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use crate::Dataset;
 use crate::error::{DataError, Result};
+use crate::{ClientData, Dataset};
 
 /// The same fixed permutation of feature positions applied to every sample (a seeded shuffle;
 /// the same `seed` always gives the same permutation), as in the "permuted MNIST" task.
@@ -24,6 +25,31 @@ pub fn permute_features(ds: &Dataset, seed: u64) -> Dataset {
         sample_shape: ds.sample_shape.clone(),
         num_classes: ds.num_classes,
     }
+}
+
+/// Two client populations over one dataset: the last `permuted` of `clients` see every sample
+/// (local train and local test) through [`permute_features`] with `seed`, the others as they
+/// are. Score the server's models on a plain copy of the evaluation set extended by its
+/// `permute_features(.., seed)` copy to weigh both populations equally.
+///
+/// `permuted` must lie in `1..=clients.len()`.
+pub fn permute_clients(clients: &mut [ClientData], permuted: usize, seed: u64) -> Result<()> {
+    if permuted == 0 || permuted > clients.len() {
+        return Err(DataError::InvalidArgument {
+            field: "permuted_clients",
+            msg: format!(
+                "{permuted} of {} clients; give 1 to {} (the last ones see permuted features)",
+                clients.len(),
+                clients.len()
+            ),
+        });
+    }
+    let first = clients.len() - permuted;
+    for c in &mut clients[first..] {
+        c.train = permute_features(&c.train, seed);
+        c.test = permute_features(&c.test, seed);
+    }
+    Ok(())
 }
 
 /// The samples whose label is in `classes` (labels unchanged).
@@ -79,6 +105,33 @@ mod tests {
             o.sort_by(f32::total_cmp);
             p.sort_by(f32::total_cmp);
             assert_eq!(o, p);
+        }
+    }
+
+    #[test]
+    fn the_last_clients_see_one_permutation() {
+        let d = Dataset::new((0..12).map(|v| v as f32).collect(), vec![0; 3], vec![4], 3).unwrap();
+        let client = ClientData {
+            train: d.clone(),
+            test: d.subset(&[0]),
+        };
+        let mut clients = vec![client.clone(); 3];
+        permute_clients(&mut clients, 2, 5).unwrap();
+        assert_eq!(clients[0], client);
+        let perm = permute_features(&d, 5);
+        assert_ne!(perm, d);
+        for c in &clients[1..] {
+            assert_eq!(c.train, perm);
+            assert_eq!(c.test, perm.subset(&[0]));
+        }
+        for bad in [0, 4] {
+            let e = permute_clients(&mut clients, bad, 5)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("permuted_clients") && e.contains("give 1 to 3"),
+                "{e}"
+            );
         }
     }
 

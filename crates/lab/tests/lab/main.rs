@@ -4,6 +4,7 @@
 
 mod architecture;
 mod federation;
+mod fedmix;
 mod fuzz;
 mod golden;
 mod local_norm;

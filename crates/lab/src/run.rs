@@ -1,12 +1,13 @@
 //! `fedfuse run`: config -> data -> federation -> output folder.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{Context, LabError, Result, bail};
 use fedfuse_core::flower::FlowerContent;
 use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
-use fedfuse_data::{ClientData, Dataset, client_splits};
+use fedfuse_data::{ClientData, Dataset, client_splits, permute_clients, permute_features};
 use fedfuse_fed::{
     BuildContext, Method, Population, RoundMetrics, RunResult, SERVER_ROUND, Session, SimConfig,
     derive_seed, simulate_session,
@@ -236,18 +237,33 @@ impl Federation {
             .with_context(|| format!("dataset `{}`", dataset.name))?;
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let data = dataset.limit(data, &mut rng)?;
-        let split = server_split(&data.train, cfg.validation_fraction(), &mut rng)?;
-        let clients = client_data(
+        let mut split = server_split(&data.train, cfg.validation_fraction(), &mut rng)?;
+        let mut clients = client_data(
             &split.pool,
             cfg.clients,
             &cfg.partition,
             dataset.local_test_fraction,
             &mut rng,
         )?;
+        let mut test = data.test;
+        if dataset.permuted_clients > 0 {
+            let seed = crate::config::permutation_seed(cfg.seed);
+            permute_clients(&mut clients, dataset.permuted_clients, seed)?;
+            let both = |d: &Dataset| -> Result<Dataset> {
+                let mut out = d.clone();
+                out.extend(&permute_features(d, seed))?;
+                Ok(out)
+            };
+            test = both(&test)?;
+            split.validation = match &split.validation {
+                Some(v) => Some(Arc::new(both(v)?)),
+                None => None,
+            };
+        }
 
         let scored = match (dataset.score, &split.validation) {
             (Score::Validation, Some(v)) => Dataset::clone(v),
-            _ => data.test,
+            _ => test,
         };
         let scored_len = scored.len();
         let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;

@@ -6,7 +6,7 @@ use file::apply_override;
 pub use file::{load_checked, read_settings_file};
 pub use sections::{
     DatasetSection, ModelKind, ModelSection, OptimizerName, Score, TableSection, TrainSection,
-    cdc_split,
+    cdc_split, permutation_seed,
 };
 
 use std::num::NonZeroUsize;
@@ -242,6 +242,15 @@ impl Config {
             .find(|&(_, &w)| w > MAX_WIDTH)
         {
             bail!("`model.hidden[{i}]` = {w} is above the limit of {MAX_WIDTH} units per layer");
+        }
+        if dataset.permuted_clients > self.clients {
+            bail!(
+                "`dataset.permuted_clients` = {} is more than the {} clients: give at most {} \
+                 (the last clients see permuted features), or 0 for none",
+                dataset.permuted_clients,
+                self.clients,
+                self.clients
+            );
         }
         if !(0.0..1.0).contains(&dataset.local_test_fraction) {
             bail!(

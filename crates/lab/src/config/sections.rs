@@ -37,6 +37,21 @@ pub struct DatasetSection {
     /// without looking at the test set.
     #[serde(default, skip_serializing_if = "Score::is_test")]
     pub score: Score,
+    /// Two client populations (MNIST vs permuted MNIST): the last this-many clients see every
+    /// sample, train and local test, through one fixed permutation of the feature positions,
+    /// drawn from `seed + 1000`; the server's test set and validation split become their plain
+    /// copy followed by their permuted copy, so both populations weigh the same. 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub permuted_clients: usize,
+}
+
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
+
+/// The seed of the permutation `dataset.permuted_clients` applies, from the run's seed.
+pub fn permutation_seed(seed: u64) -> u64 {
+    seed.wrapping_add(1000)
 }
 
 /// The samples a run scores its global model on.

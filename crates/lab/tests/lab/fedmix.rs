@@ -1,10 +1,10 @@
 //! FedMix (fedsparse-em App. J.2) on two client populations of MNIST: half the clients see
-//! every image through one fixed pixel permutation. `experiments/fedmix/mnist-permuted.toml`
-//! is the run; this file adds the permuted population and scores on both populations.
+//! every image through one fixed pixel permutation (`dataset.permuted_clients`).
+//! `experiments/fedmix/mnist-permuted.toml` is the run; this file runs its protocol.
 
 use std::path::{Path, PathBuf};
 
-use fedfuse_data::{Dataset, permute_clients, permute_features};
+use fedfuse_data::Dataset;
 use fedfuse_fed::{RunResult, simulate};
 use fedfuse_lab::Config;
 use fedfuse_lab::run::{Federation, FederationData};
@@ -30,19 +30,15 @@ struct Ran {
     half: usize,
 }
 
-/// Runs `cfg` with its last `clients / 2` clients on permuted pixels (seed `1000 + seed`),
-/// scoring on the scored set (test or validation) followed by its permuted copy.
+/// Runs `cfg`, whose last `clients / 2` clients see permuted pixels
+/// (`dataset.permuted_clients`) and whose scored set is its plain copy followed by its
+/// permuted copy.
 fn run(cfg: &Config) -> Ran {
     let mut fed = Federation::prepare(cfg).unwrap();
-    let FederationData::Labelled { clients, test, .. } = &mut fed.data else {
+    let FederationData::Labelled { test, .. } = &fed.data else {
         panic!("a labelled federation");
     };
-    let seed = 1000 + cfg.seed;
-    let permuted_clients = clients.len() / 2;
-    permute_clients(clients, permuted_clients, seed).unwrap();
-    let half = test.len();
-    let permuted = permute_features(test, seed);
-    test.extend(&permuted).unwrap();
+    let half = test.len() / 2;
     let result = simulate(
         fed.method.as_mut(),
         fed.data.population(),

@@ -35,7 +35,7 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 use super::list_view::ListView;
-use super::pfnm::{class_counts, put_class_counts};
+use super::pfnm::{put_class_counts, replies_class_counts};
 use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
@@ -282,10 +282,7 @@ impl FedMa {
         let (_, uses) = self.view.at_widths(&Params::zeros(&layout))?;
         let sent = self.sent_names(&uses, &layout, self.view.matched);
         let classes = self.layers_classes(&layout);
-        let counts = replies
-            .iter()
-            .map(|r| class_counts(r, classes))
-            .collect::<Result<Vec<_>>>()?;
+        let counts = replies_class_counts(replies, classes)?;
         let examples: Vec<f64> = replies
             .iter()
             .map(|r| r.record.num_examples as f64)
@@ -537,10 +534,7 @@ impl Method for FedMa {
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Params> = padded.iter().collect();
         let classes = self.layers_classes(&self.view.layout(&self.view.layers)?);
-        let counts = replies
-            .iter()
-            .map(|r| class_counts(r, classes))
-            .collect::<Result<Vec<_>>>()?;
+        let counts = replies_class_counts(replies, classes)?;
         let mut rng = StdRng::seed_from_u64(derive_seed(self.seed, round, usize::MAX));
         let (layers, _) = self.view.at_widths(&padded[0])?;
         let m = pfnm_match_layer(

@@ -424,6 +424,33 @@ pub fn put_class_counts(record: &mut Record, counts: &[usize]) {
     }
 }
 
+/// The client step of the matching methods: train from the received model, or from the
+/// client's own `init` draw when the instruction holds none (their first round), and reply
+/// with the model, the examples, the loss and the per-class counts.
+pub(crate) fn own_init_fit(
+    instruction: Record,
+    ctx: &ClientContext<'_>,
+    init: Init,
+) -> Result<Record> {
+    let start = if instruction.params.is_empty() {
+        init_params(ctx.trainer.spec(), init, ctx.seed)
+    } else {
+        instruction.params
+    };
+    let fitted = ctx
+        .trainer
+        .fit_with(&start, &ctx.data.train, ctx.train, None, ctx.seed)?;
+    let mut reply = Record::from_params(fitted.params).with_num_examples(fitted.examples as u64);
+    reply.metrics.insert("train_loss".into(), fitted.loss);
+    put_class_counts(&mut reply, &ctx.data.train.class_counts());
+    Ok(reply)
+}
+
+/// Every reply's per-class counts ([`class_counts`]).
+pub(crate) fn replies_class_counts(replies: &[Reply], classes: usize) -> Result<Vec<Vec<f64>>> {
+    replies.iter().map(|r| class_counts(r, classes)).collect()
+}
+
 /// Reads per-class counts (`classes` of them) from a reply's metrics. A reply with none of
 /// them (a stock Flower ClientApp sends only `num-examples`) counts its examples as spread
 /// evenly over the classes; a reply with only some of them is refused.
@@ -516,19 +543,7 @@ impl Method for Pfnm {
     }
 
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-        let start = if instruction.params.is_empty() {
-            init_params(ctx.trainer.spec(), self.init, ctx.seed)
-        } else {
-            instruction.params
-        };
-        let fitted = ctx
-            .trainer
-            .fit_with(&start, &ctx.data.train, ctx.train, None, ctx.seed)?;
-        let mut reply =
-            Record::from_params(fitted.params).with_num_examples(fitted.examples as u64);
-        reply.metrics.insert("train_loss".into(), fitted.loss);
-        put_class_counts(&mut reply, &ctx.data.train.class_counts());
-        Ok(reply)
+        own_init_fit(instruction, ctx, self.init)
     }
 
     /// Replies have the clients' architecture, whatever the global width has become.
@@ -544,11 +559,7 @@ impl Method for Pfnm {
         _global: &Params,
         replies: &[Reply],
     ) -> Result<Aggregate> {
-        let classes = self.spec.classes();
-        let counts = replies
-            .iter()
-            .map(|r| class_counts(r, classes))
-            .collect::<Result<Vec<_>>>()?;
+        let counts = replies_class_counts(replies, self.spec.classes())?;
         let models: Vec<&Params> = replies.iter().map(|r| &r.record.params).collect();
         self.first_replies = if round == 1 {
             replies.iter().map(|r| r.record.params.clone()).collect()

@@ -8,12 +8,12 @@
 
 use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
 use fedfuse_fuse::{WeightMatchingConfig, weight_matching_fuse};
-use fedfuse_train::{Init, init_params};
+use fedfuse_train::Init;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::list_view::ListView;
-use super::pfnm::{class_counts, put_class_counts};
+use super::pfnm::{own_init_fit, replies_class_counts};
 use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, Method, Reply, Result, derive_seed};
@@ -56,19 +56,7 @@ impl Method for WeightMatching {
     }
 
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-        let start = if instruction.params.is_empty() {
-            init_params(ctx.trainer.spec(), self.init, ctx.seed)
-        } else {
-            instruction.params
-        };
-        let fitted = ctx
-            .trainer
-            .fit_with(&start, &ctx.data.train, ctx.train, None, ctx.seed)?;
-        let mut reply =
-            Record::from_params(fitted.params).with_num_examples(fitted.examples as u64);
-        reply.metrics.insert("train_loss".into(), fitted.loss);
-        put_class_counts(&mut reply, &ctx.data.train.class_counts());
-        Ok(reply)
+        own_init_fit(instruction, ctx, self.init)
     }
 
     fn aggregate(
@@ -77,11 +65,7 @@ impl Method for WeightMatching {
         _global: &Params,
         replies: &[Reply],
     ) -> Result<Aggregate> {
-        let classes = self.spec.classes();
-        let counts = replies
-            .iter()
-            .map(|r| class_counts(r, classes))
-            .collect::<Result<Vec<_>>>()?;
+        let counts = replies_class_counts(replies, self.spec.classes())?;
         let listed = replies
             .iter()
             .map(|r| self.view.listed(&r.record.params))

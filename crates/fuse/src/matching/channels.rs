@@ -101,15 +101,7 @@ pub fn pfnm_fuse_list(
             ),
         });
     }
-    let out_weight = format!("{}.weight", list.output);
-    let k = list
-        .tensor(0, &out_weight)?
-        .shape
-        .first()
-        .copied()
-        .unwrap_or(0);
-    let shares = class_shares(class_counts, list.len(), k)?;
-    let weights = client_weights(class_counts, list.len());
+    let (out_weight, shares, weights) = output_shares(&list, class_counts)?;
     let mut fused: HashMap<String, Tensor> = HashMap::new();
     let mut new_layers = layers.to_vec();
     let mut assignments = Vec::with_capacity(n_matched);
@@ -199,15 +191,7 @@ pub fn pfnm_match_layer(
             Some((width, vec![(0..width).collect(); list.len()]))
         }
     };
-    let out_weight = format!("{}.weight", list.output);
-    let k = list
-        .tensor(0, &out_weight)?
-        .shape
-        .first()
-        .copied()
-        .unwrap_or(0);
-    let shares = class_shares(class_counts, list.len(), k)?;
-    let weights = client_weights(class_counts, list.len());
+    let (out_weight, shares, weights) = output_shares(&list, class_counts)?;
     let step = MatchStep {
         list: &list,
         shares: &shares,
@@ -240,6 +224,23 @@ pub struct MatchedLayer {
     pub width: usize,
     /// Client -> local unit -> fused unit.
     pub assignments: Vec<Vec<usize>>,
+}
+
+/// The output layer's weight name, each client's share of each class (weighting the top
+/// layer's outgoing side) and each client's weight in averages.
+fn output_shares(
+    list: &ListClients,
+    class_counts: Option<&[Vec<f64>]>,
+) -> Result<(String, Vec<Vec<f64>>, Vec<f64>)> {
+    let out_weight = format!("{}.weight", list.output);
+    let k = list
+        .tensor(0, &out_weight)?
+        .shape
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let shares = class_shares(class_counts, list.len(), k)?;
+    Ok((out_weight, shares, client_weights(class_counts, list.len())))
 }
 
 /// What matching one layer of a list needs besides the layer.

@@ -593,14 +593,25 @@ set = ["train.lr=0.1"]
 
     #[test]
     fn experiment_files_parse() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../experiments");
+        // Experiments live in subfolders too (experiments/fedmix/...).
+        let mut dirs = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../experiments"
+        ))];
         let mut seen = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let text = std::fs::read_to_string(&path).unwrap();
-            if text.contains("[[arms]]") {
-                CompareConfig::load(&path).unwrap();
-                seen += 1;
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                if text.contains("[[arms]]") {
+                    CompareConfig::load(&path)
+                        .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                    seen += 1;
+                }
             }
         }
         assert!(seen > 0);

@@ -594,11 +594,17 @@ hidden = [16]
             Config::parse(BASE, &o).map_err(|e| format!("{e:#}"))
         };
         assert!(pfnm(&[]).is_ok());
-        assert!(
-            pfnm(&["model.kind=lenet5", "model.hidden=[]"])
-                .unwrap_err()
-                .contains("mlp")
+        // PFNM matches conv channels too; GEMS stays with MLP hidden units.
+        assert!(pfnm(&["model.kind=lenet5", "model.hidden=[]"]).is_ok());
+        let gems_on_lenet = Config::parse(
+            BASE,
+            &[
+                "method.name=gems".into(),
+                "model.kind=lenet5".into(),
+                "model.hidden=[]".into(),
+            ],
         );
+        assert!(format!("{:#}", gems_on_lenet.unwrap_err()).contains("mlp"));
         assert!(
             pfnm(&["rounds=1", "method.sigma=0"])
                 .unwrap_err()

@@ -10,11 +10,14 @@ use fedfuse_lab::gems_experiment::GemsExperiment;
 use fedfuse_lab::ngm_experiment::NgmExperiment;
 use fedfuse_lab::sweep::SweepConfig;
 
-fn tomls(dir: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+fn repo(dir: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
-        .join(dir);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .join(dir)
+}
+
+fn tomls(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "toml"))
@@ -23,9 +26,19 @@ fn tomls(dir: &str) -> Vec<PathBuf> {
     files
 }
 
+fn subfolders(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 #[test]
 fn every_experiment_file_loads_with_its_command() {
-    let files = tomls("experiments");
+    let files = tomls(&repo("experiments"));
     assert!(files.len() >= 15, "{files:?}");
     for path in files {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -48,11 +61,35 @@ fn every_experiment_file_loads_with_its_command() {
 
 #[test]
 fn every_example_loads_as_a_run_config() {
-    let files = tomls("examples");
+    let files = tomls(&repo("examples"));
     assert!(files.len() >= 5, "{files:?}");
     for path in files {
         if let Err(e) = Config::load(&path, &[]) {
             panic!("{}: {e:#}", path.display());
+        }
+    }
+}
+
+/// A study's files sit in a folder of their own (experiments/fedmix, experiments/matching),
+/// where names are free: a file with `[[arms]]` is a `fedfuse compare` file, any other a
+/// `fedfuse run` config.
+#[test]
+fn every_experiment_in_a_subfolder_loads_by_its_content() {
+    let dirs = subfolders(&repo("experiments"));
+    assert!(!dirs.is_empty());
+    for dir in dirs {
+        let files = tomls(&dir);
+        assert!(!files.is_empty(), "{} holds no .toml", dir.display());
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let loaded = if text.contains("[[arms]]") {
+                CompareConfig::load(&path).map(drop)
+            } else {
+                Config::load(&path, &[]).map(drop)
+            };
+            if let Err(e) = loaded {
+                panic!("{}: {e:#}", path.display());
+            }
         }
     }
 }

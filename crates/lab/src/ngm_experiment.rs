@@ -70,6 +70,11 @@ pub enum NgmData {
         /// Every `test_every`-th row of each client is held out.
         #[serde(default = "crate::pipeline::test_every")]
         test_every: usize,
+        /// Development runs, for choosing settings: every `validate_every`-th training row of
+        /// each client is held out of training and scored in place of the test rows, which
+        /// are then left unused. Leave it out to report on the test rows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        validate_every: Option<usize>,
         /// Client name -> its client-only extra features (`marital_status`, `birth_order`,
         /// `smoking`).
         #[serde(default)]
@@ -146,11 +151,17 @@ impl NgmExperiment {
                 }
             }
             NgmData::Cdc {
-                split, test_every, ..
+                split,
+                test_every,
+                validate_every,
+                ..
             } => {
                 cdc_split(split).context("[data]")?;
                 if *test_every < 2 {
                     bail!("[data] test_every = {test_every}: use 2 or more");
+                }
+                if let Some(v) = validate_every.filter(|&v| v < 2) {
+                    bail!("[data] validate_every = {v}: use 2 or more, or leave it out");
                 }
                 if self.targets.is_empty() {
                     bail!("`targets` is empty: name the CDC features to predict");
@@ -244,6 +255,7 @@ fn prepare(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Prepared> 
             split,
             drop,
             test_every,
+            validate_every,
             extras,
         } => {
             let mut opts = CdcOptions::new(cdc_split(split).context("[data]")?);
@@ -255,10 +267,25 @@ fn prepare(cfg: &NgmExperiment, seed: u64, data_dir: &Path) -> Result<Prepared> 
                 opts.extras.insert(client.clone(), e);
             }
             let t = cdc_tables(data_dir, &opts, drop, *test_every)?;
+            let (train, test) = match validate_every {
+                // The test rows go unused; the validation rows come out of training.
+                Some(k) => {
+                    let mut fit = Vec::new();
+                    let mut val = Vec::new();
+                    for table in &t.train {
+                        let (v, f): (Vec<usize>, Vec<usize>) =
+                            (0..table.n_rows()).partition(|r| r % k == 0);
+                        fit.push(table.select_rows(&f)?);
+                        val.push(table.select_rows(&v)?);
+                    }
+                    (fit, val)
+                }
+                None => (t.train, t.test),
+            };
             Ok(Prepared {
                 names: t.names,
-                train: t.train,
-                test: t.test,
+                train,
+                test,
                 extras: t.extras,
                 truth: None,
             })
@@ -425,6 +452,9 @@ fn run_seed(
     models.push(("FedNGM global".into(), &fed, &fed.global));
     models.push(("pooled NGM".into(), &fed, &pooled.params));
     if let Some((r, _, pooled)) = &fedngr {
+        for (n, l) in p.names.iter().zip(&r.locals) {
+            models.push((format!("{n} NGR"), r, l));
+        }
         models.push(("FedNGR global".into(), r, &r.global));
         models.push(("pooled NGR".into(), r, pooled));
     }
@@ -717,6 +747,41 @@ mod tests {
                 .expect("parses");
         let err = format!("{:#}", cdc.check().unwrap_err());
         assert!(err.contains("residence_status"), "{err}");
+        let cdc: NgmExperiment = toml::from_str(&format!(
+            "{base}targets=['death_age']\n[data]\nkind='cdc'\nvalidate_every=1\n"
+        ))
+        .expect("parses");
+        let err = format!("{:#}", cdc.check().unwrap_err());
+        assert!(err.contains("validate_every = 1"), "{err}");
+    }
+
+    /// A development run scores every fourth training row of each client, trains on the
+    /// rest, and leaves the test rows out.
+    #[test]
+    fn a_validation_split_comes_out_of_the_training_rows() {
+        let file = |v: &str| -> NgmExperiment {
+            toml::from_str(&format!(
+                "title='t'\nseeds=[0]\ntargets=['death_age']\n[data]\nkind='cdc'\n{v}"
+            ))
+            .expect("parses")
+        };
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
+        let plain = prepare(&file(""), 0, &dir).expect("the CDC file");
+        let dev = prepare(&file("validate_every=4\n"), 0, &dir).expect("the CDC file");
+        for i in 0..plain.train.len() {
+            let n = plain.train[i].n_rows();
+            assert_eq!(dev.test[i].n_rows(), n.div_ceil(4), "client {i}");
+            assert_eq!(
+                dev.train[i].n_rows() + dev.test[i].n_rows(),
+                n,
+                "client {i}"
+            );
+            assert_eq!(
+                dev.test[i].select_rows(&[1]).unwrap(),
+                plain.train[i].select_rows(&[4]).unwrap(),
+                "client {i}: the second validation row is the fifth training row"
+            );
+        }
     }
 
     /// The same FedNGM setting is `fedngm.rounds` here and `method.rounds` in a run config:

@@ -40,6 +40,12 @@ impl Ngm {
     /// FedNGR's server step: [`fit_distill`](Self::fit_distill) under the NGR penalty of
     /// [`fit_ngr`](Self::fit_ngr) instead of the graph's, so the global graph can be read off
     /// the distilled weights with [`ngr_graph`].
+    ///
+    /// Distillation targets that are NGRs' conditional means have already been shrunk
+    /// towards the marginal by the clients' own penalty; the same `lambda` here shrinks them a
+    /// second time, and a penalty the clients bear can leave the distilled model a constant
+    /// (CDC, clients and server at 0.1: the majority class on every categorical target).
+    /// Choose the server's `lambda` on its own, below the clients' (docs/EXPERIMENTS.md).
     pub fn fit_distill_ngr(
         &self,
         start: Option<&Params>,

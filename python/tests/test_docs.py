@@ -124,7 +124,8 @@ def test_loopback_python_recipe_writes_the_quickstarts_results(tmp_path, fedfuse
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in sim.iterdir())
     rounds = json.loads((out / "results.json").read_text())["rounds"]
     assert len(rounds) == 5 and all(r["rejected"] == [] for r in rounds), rounds
-    # Measured: 0.33 after round 1, 0.80 after round 5; an untrained model about 0.1.
+    print(f"doc-test loopback-python: accuracy by round {[r['global_accuracy'] for r in rounds]}")
+    # Measured: 0.40 after round 1, 0.88 after round 5; an untrained model about 0.1.
     assert rounds[-1]["global_accuracy"] > 0.7, rounds[-1]
 
 
@@ -137,7 +138,8 @@ def test_loopback_rust_nodes_recipe_improves_the_model_every_round(tmp_path, fed
     # replies, weighted by their examples.
     accuracy = [metrics["evaluate"][str(r)]["accuracy"] for r in range(1, 6)]
     assert sorted(metrics["evaluate"]) == ["1", "2", "3", "4", "5"], metrics
-    # Measured: 0.51 after round 1, 0.87 after round 5; untrained about 0.1.
+    print(f"doc-test loopback-rust-nodes: accuracy by round {[round(a, 3) for a in accuracy]}")
+    # Measured: 0.61 after round 1, 0.90 after round 5; untrained about 0.1.
     assert accuracy[-1] > 0.75 and accuracy[-1] > accuracy[0] + 0.2, accuracy
     # The streamed log shows the ServerApp's table, one line per round.
     assert "round  accuracy  loss" in output, output[-3000:]

@@ -3,8 +3,10 @@
 //! matched layer's units permuted at random and noise on every weight, fused by PFNM
 //! (bottom-up, as FedMA matches) and by weight matching.
 //!
-//! `cargo run --release -p fedfuse-fuse --example conv_timing -- [clients] [repeats] [model]`
-//! (defaults 16, 3, `vgg9`; or `cnn-leaf` on 28x28x1). Prints every repeat's wall time, their
+//! `cargo run --release -p fedfuse-fuse --example conv_timing -- [clients] [repeats] [model]
+//! [clients' weights]` (defaults 16, 3, `vgg9`, `copies`; or `cnn-leaf` on 28x28x1, and
+//! `independent`: every client its own random weights, nothing to match, the slow extreme
+//! where PFNM opens new units up to its `max_global` cap). Prints every repeat's wall time, their
 //! median, the fused widths (the planted widths when the copies are matched unit for unit)
 //! and, for PFNM, where the last repeat's time went per matched layer.
 
@@ -35,8 +37,13 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         }
     };
     let classes = 10;
+    let independent = match args.get(3).map_or("copies", String::as_str) {
+        "copies" => false,
+        "independent" => true,
+        other => return Err(format!("clients' weights `{other}`: copies or independent").into()),
+    };
     let layers = model.layers(classes, BlockNorm::Batch, 16);
-    let nets = permuted_copies(&input, &layers, clients.max(1))?;
+    let nets = permuted_copies(&input, &layers, clients.max(1), independent)?;
     let refs: Vec<&Params> = nets.iter().collect();
     let counts = vec![vec![100.0; classes]; refs.len()];
     let cfg = PfnmConfig {
@@ -131,22 +138,36 @@ fn out_widths(layers: &[LayerSpec]) -> Vec<usize> {
 
 /// One planted network (uniform weights at PyTorch's default scale, 1/sqrt(fan-in)) and
 /// `clients` copies of it, each with its own random permutation of every matched layer's
-/// units and uniform noise of a tenth of the weights' scale.
-fn permuted_copies(input: &[usize], layers: &[LayerSpec], clients: usize) -> Result<Vec<Params>> {
+/// units and uniform noise of a tenth of the weights' scale; with `independent`, every
+/// client draws its own planted network.
+fn permuted_copies(
+    input: &[usize],
+    layers: &[LayerSpec],
+    clients: usize,
+    independent: bool,
+) -> Result<Vec<Params>> {
     let (_, layout) = chain(FeatureShape::of(input)?, layers)?;
     let mut rng = StdRng::seed_from_u64(0);
-    let mut planted = Params::zeros(&layout);
-    for (_, t) in planted.iter_mut() {
-        let fan_in: usize = t.shape.iter().skip(1).product::<usize>().max(1);
-        let bound = 1.0 / (fan_in as f32).sqrt();
-        for v in &mut t.data {
-            *v = rng.random_range(-bound..bound);
+    let draw = |rng: &mut StdRng| {
+        let mut p = Params::zeros(&layout);
+        for (_, t) in p.iter_mut() {
+            let fan_in: usize = t.shape.iter().skip(1).product::<usize>().max(1);
+            let bound = 1.0 / (fan_in as f32).sqrt();
+            for v in &mut t.data {
+                *v = rng.random_range(-bound..bound);
+            }
         }
-    }
+        p
+    };
+    let planted = draw(&mut rng);
     let uses = unit_uses(input, layers)?;
     let mut nets = Vec::with_capacity(clients);
     for _ in 0..clients {
-        let mut p = planted.clone();
+        let mut p = if independent {
+            draw(&mut rng)
+        } else {
+            planted.clone()
+        };
         for (_, t) in p.iter_mut() {
             let fan_in: usize = t.shape.iter().skip(1).product::<usize>().max(1);
             let noise = 0.1 / (fan_in as f32).sqrt();

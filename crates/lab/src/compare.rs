@@ -607,7 +607,8 @@ set = ["train.lr=0.1"]
                     continue;
                 }
                 let text = std::fs::read_to_string(&path).unwrap();
-                if text.contains("[[arms]]") {
+                let table: toml::Table = text.parse().unwrap();
+                if table.contains_key("arms") {
                     CompareConfig::load(&path)
                         .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
                     seen += 1;

@@ -71,7 +71,7 @@ fn every_example_loads_as_a_run_config() {
 }
 
 /// A study's files sit in a folder of their own (experiments/fedmix, experiments/matching),
-/// where names are free: a file with `[[arms]]` is a `fedfuse compare` file, any other a
+/// where names are free: a file with `[[arms]]` tables is a `fedfuse compare` file, any other a
 /// `fedfuse run` config.
 #[test]
 fn every_experiment_in_a_subfolder_loads_by_its_content() {
@@ -82,7 +82,10 @@ fn every_experiment_in_a_subfolder_loads_by_its_content() {
         assert!(!files.is_empty(), "{} holds no .toml", dir.display());
         for path in files {
             let text = std::fs::read_to_string(&path).unwrap();
-            let loaded = if text.contains("[[arms]]") {
+            let table: toml::Table = text
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let loaded = if table.contains_key("arms") {
                 CompareConfig::load(&path).map(drop)
             } else {
                 Config::load(&path, &[]).map(drop)

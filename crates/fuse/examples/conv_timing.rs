@@ -4,9 +4,10 @@
 //! (bottom-up, as FedMA matches) and by weight matching.
 //!
 //! `cargo run --release -p fedfuse-fuse --example conv_timing -- [clients] [repeats] [model]
-//! [clients' weights]` (defaults 16, 3, `vgg9`, `copies`; or `cnn-leaf` on 28x28x1, and
-//! `independent`: every client its own random weights, nothing to match, the slow extreme
-//! where PFNM opens new units up to its `max_global` cap). Prints every repeat's wall time, their
+//! [clients' weights] [sigma]` (defaults 16, 3, `vgg9`, `copies`, PFNM's default sigma; or
+//! `cnn-leaf` on 28x28x1, and `independent`: every client its own random weights, nothing to
+//! match; with a small sigma PFNM then opens new units up to its `max_global` cap, the slow
+//! extreme). Prints every repeat's wall time, their
 //! median, the fused widths (the planted widths when the copies are matched unit for unit)
 //! and, for PFNM, where the last repeat's time went per matched layer.
 
@@ -46,10 +47,13 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let nets = permuted_copies(&input, &layers, clients.max(1), independent)?;
     let refs: Vec<&Params> = nets.iter().collect();
     let counts = vec![vec![100.0; classes]; refs.len()];
-    let cfg = PfnmConfig {
+    let mut cfg = PfnmConfig {
         order: MatchOrder::BottomUp,
         ..PfnmConfig::default()
     };
+    if let Some(sigma) = args.get(4) {
+        cfg.sigma = sigma.parse()?;
+    }
     let mut timings = Vec::new();
     let mut widths = Vec::new();
     let pfnm = time(repeats, || {

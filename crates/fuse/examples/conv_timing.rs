@@ -11,7 +11,7 @@
 //! median, the fused widths (the planted widths when the copies are matched unit for unit)
 //! and, for PFNM, where the last repeat's time went per matched layer.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use fedfuse_core::layers::{FeatureShape, chain, unit_uses};
 use fedfuse_core::{BlockNorm, LayerSpec, Params, ZooModel};
@@ -76,18 +76,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         &widths,
     );
     for (i, t) in timings.iter().enumerate() {
-        let total = t.total.as_secs_f64();
-        let share = |x: Duration| 100.0 * x.as_secs_f64() / total.max(1e-12);
-        println!(
-            "  matched layer {}: {total:.3} s; score {:.3} s ({:.0} %), solver {:.3} s ({:.0} %), \
-             {} solves",
-            i + 1,
-            t.score.as_secs_f64(),
-            share(t.score),
-            t.solve.as_secs_f64(),
-            share(t.solve),
-            t.solves
-        );
+        println!("  matched layer {}: {t}", i + 1);
     }
     let wm = time(repeats, || {
         let fused = weight_matching_fuse(

@@ -114,6 +114,25 @@ pub struct MatchTimings {
     pub solves: usize,
 }
 
+/// `0.030 s; score 0.021 s (70 %), solver 0.006 s (19 %), 39 solves` (precision as given,
+/// 3 decimals by default): what the timing examples print per layer.
+impl std::fmt::Display for MatchTimings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = f.precision().unwrap_or(3);
+        let total = self.total.as_secs_f64();
+        let share = |x: Duration| 100.0 * x.as_secs_f64() / total.max(1e-12);
+        write!(
+            f,
+            "{total:.p$} s; score {:.p$} s ({:.0} %), solver {:.p$} s ({:.0} %), {} solves",
+            self.score.as_secs_f64(),
+            share(self.score),
+            self.solve.as_secs_f64(),
+            share(self.solve),
+            self.solves
+        )
+    }
+}
+
 /// The result of matching one layer.
 #[derive(Clone, Debug)]
 pub struct LayerMatch {

@@ -31,6 +31,7 @@ use burn::tensor::Tensor;
 use rayon::prelude::*;
 
 use super::affine::{self, AdTensor, AffineState, Grads, contiguous_f32, flex, values};
+use super::winograd;
 
 /// `conv.forward(x)` for fedfuse's layers, with the custom op where it applies.
 pub(crate) fn forward(conv: &Conv2d, x: Tensor<4>) -> Tensor<4> {
@@ -152,6 +153,22 @@ impl Geom {
     /// Output pixels per channel.
     fn pixels(&self) -> usize {
         self.ho * self.wo
+    }
+
+    /// The Winograd shape of a 3×3 stride-1 convolution without groups, where it pays.
+    fn winograd(&self) -> Option<winograd::Shape> {
+        let s = winograd::Shape {
+            c_in: self.c_in,
+            c_out: self.c_out,
+            h: self.h,
+            w: self.w,
+            ho: self.ho,
+            wo: self.wo,
+            pt: self.pt,
+            pl: self.pl,
+        };
+        let fits = (self.kh, self.kw, self.sh, self.sw, self.groups) == (3, 3, 1, 1, 1);
+        (fits && s.worth_it()).then_some(s)
     }
 
     fn x_len(&self) -> usize {
@@ -592,10 +609,17 @@ fn conv_forward(x: &[f32], w: &[f32], bias: Option<&[f32]>, g: &Geom) -> Vec<f32
     let (taps, pixels, og) = (g.taps(), g.pixels(), g.og());
     let x_group = g.cg() * g.h * g.w;
     let mut y = vec![0f32; g.y_len()];
-    // Each task: per sample and group, im2col, then W·col straight into the output block,
-    // which is a row-major [og, pixels] matrix.
     let x_tasks = x.par_chunks(SAMPLES_PER_TASK * g.c_in * g.h * g.w);
     let y_tasks = y.par_chunks_mut(SAMPLES_PER_TASK * g.c_out * pixels);
+    if let Some(s) = g.winograd() {
+        let u = winograd::weights(w, &s);
+        x_tasks
+            .zip(y_tasks)
+            .for_each(|(x, y)| winograd::forward_task(x, &u, bias, &s, y));
+        return y;
+    }
+    // Each task: per sample and group, im2col, then W·col straight into the output block,
+    // which is a row-major [og, pixels] matrix.
     x_tasks.zip(y_tasks).for_each(|(x, y)| {
         with_col(taps * pixels, |col| {
             let blocks = x.chunks_exact(x_group).zip(y.chunks_exact_mut(og * pixels));
@@ -640,20 +664,37 @@ fn conv_backward(
             .map(|_| None)
             .collect(),
     };
-    let partial: Vec<Option<Vec<f32>>> = dx_tasks
+    let tasks = dx_tasks
         .into_par_iter()
         .zip(x.par_chunks(x_task))
-        .zip(dy.par_chunks(y_task))
-        .map(|((dx, x), dy)| backward_task(x, w, dy, g, dx, need_w))
-        .collect();
-    let dw = need_w.then(|| {
-        // The tasks' partial sums in task order, then back to `[c_out, cg, kh, kw]`.
-        let mut sum = vec![0f32; g.w_len()];
+        .zip(dy.par_chunks(y_task));
+    // The tasks' partial weight gradients, added in task order.
+    let task_sum = |partial: Vec<Option<Vec<f32>>>, len: usize| {
+        let mut sum = vec![0f32; len];
         for p in partial.iter().flatten() {
             for (s, v) in sum.iter_mut().zip(p) {
                 *s += v;
             }
         }
+        sum
+    };
+    if let Some(s) = g.winograd() {
+        let u = match need_x {
+            true => winograd::weights(w, &s),
+            false => Vec::new(),
+        };
+        let partial: Vec<Option<Vec<f32>>> = tasks
+            .map(|((dx, x), dy)| winograd::backward_task(x, &u, dy, &s, dx, need_w))
+            .collect();
+        let dw = need_w.then(|| winograd::weight_grad(&task_sum(partial, 16 * g.w_len() / 9), &s));
+        return (dx, dw);
+    }
+    let partial: Vec<Option<Vec<f32>>> = tasks
+        .map(|((dx, x), dy)| backward_task(x, w, dy, g, dx, need_w))
+        .collect();
+    let dw = need_w.then(|| {
+        // Back to `[c_out, cg, kh, kw]`.
+        let sum = task_sum(partial, g.w_len());
         let (taps, og) = (g.taps(), g.og());
         let mut dw = vec![0f32; g.w_len()];
         for (block_t, block) in sum
@@ -920,6 +961,54 @@ mod tests {
             groups: 2,
             bias: true,
             ..case(super::SAMPLES_PER_TASK * 2 + 3, [4, 6], 7, 3, 1, 1)
+        };
+        check(Case { ..c });
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (y, dx, dw, db) = pool.install(|| run(&c, true));
+            (
+                y.to_data(),
+                dx.to_data(),
+                dw.to_data(),
+                db.unwrap().to_data(),
+            )
+        };
+        assert_eq!(on(1), on(3), "the bits depend on the number of threads");
+    }
+
+    #[test]
+    fn winograd_convs_match_burn() {
+        // 3×3 stride 1, no groups, 16 channels or more: F(2×2, 3×3).
+        assert!(
+            super::Geom::new(
+                &layer(&case(1, [16, 16], 8, 3, 1, 1), &Device::flex(), 1),
+                [1, 16, 8, 8]
+            )
+            .and_then(|g| g.winograd())
+            .is_some()
+        );
+        check(case(3, [16, 16], 8, 3, 1, 1));
+        // Odd planes (half tiles at the edges), with a bias.
+        check(Case {
+            bias: true,
+            ..case(2, [16, 20], 7, 3, 1, 1)
+        });
+        // No padding, and padding wider than the kernel's reach.
+        check(case(2, [17, 16], 9, 3, 1, 0));
+        check(case(1, [16, 18], 5, 3, 1, 2));
+        // A plane smaller than a tile, and planes of 144 tiles: one sample per chunk.
+        check(case(2, [16, 16], 1, 3, 1, 1));
+        check(case(3, [16, 16], 23, 3, 1, 1));
+    }
+
+    #[test]
+    fn winograd_batches_of_several_tasks_give_the_same_bits_on_every_thread_count() {
+        let c = Case {
+            bias: true,
+            ..case(super::SAMPLES_PER_TASK * 2 + 3, [16, 24], 12, 3, 1, 1)
         };
         check(Case { ..c });
         let on = |threads: usize| {

@@ -24,6 +24,7 @@ mod affine;
 mod batch_norm;
 pub(crate) mod conv;
 mod linear;
+mod winograd;
 pub(crate) mod pool;
 
 /// Running statistics of one batch norm, and its count of training batches.

@@ -300,14 +300,133 @@ fn pad_plane(xc: &[f32], s: &Shape, plane: &mut [f32]) {
         }
         let (even, odd) = plane[py * pw..][..pw].split_at_mut(half);
         // Input column `ix` lands in padded column `ix + pl`.
-        for (parity, dst) in [(0, even), (1, odd)] {
-            let ix0 = (parity + 2 - s.pl % 2) % 2;
-            let dst = dst.iter_mut().skip((ix0 + s.pl) / 2);
-            for (d, &v) in dst.zip(src.iter().skip(ix0).step_by(2)) {
-                *d = v;
-            }
+        match s.pl % 2 {
+            0 => deinterleave(src, &mut even[s.pl / 2..], &mut odd[s.pl / 2..]),
+            _ => deinterleave(src, &mut odd[s.pl / 2..], &mut even[s.pl / 2 + 1..]),
         }
     }
+}
+
+/// `a[k] = src[2k]`, `b[k] = src[2k + 1]`, as far as `a` and `b` reach.
+#[inline]
+fn deinterleave(src: &[f32], a: &mut [f32], b: &mut [f32]) {
+    let pairs = src.chunks_exact(2);
+    if let (Some(&last), Some(d)) = (pairs.remainder().first(), a.get_mut(src.len() / 2)) {
+        *d = last;
+    }
+    for ((x, y), pair) in a.iter_mut().zip(b.iter_mut()).zip(pairs) {
+        *x = pair[0];
+        *y = pair[1];
+    }
+}
+
+/// `dst[2k] = a[k]`, `dst[2k + 1] = b[k]`, as far as `a` and `b` reach.
+#[inline]
+fn interleave(a: &[f32], b: &[f32], dst: &mut [f32]) {
+    let half = dst.len() / 2;
+    let mut pairs = dst.chunks_exact_mut(2);
+    for ((x, y), pair) in a.iter().zip(b).zip(&mut pairs) {
+        pair[0] = *x;
+        pair[1] = *y;
+    }
+    if let (Some(d), Some(&v)) = (pairs.into_remainder().first_mut(), a.get(half)) {
+        *d = v;
+    }
+}
+
+// The 1-D transforms over runs of tiles. Each takes its runs as separate slice arguments,
+// which Rust marks as not aliasing, so that LLVM vectorizes the loop (inside one function,
+// eight slices cut from one buffer would need more run-time overlap checks than it makes).
+
+/// `Bᵀ·(a, b, c, d)`: `(a − c, b + c, c − b, b − d)`.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn bt(
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: &[f32],
+    o0: &mut [f32],
+    o1: &mut [f32],
+    o2: &mut [f32],
+    o3: &mut [f32],
+) {
+    let n = o0.len();
+    let (a, b, c, d) = (&a[..n], &b[..n], &c[..n], &d[..n]);
+    let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
+    for j in 0..n {
+        o0[j] = a[j] - c[j];
+        o1[j] = b[j] + c[j];
+        o2[j] = c[j] - b[j];
+        o3[j] = b[j] - d[j];
+    }
+}
+
+/// `B·(a, b, c, d)`: `(a, b − c + d, −a + b + c, −d)`.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn b_(
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    d: &[f32],
+    o0: &mut [f32],
+    o1: &mut [f32],
+    o2: &mut [f32],
+    o3: &mut [f32],
+) {
+    let n = o0.len();
+    let (a, b, c, d) = (&a[..n], &b[..n], &c[..n], &d[..n]);
+    let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
+    for j in 0..n {
+        o0[j] = a[j];
+        o1[j] = b[j] - c[j] + d[j];
+        o2[j] = -a[j] + b[j] + c[j];
+        o3[j] = -d[j];
+    }
+}
+
+/// `Aᵀ·(a, b, c, d) + bias`: `(a + b + c, b − c − d) + bias`.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn at_(a: &[f32], b: &[f32], c: &[f32], d: &[f32], bias: f32, o0: &mut [f32], o1: &mut [f32]) {
+    let n = o0.len();
+    let (a, b, c, d, o1) = (&a[..n], &b[..n], &c[..n], &d[..n], &mut o1[..n]);
+    for j in 0..n {
+        o0[j] = a[j] + b[j] + c[j] + bias;
+        o1[j] = b[j] - c[j] - d[j] + bias;
+    }
+}
+
+/// `A·(a, b)`: `(a, a + b, a − b, −b)`.
+#[inline]
+fn a_(a: &[f32], b: &[f32], o0: &mut [f32], o1: &mut [f32], o2: &mut [f32], o3: &mut [f32]) {
+    let n = o0.len();
+    let (a, b) = (&a[..n], &b[..n]);
+    let (o1, o2, o3) = (&mut o1[..n], &mut o2[..n], &mut o3[..n]);
+    for j in 0..n {
+        o0[j] = a[j];
+        o1[j] = a[j] + b[j];
+        o2[j] = a[j] - b[j];
+        o3[j] = -b[j];
+    }
+}
+
+/// `dst += src`.
+#[inline]
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    for (d, v) in dst.iter_mut().zip(src) {
+        *d += v;
+    }
+}
+
+/// The first four `len`-long runs of `buf`.
+fn split4(buf: &mut [f32], len: usize) -> [&mut [f32]; 4] {
+    let mut runs = buf.chunks_exact_mut(len);
+    std::array::from_fn(|_| match runs.next() {
+        Some(r) => r,
+        None => unreachable!("the buffer holds four runs"),
+    })
 }
 
 /// `V = Bᵀ d B` of every tile of every input channel.
@@ -315,33 +434,30 @@ fn input_transform(x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: &mu
     let (tiles, tw, pw) = (s.tiles(), s.tw(), s.pw());
     let (n, len) = (ch.n, ch.v_stride);
     let (plane, t) = scratch.split_at_mut(s.ph() * pw);
-    let (t01, t23) = t[..4 * pw].split_at_mut(2 * pw);
-    let ((t0, t1), (t2, t3)) = (t01.split_at_mut(pw), t23.split_at_mut(pw));
+    let [t0, t1, t2, t3] = split4(&mut t[..4 * pw], pw);
     for (b, xc) in x.chunks_exact(s.h * s.w).enumerate() {
         let (si, c) = (b / s.c_in, b % s.c_in);
         pad_plane(xc, s, plane);
         for ty in 0..s.th() {
             let r = &plane[2 * ty * pw..][..4 * pw];
+            // Rows of Bᵀ d.
             let (r0, r1, r2, r3) = (&r[..pw], &r[pw..2 * pw], &r[2 * pw..3 * pw], &r[3 * pw..]);
-            // Rows of Bᵀ d: r0 − r2, r1 + r2, r2 − r1, r1 − r3.
-            for j in 0..pw {
-                t0[j] = r0[j] - r2[j];
-                t1[j] = r1[j] + r2[j];
-                t2[j] = r2[j] - r1[j];
-                t3[j] = r1[j] - r3[j];
-            }
+            bt(r0, r1, r2, r3, t0, t1, t2, t3);
             let at = c * n + si * tiles + ty * tw;
             for (i, ti) in [&*t0, &*t1, &*t2, &*t3].into_iter().enumerate() {
                 // Columns: tile j reads even[j], odd[j], even[j + 1], odd[j + 1].
                 let (even, odd) = ti.split_at(tw + 1);
-                let (e0, e1, o0, o1) = (&even[..tw], &even[1..], &odd[..tw], &odd[1..]);
                 let [d0, d1, d2, d3] = four_mut(v, i * 4, len, at, tw);
-                for j in 0..tw {
-                    d0[j] = e0[j] - e1[j];
-                    d1[j] = o0[j] + e1[j];
-                    d2[j] = e1[j] - o0[j];
-                    d3[j] = o0[j] - o1[j];
-                }
+                bt(
+                    &even[..tw],
+                    &odd[..tw],
+                    &even[1..],
+                    &odd[1..],
+                    d0,
+                    d1,
+                    d2,
+                    d3,
+                );
             }
         }
     }
@@ -353,54 +469,35 @@ fn input_transform_t(dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scratch:
     let (tiles, tw, pw, half) = (s.tiles(), s.tw(), s.pw(), s.tw() + 1);
     let (n, len) = (ch.n, ch.v_stride);
     let (plane, q) = scratch.split_at_mut(s.ph() * pw);
-    let q = &mut q[..16 * tw];
+    let (q, cols) = q[..20 * tw].split_at_mut(16 * tw);
+    let [s0, s1, s2, s3] = split4(cols, tw);
     for (b, dxc) in dx.chunks_exact_mut(s.h * s.w).enumerate() {
         let (si, c) = (b / s.c_in, b % s.c_in);
         plane.fill(0.0);
         for ty in 0..s.th() {
             let at = c * n + si * tiles + ty * tw;
-            // Rows of B dV: dV0, dV1 − dV2 + dV3, −dV0 + dV1 + dV2, −dV3 (per column k);
-            // row r's column k goes to q[(r·4 + k)·tw..].
+            // Rows of B dV per column k; row r's column k goes to q[(r·4 + k)·tw..].
             for k in 0..4 {
                 let [a0, a1, a2, a3] = column(dv, k, len, at, tw);
                 let [q0, q1, q2, q3] = four_strided(q, k, tw);
-                for j in 0..tw {
-                    q0[j] = a0[j];
-                    q1[j] = a1[j] - a2[j] + a3[j];
-                    q2[j] = -a0[j] + a1[j] + a2[j];
-                    q3[j] = -a3[j];
-                }
+                b_(a0, a1, a2, a3, q0, q1, q2, q3);
             }
             for r in 0..4 {
-                let (even, odd) = plane[(2 * ty + r) * pw..][..pw].split_at_mut(half);
-                let qr = &q[r * 4 * tw..][..4 * tw];
-                let (c0, c1, c2, c3) = (
-                    &qr[..tw],
-                    &qr[tw..2 * tw],
-                    &qr[2 * tw..3 * tw],
-                    &qr[3 * tw..],
-                );
+                let [c0, c1, c2, c3] = split4(&mut q[r * 4 * tw..][..4 * tw], tw);
+                b_(c0, c1, c2, c3, s0, s1, s2, s3);
                 // Columns: tile j adds into even[j], odd[j], even[j + 1], odd[j + 1].
-                let (e0, o0) = (&mut even[..tw], &mut odd[..tw]);
-                for j in 0..tw {
-                    e0[j] += c0[j];
-                    o0[j] += c1[j] - c2[j] + c3[j];
-                }
-                let (e1, o1) = (&mut even[1..], &mut odd[1..]);
-                for j in 0..tw {
-                    e1[j] += -c0[j] + c1[j] + c2[j];
-                    o1[j] -= c3[j];
-                }
+                let (even, odd) = plane[(2 * ty + r) * pw..][..pw].split_at_mut(half);
+                add_into(&mut even[..tw], s0);
+                add_into(&mut odd[..tw], s1);
+                add_into(&mut even[1..], s2);
+                add_into(&mut odd[1..], s3);
             }
         }
         for (iy, row) in dxc.chunks_exact_mut(s.w).enumerate() {
             let (even, odd) = plane[(iy + s.pt) * pw..][..pw].split_at(half);
-            for (parity, src) in [(0, even), (1, odd)] {
-                let ix0 = (parity + 2 - s.pl % 2) % 2;
-                let src = src.iter().skip((ix0 + s.pl) / 2);
-                for (d, &v) in row.iter_mut().skip(ix0).step_by(2).zip(src) {
-                    *d = v;
-                }
+            match s.pl % 2 {
+                0 => interleave(&even[s.pl / 2..], &odd[s.pl / 2..], row),
+                _ => interleave(&odd[s.pl / 2..], &even[s.pl / 2 + 1..], row),
             }
         }
     }
@@ -433,16 +530,19 @@ fn output_transform(
         let bias = bias.map_or(0.0, |bias| bias[o]);
         for ty in 0..s.th() {
             let at = o * n + si * tiles + ty * tw;
-            // Rows of Aᵀ M: M0 + M1 + M2 and M1 − M2 − M3 (per column k); row a's column k
-            // goes to p[(a·4 + k)·tw..].
+            // Rows of Aᵀ M per column k; row a's column k goes to p[(a·4 + k)·tw..].
             for k in 0..4 {
                 let [a0, a1, a2, a3] = column(m, k, len, at, tw);
                 let (p0, p1) = p.split_at_mut(4 * tw);
-                let (p0, p1) = (&mut p0[k * tw..][..tw], &mut p1[k * tw..][..tw]);
-                for j in 0..tw {
-                    p0[j] = a0[j] + a1[j] + a2[j];
-                    p1[j] = a1[j] - a2[j] - a3[j];
-                }
+                at_(
+                    a0,
+                    a1,
+                    a2,
+                    a3,
+                    0.0,
+                    &mut p0[k * tw..][..tw],
+                    &mut p1[k * tw..][..tw],
+                );
             }
             for a in 0..2 {
                 let oy = 2 * ty + a;
@@ -456,17 +556,8 @@ fn output_transform(
                     &pa[2 * tw..3 * tw],
                     &pa[3 * tw..],
                 );
-                for j in 0..tw {
-                    even[j] = c0[j] + c1[j] + c2[j] + bias;
-                    odd[j] = c1[j] - c2[j] - c3[j] + bias;
-                }
-                let row = &mut yo[oy * s.wo..][..s.wo];
-                for (j, pair) in row.chunks_mut(2).enumerate() {
-                    pair[0] = even[j];
-                    if let Some(second) = pair.get_mut(1) {
-                        *second = odd[j];
-                    }
-                }
+                at_(c0, c1, c2, c3, bias, even, odd);
+                interleave(even, odd, &mut yo[oy * s.wo..][..s.wo]);
             }
         }
     }
@@ -478,6 +569,7 @@ fn grad_transform(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mu
     let (n, len) = (ch.n, ch.m_stride);
     // Two output rows, deinterleaved (even columns, then odd), and four rows of A dY.
     let (d, r) = scratch[..12 * tw].split_at_mut(4 * tw);
+    let [r0, r1, r2, r3] = split4(r, 2 * tw);
     for (b, dyo) in dy.chunks_exact(s.ho * s.wo).enumerate() {
         let (si, o) = (b / s.c_out, b % s.c_out);
         for ty in 0..s.th() {
@@ -486,36 +578,18 @@ fn grad_transform(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mu
                 da.fill(0.0);
                 if oy < s.ho {
                     let (even, odd) = da.split_at_mut(tw);
-                    let src = &dyo[oy * s.wo..][..s.wo];
-                    for (e, &v) in even.iter_mut().zip(src.iter().step_by(2)) {
-                        *e = v;
-                    }
-                    for (o, &v) in odd.iter_mut().zip(src.iter().skip(1).step_by(2)) {
-                        *o = v;
-                    }
+                    deinterleave(&dyo[oy * s.wo..][..s.wo], even, odd);
                 }
             }
-            // Rows of A dY: D0, D0 + D1, D0 − D1, −D1.
+            // Rows of A dY.
             let (d0, d1) = d.split_at(2 * tw);
-            let (r01, r23) = r.split_at_mut(4 * tw);
-            let ((r0, r1), (r2, r3)) = (r01.split_at_mut(2 * tw), r23.split_at_mut(2 * tw));
-            for j in 0..2 * tw {
-                r0[j] = d0[j];
-                r1[j] = d0[j] + d1[j];
-                r2[j] = d0[j] - d1[j];
-                r3[j] = -d1[j];
-            }
+            a_(d0, d1, r0, r1, r2, r3);
             let at = o * n + si * tiles + ty * tw;
             for (i, ri) in [&*r0, &*r1, &*r2, &*r3].into_iter().enumerate() {
                 // Columns: tile j combines even[j] and odd[j].
                 let (even, odd) = ri.split_at(tw);
                 let [z0, z1, z2, z3] = four_mut(z, i * 4, len, at, tw);
-                for j in 0..tw {
-                    z0[j] = even[j];
-                    z1[j] = even[j] + odd[j];
-                    z2[j] = even[j] - odd[j];
-                    z3[j] = -odd[j];
-                }
+                a_(even, odd, z0, z1, z2, z3);
             }
         }
     }

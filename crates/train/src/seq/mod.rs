@@ -24,8 +24,8 @@ mod affine;
 mod batch_norm;
 pub(crate) mod conv;
 mod linear;
-mod winograd;
 pub(crate) mod pool;
+mod winograd;
 
 /// Running statistics of one batch norm, and its count of training batches.
 #[derive(Clone, Debug)]

@@ -759,12 +759,22 @@ thread_local! {
 /// user writes all of it first (im2col, or a GEMM without accumulation). `f` must not reach
 /// another task of this module (no rayon calls inside), which would borrow it again.
 fn with_col<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    COL.with(|col| {
-        let mut col = col.borrow_mut();
-        if col.len() < len {
-            col.resize(len, 0.0);
+    with_kept(&COL, len, f)
+}
+
+/// Runs `f` on `len` values of the calling thread's buffer `key`, grown as needed and kept
+/// between calls; its contents are stale.
+pub(super) fn with_kept<R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<f32>>>,
+    len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
+    key.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0.0);
         }
-        f(&mut col[..len])
+        f(&mut buf[..len])
     })
 }
 
@@ -954,6 +964,24 @@ mod tests {
         });
     }
 
+    /// The custom op's output and gradients are bit-identical on one and on three threads.
+    fn same_bits_on_1_and_3_threads(c: &Case) {
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (y, dx, dw, db) = pool.install(|| run(c, true));
+            (
+                y.to_data(),
+                dx.to_data(),
+                dw.to_data(),
+                db.unwrap().to_data(),
+            )
+        };
+        assert_eq!(on(1), on(3), "the bits depend on the number of threads");
+    }
+
     #[test]
     fn batches_of_several_tasks_match_burn_and_every_thread_count() {
         // 19 samples: two full tasks and a partial one, with groups and a bias.
@@ -963,20 +991,7 @@ mod tests {
             ..case(super::SAMPLES_PER_TASK * 2 + 3, [4, 6], 7, 3, 1, 1)
         };
         check(Case { ..c });
-        let on = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            let (y, dx, dw, db) = pool.install(|| run(&c, true));
-            (
-                y.to_data(),
-                dx.to_data(),
-                dw.to_data(),
-                db.unwrap().to_data(),
-            )
-        };
-        assert_eq!(on(1), on(3), "the bits depend on the number of threads");
+        same_bits_on_1_and_3_threads(&c);
     }
 
     #[test]
@@ -1011,20 +1026,7 @@ mod tests {
             ..case(super::SAMPLES_PER_TASK * 2 + 3, [16, 24], 12, 3, 1, 1)
         };
         check(Case { ..c });
-        let on = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            let (y, dx, dw, db) = pool.install(|| run(&c, true));
-            (
-                y.to_data(),
-                dx.to_data(),
-                dw.to_data(),
-                db.unwrap().to_data(),
-            )
-        };
-        assert_eq!(on(1), on(3), "the bits depend on the number of threads");
+        same_bits_on_1_and_3_threads(&c);
     }
 
     #[test]

@@ -128,13 +128,7 @@ thread_local! {
 }
 
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    SCRATCH.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
-        f(&mut buf[..len])
-    })
+    super::conv::with_kept(&SCRATCH, len, f)
 }
 
 /// Tiles transformed at a time: enough for long GEMMs, few enough that `V` and `M` stay in

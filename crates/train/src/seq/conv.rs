@@ -686,7 +686,8 @@ fn conv_backward(
         let partial: Vec<Option<Vec<f32>>> = tasks
             .map(|((dx, x), dy)| winograd::backward_task(x, &u, dy, &s, dx, need_w))
             .collect();
-        let dw = need_w.then(|| winograd::weight_grad(&task_sum(partial, 16 * g.w_len() / 9), &s));
+        let dw = need_w
+            .then(|| winograd::weight_grad(&task_sum(partial, winograd::transformed_len(&s)), &s));
         return (dx, dw);
     }
     let partial: Vec<Option<Vec<f32>>> = tasks

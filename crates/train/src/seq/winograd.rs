@@ -16,9 +16,9 @@
 //! results still differ from im2col's in the last bits, which is why the choice is made by
 //! shape alone (never by the machine or the thread count).
 //!
-//! Arrays: `U` and `dU` are `[16][c_out][c_in]`; `V` and `dV` `[16][c_in][n]`; `M` and `Z`
-//! `[16][c_out][n]`, with a task's `n = samples · tiles` tiles numbered sample by sample, then
-//! row-major over the tile grid.
+//! Arrays: `U` is `[16][c_out][c_in]`, `dU` `[16][c_in][c_out]` (each block column-major);
+//! `V` and `dV` `[16][c_in][n]`, `M` and `Z` `[16][c_out][n]`, their blocks `BLOCK_PAD` floats
+//! apart, with a chunk's `n` tiles numbered sample by sample, then row-major over the grid.
 
 use super::conv::{Mat, matmul};
 
@@ -72,10 +72,15 @@ impl Shape {
     }
 }
 
+/// Length of `U` and `dU`.
+pub(super) fn transformed_len(s: &Shape) -> usize {
+    E * s.c_out * s.c_in
+}
+
 /// `U = G g Gᵀ` for every kernel of `w` (`[c_out, c_in, 3, 3]`).
 pub(super) fn weights(w: &[f32], s: &Shape) -> Vec<f32> {
     let pairs = s.c_out * s.c_in;
-    let mut u = vec![0f32; E * pairs];
+    let mut u = vec![0f32; transformed_len(s)];
     for (p, g) in w.chunks_exact(9).enumerate().take(pairs) {
         // Rows: s_i = Σ_r G[i][r] g_r, then the same over columns.
         let rows: [[f32; 3]; 4] = [
@@ -227,7 +232,7 @@ pub(super) fn backward_task(
     let per = Chunk::samples(s, x.len() / x_len);
     let full = Chunk::new(s, per);
     let (v_len, z_len) = (E * full.v_stride, E * full.m_stride);
-    let mut du = need_w.then(|| vec![0f32; E * s.c_out * s.c_in]);
+    let mut du = need_w.then(|| vec![0f32; transformed_len(s)]);
     with_scratch(v_len + z_len + rows_len(s), |buf| {
         let (v, rest) = buf.split_at_mut(v_len);
         let (z, rows) = rest.split_at_mut(z_len);

@@ -127,7 +127,10 @@ pub fn train(
         .num_threads(threads)
         .build()
         .context("thread pool")?;
-    println!("local training, {threads} thread(s), {repeats} repeats");
+    println!(
+        "local training, {threads} thread(s), {repeats} repeats, gemm kernels {}",
+        fedfuse_train::gemm_kernels()
+    );
     let mnist = |n: usize| data.train.subset(&(0..n).collect::<Vec<_>>());
     let zoo = |z: ZooModel, input: &[usize]| z.spec(input, 10, BlockNorm::Batch, 16);
     pool.install(|| -> Result<()> {

@@ -11,9 +11,22 @@ use fedfuse_lab::Config;
 use crate::data_cmd::DataCommand;
 use crate::progress::Reporter;
 
+/// The version, with the matrix kernels this machine runs (results are bit-identical only
+/// between machines with the same ones).
+fn version_line() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        format!(
+            "{} (gemm kernels: {})",
+            env!("CARGO_PKG_VERSION"),
+            fedfuse_train::gemm_kernels()
+        )
+    })
+}
+
 /// fedfuse: federated learning that fuses client networks.
 #[derive(Parser, Debug)]
-#[command(name = "fedfuse", version, about)]
+#[command(name = "fedfuse", version = version_line(), about)]
 pub struct Args {
     #[command(subcommand)]
     command: Command,

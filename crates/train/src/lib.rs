@@ -51,3 +51,26 @@ pub use ngm::{
     structure_report, unit_mask,
 };
 pub use trainer::{Evaluation, Fitted, MixturePrior, Trainer};
+
+/// The SIMD kernels gemm (every matrix product of training and matching) runs on this
+/// machine, as gemm picks them at run time: results are bit-identical between runs, thread
+/// counts and machines with the same kernels and the same L1 cache shape, and differ at
+/// rounding level otherwise (docs/DESIGN-NOTES.md, "gemm's AVX-512 kernels").
+pub fn gemm_kernels() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "x86-64 avx512f";
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            return "x86-64 fma";
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return "aarch64 neon";
+        }
+    }
+    std::env::consts::ARCH
+}

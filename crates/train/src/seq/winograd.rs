@@ -266,48 +266,96 @@ pub(super) fn backward_task(
     du
 }
 
-/// Scratch for one padded plane and sixteen tile rows.
-fn rows_len(s: &Shape) -> usize {
-    s.ph() * s.pw() + 16 * s.pw()
+/// Defines `$name` to run `$body` compiled for the widest vector unit of this machine. The
+/// transforms add and subtract element by element, so every width gives the same bits.
+macro_rules! widest {
+    ($(#[$doc:meta])* fn $name:ident => $body:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: this CPU has AVX-512F.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: this CPU has AVX2.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
 }
 
-/// The four blocks `e..e + 4` of an `[16][len]` array, each from `at` for `n` values.
-fn four_mut(a: &mut [f32], e: usize, len: usize, at: usize, n: usize) -> [&mut [f32]; 4] {
-    let mut blocks = a[e * len..(e + 4) * len].chunks_exact_mut(len);
-    std::array::from_fn(|_| match blocks.next() {
+widest! {
+    /// `V = Bᵀ d B` of every tile of every input channel.
+    fn input_transform => input_transform_at(
+        x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: &mut [f32],
+    )
+}
+
+widest! {
+    /// The transpose of [`input_transform`]: `B dV Bᵀ` of every tile added into its patch of
+    /// the padded plane, whose inside is written to `dx`.
+    fn input_transform_t => input_transform_t_at(
+        dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scratch: &mut [f32],
+    )
+}
+
+widest! {
+    /// `Y = Aᵀ M A` of every tile, plus the bias, written into the outputs.
+    fn output_transform => output_transform_at(
+        m: &[f32], s: &Shape, ch: &Chunk, bias: Option<&[f32]>, y: &mut [f32],
+        scratch: &mut [f32],
+    )
+}
+
+widest! {
+    /// `Z = A dY Aᵀ` of every tile of the output gradient (zeros past odd edges).
+    fn grad_transform => grad_transform_at(
+        dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32],
+    )
+}
+
+/// Scratch of one plane's transforms: 8 tap arrays (`[ph][tw]` each), 16 tile runs and
+/// two padded rows.
+fn rows_len(s: &Shape) -> usize {
+    8 * s.ph() * s.tw() + 16 * s.tiles() + 2 * s.pw()
+}
+
+/// The four blocks `first, first + step, …` of an `[16][len]` array, each from `at` for `n`
+/// values.
+fn blocks(a: &[f32], first: usize, step: usize, len: usize, at: usize, n: usize) -> [&[f32]; 4] {
+    std::array::from_fn(|j| &a[(first + j * step) * len + at..][..n])
+}
+
+/// [`blocks`], mutable.
+fn blocks_mut(
+    a: &mut [f32],
+    first: usize,
+    step: usize,
+    len: usize,
+    at: usize,
+    n: usize,
+) -> [&mut [f32]; 4] {
+    let mut runs = a.chunks_exact_mut(len).skip(first).step_by(step);
+    std::array::from_fn(|_| match runs.next() {
         Some(b) => &mut b[at..at + n],
-        None => unreachable!("four blocks were cut"),
+        None => unreachable!("the array holds 16 blocks"),
     })
 }
 
-/// The four blocks `e, e + 4, e + 8, e + 12` (one column of the 4×4 tile) of an
-/// `[16][len]` array, each from `at` for `n` values.
-fn column(a: &[f32], k: usize, len: usize, at: usize, n: usize) -> [&[f32]; 4] {
-    std::array::from_fn(|i| &a[(i * 4 + k) * len + at..][..n])
-}
-
-/// Copies one input channel into the zero-padded plane, each row stored deinterleaved (its
-/// even columns, then its odd ones), so that the tiles' column transforms, which combine
-/// columns two apart, read contiguous runs.
-fn pad_plane(xc: &[f32], s: &Shape, plane: &mut [f32]) {
-    let (pw, half) = (s.pw(), s.tw() + 1);
-    plane.fill(0.0);
-    for (iy, src) in xc.chunks_exact(s.w).enumerate() {
-        let py = iy + s.pt;
-        if py >= s.ph() {
-            break;
-        }
-        let (even, odd) = plane[py * pw..][..pw].split_at_mut(half);
-        // Input column `ix` lands in padded column `ix + pl`.
-        match s.pl % 2 {
-            0 => deinterleave(src, &mut even[s.pl / 2..], &mut odd[s.pl / 2..]),
-            _ => deinterleave(src, &mut odd[s.pl / 2..], &mut even[s.pl / 2 + 1..]),
-        }
-    }
-}
-
 /// `a[k] = src[2k]`, `b[k] = src[2k + 1]`, as far as `a` and `b` reach.
-#[inline]
+#[inline(always)]
 fn deinterleave(src: &[f32], a: &mut [f32], b: &mut [f32]) {
     let pairs = src.chunks_exact(2);
     if let (Some(&last), Some(d)) = (pairs.remainder().first(), a.get_mut(src.len() / 2)) {
@@ -320,7 +368,7 @@ fn deinterleave(src: &[f32], a: &mut [f32], b: &mut [f32]) {
 }
 
 /// `dst[2k] = a[k]`, `dst[2k + 1] = b[k]`, as far as `a` and `b` reach.
-#[inline]
+#[inline(always)]
 fn interleave(a: &[f32], b: &[f32], dst: &mut [f32]) {
     let half = dst.len() / 2;
     let mut pairs = dst.chunks_exact_mut(2);
@@ -338,7 +386,7 @@ fn interleave(a: &[f32], b: &[f32], dst: &mut [f32]) {
 // eight slices cut from one buffer would need more run-time overlap checks than it makes).
 
 /// `Bᵀ·(a, b, c, d)`: `(a − c, b + c, c − b, b − d)`.
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn bt(
     a: &[f32],
@@ -362,7 +410,7 @@ fn bt(
 }
 
 /// `B·(a, b, c, d)`: `(a, b − c + d, −a + b + c, −d)`.
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn b_(
     a: &[f32],
@@ -386,7 +434,7 @@ fn b_(
 }
 
 /// `Aᵀ·(a, b, c, d) + bias`: `(a + b + c, b − c − d) + bias`.
-#[inline]
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn at_(a: &[f32], b: &[f32], c: &[f32], d: &[f32], bias: f32, o0: &mut [f32], o1: &mut [f32]) {
     let n = o0.len();
@@ -398,7 +446,7 @@ fn at_(a: &[f32], b: &[f32], c: &[f32], d: &[f32], bias: f32, o0: &mut [f32], o1
 }
 
 /// `A·(a, b)`: `(a, a + b, a − b, −b)`.
-#[inline]
+#[inline(always)]
 fn a_(a: &[f32], b: &[f32], o0: &mut [f32], o1: &mut [f32], o2: &mut [f32], o3: &mut [f32]) {
     let n = o0.len();
     let (a, b) = (&a[..n], &b[..n]);
@@ -412,7 +460,7 @@ fn a_(a: &[f32], b: &[f32], o0: &mut [f32], o1: &mut [f32], o2: &mut [f32], o3: 
 }
 
 /// `dst += src`.
-#[inline]
+#[inline(always)]
 fn add_into(dst: &mut [f32], src: &[f32]) {
     for (d, v) in dst.iter_mut().zip(src) {
         *d += v;
@@ -428,91 +476,130 @@ fn split4(buf: &mut [f32], len: usize) -> [&mut [f32]; 4] {
     })
 }
 
-/// `V = Bᵀ d B` of every tile of every input channel.
-fn input_transform(x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: &mut [f32]) {
-    let (tiles, tw, pw) = (s.tiles(), s.tw(), s.pw());
-    let (n, len) = (ch.n, ch.v_stride);
-    let (plane, t) = scratch.split_at_mut(s.ph() * pw);
-    let [t0, t1, t2, t3] = split4(&mut t[..4 * pw], pw);
+// The 2-D transforms run the 1-D ones over whole planes, not tile rows: ResNet-20's 8×8
+// planes have rows of four tiles, too short for vector code. A plane's taps are first laid
+// out as four `[ph][tw]` arrays, tap `k` of tile column `tx` at `[py][tx]` (padded column
+// `2·tx + k`), rows split by parity (even rows, then odd): the column pass is then one run
+// of `ph·tw`, and in the row pass, rows `2·ty + i` of every tile row are the contiguous run
+// of `tiles` starting at even or odd row `0` or `1`.
+
+/// The padded row `py` (`0..ph`) of a `[ph][tw]` tap array: even rows first.
+fn tap_row(py: usize, s: &Shape) -> usize {
+    (py % 2) * (s.th() + 1) + py / 2
+}
+
+/// The taps of a padded row (`2·tw + 2` long): `p_k[tx] = row[2·tx + k]`.
+#[inline(always)]
+fn taps(row: &[f32], p0: &mut [f32], p1: &mut [f32], p2: &mut [f32], p3: &mut [f32]) {
+    let (cur, next) = (row.chunks_exact(2), row[2..].chunks_exact(2));
+    let outs = p0
+        .iter_mut()
+        .zip(p1.iter_mut())
+        .zip(p2.iter_mut().zip(p3.iter_mut()));
+    for ((c, n), ((o0, o1), (o2, o3))) in cur.zip(next).zip(outs) {
+        *o0 = c[0];
+        *o1 = c[1];
+        *o2 = n[0];
+        *o3 = n[1];
+    }
+}
+
+/// The transpose of [`taps`]: `row[2·tx + k]` is the sum of the `p_k[tx]` that read it.
+#[inline(always)]
+fn untaps(p0: &[f32], p1: &[f32], p2: &[f32], p3: &[f32], row: &mut [f32]) {
+    let n = p0.len();
+    let (p1, p2, p3) = (&p1[..n], &p2[..n], &p3[..n]);
+    let row = &mut row[..2 * n + 2];
+    row[0] = p0[0];
+    row[1] = p1[0];
+    row[2 * n] = p2[n - 1];
+    row[2 * n + 1] = p3[n - 1];
+    let inner = row[2..2 * n].chunks_exact_mut(2);
+    let ins = p0[1..].iter().zip(&p1[1..]).zip(p2.iter().zip(p3));
+    for (r, ((a, b), (c, d))) in inner.zip(ins) {
+        r[0] = a + c;
+        r[1] = b + d;
+    }
+}
+
+/// [`input_transform`], inlined into each width's copy.
+#[inline(always)]
+fn input_transform_at(x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: &mut [f32]) {
+    let (tiles, tw, th) = (s.tiles(), s.tw(), s.th());
+    let plane = s.ph() * tw;
+    let (taps_buf, rest) = scratch.split_at_mut(4 * plane);
+    let (cols, rest) = rest.split_at_mut(4 * plane);
+    let row = &mut rest[..s.pw()];
+    let [p0, p1, p2, p3] = split4(taps_buf, plane);
+    let [c0, c1, c2, c3] = split4(cols, plane);
     for (b, xc) in x.chunks_exact(s.h * s.w).enumerate() {
         let (si, c) = (b / s.c_in, b % s.c_in);
-        pad_plane(xc, s, plane);
-        for ty in 0..s.th() {
-            let r = &plane[2 * ty * pw..][..4 * pw];
-            // Rows of Bᵀ d.
-            let (r0, r1, r2, r3) = (&r[..pw], &r[pw..2 * pw], &r[2 * pw..3 * pw], &r[3 * pw..]);
-            bt(r0, r1, r2, r3, t0, t1, t2, t3);
-            let at = c * n + si * tiles + ty * tw;
-            for (i, ti) in [&*t0, &*t1, &*t2, &*t3].into_iter().enumerate() {
-                // Columns: tile j reads even[j], odd[j], even[j + 1], odd[j + 1].
-                let (even, odd) = ti.split_at(tw + 1);
-                let [d0, d1, d2, d3] = four_mut(v, i * 4, len, at, tw);
-                bt(
-                    &even[..tw],
-                    &odd[..tw],
-                    &even[1..],
-                    &odd[1..],
-                    d0,
-                    d1,
-                    d2,
-                    d3,
-                );
+        for py in 0..s.ph() {
+            let at = tap_row(py, s) * tw;
+            // Input column ix at padded ix + pl.
+            row.fill(0.0);
+            if let Some(iy) = py.checked_sub(s.pt).filter(|&iy| iy < s.h) {
+                row[s.pl..s.pl + s.w].copy_from_slice(&xc[iy * s.w..][..s.w]);
             }
+            let (p0, p1, p2, p3) = (&mut p0[at..], &mut p1[at..], &mut p2[at..], &mut p3[at..]);
+            taps(row, &mut p0[..tw], p1, p2, p3);
+        }
+        // Columns: d B.
+        bt(p0, p1, p2, p3, c0, c1, c2, c3);
+        // Rows: Bᵀ (d B), tile row ty from padded rows 2ty..2ty + 3.
+        let at = c * ch.n + si * tiles;
+        let odd = (th + 1) * tw;
+        for (k, ck) in [&*c0, &*c1, &*c2, &*c3].into_iter().enumerate() {
+            let (r0, r1, r2, r3) = (ck, &ck[odd..], &ck[tw..], &ck[odd + tw..]);
+            let [v0, v1, v2, v3] = blocks_mut(v, k, 4, ch.v_stride, at, tiles);
+            bt(r0, r1, r2, r3, v0, v1, v2, v3);
         }
     }
 }
 
-/// The transpose of [`input_transform`]: `B dV Bᵀ` of every tile added into its patch of a
-/// padded plane (deinterleaved rows), whose inside is then written to `dx`.
-fn input_transform_t(dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scratch: &mut [f32]) {
-    let (tiles, tw, pw, half) = (s.tiles(), s.tw(), s.pw(), s.tw() + 1);
-    let (n, len) = (ch.n, ch.v_stride);
-    let (plane, q) = scratch.split_at_mut(s.ph() * pw);
-    let (q, cols) = q[..20 * tw].split_at_mut(16 * tw);
-    let [s0, s1, s2, s3] = split4(cols, tw);
+/// [`input_transform_t`], inlined into each width's copy.
+#[inline(always)]
+fn input_transform_t_at(dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scratch: &mut [f32]) {
+    let (tiles, tw, th) = (s.tiles(), s.tw(), s.th());
+    let plane = s.ph() * tw;
+    let (cols, rest) = scratch.split_at_mut(4 * plane);
+    let (taps_buf, rest) = rest.split_at_mut(4 * plane);
+    let (q, rest) = rest.split_at_mut(2 * tiles);
+    let (q2, q3) = q.split_at_mut(tiles);
+    let row = &mut rest[..s.pw()];
+    let [c0, c1, c2, c3] = split4(cols, plane);
+    let [p0, p1, p2, p3] = split4(taps_buf, plane);
+    let odd = (th + 1) * tw;
     for (b, dxc) in dx.chunks_exact_mut(s.h * s.w).enumerate() {
         let (si, c) = (b / s.c_in, b % s.c_in);
-        plane.fill(0.0);
-        for ty in 0..s.th() {
-            let at = c * n + si * tiles + ty * tw;
-            // Rows of B dV per column k; row r's column k goes to q[(r·4 + k)·tw..].
-            for k in 0..4 {
-                let [a0, a1, a2, a3] = column(dv, k, len, at, tw);
-                let [q0, q1, q2, q3] = four_strided(q, k, tw);
-                b_(a0, a1, a2, a3, q0, q1, q2, q3);
-            }
-            for r in 0..4 {
-                let [c0, c1, c2, c3] = split4(&mut q[r * 4 * tw..][..4 * tw], tw);
-                b_(c0, c1, c2, c3, s0, s1, s2, s3);
-                // Columns: tile j adds into even[j], odd[j], even[j + 1], odd[j + 1].
-                let (even, odd) = plane[(2 * ty + r) * pw..][..pw].split_at_mut(half);
-                add_into(&mut even[..tw], s0);
-                add_into(&mut odd[..tw], s1);
-                add_into(&mut even[1..], s2);
-                add_into(&mut odd[1..], s3);
-            }
+        let at = c * ch.n + si * tiles;
+        // Rows: B dV, tile row ty adding into padded rows 2ty..2ty + 3.
+        for (k, ck) in [&mut *c0, &mut *c1, &mut *c2, &mut *c3]
+            .into_iter()
+            .enumerate()
+        {
+            let [a0, a1, a2, a3] = blocks(dv, k, 4, ch.v_stride, at, tiles);
+            let (even, odd_rows) = ck.split_at_mut(odd);
+            let (e0, o0) = (&mut even[..tiles], &mut odd_rows[..tiles]);
+            b_(a0, a1, a2, a3, e0, o0, q2, q3);
+            even[tiles..].fill(0.0);
+            odd_rows[tiles..].fill(0.0);
+            add_into(&mut even[tw..], q2);
+            add_into(&mut odd_rows[tw..], q3);
         }
-        for (iy, row) in dxc.chunks_exact_mut(s.w).enumerate() {
-            let (even, odd) = plane[(iy + s.pt) * pw..][..pw].split_at(half);
-            match s.pl % 2 {
-                0 => interleave(&even[s.pl / 2..], &odd[s.pl / 2..], row),
-                _ => interleave(&odd[s.pl / 2..], &even[s.pl / 2 + 1..], row),
-            }
+        // Columns: (B dV) Bᵀ.
+        b_(c0, c1, c2, c3, p0, p1, p2, p3);
+        for (iy, dst) in dxc.chunks_exact_mut(s.w).enumerate() {
+            let at = tap_row(iy + s.pt, s) * tw;
+            untaps(&p0[at..at + tw], &p1[at..], &p2[at..], &p3[at..], row);
+            dst.copy_from_slice(&row[s.pl..s.pl + s.w]);
         }
     }
 }
 
-/// The four `tw`-long rows `k, k + 4, k + 8, k + 12` of `q` (`[16][tw]`).
-fn four_strided(q: &mut [f32], k: usize, tw: usize) -> [&mut [f32]; 4] {
-    let mut rows = q.chunks_exact_mut(tw).skip(k).step_by(4);
-    std::array::from_fn(|_| match rows.next() {
-        Some(r) => r,
-        None => unreachable!("q holds 16 rows"),
-    })
-}
-
-/// `Y = Aᵀ M A` of every tile, plus the bias, written into the outputs.
-fn output_transform(
+/// [`output_transform`], inlined into each width's copy.
+#[inline(always)]
+fn output_transform_at(
     m: &[f32],
     s: &Shape,
     ch: &Chunk,
@@ -521,75 +608,148 @@ fn output_transform(
     scratch: &mut [f32],
 ) {
     let (tiles, tw) = (s.tiles(), s.tw());
-    let (n, len) = (ch.n, ch.m_stride);
-    let (p, out) = scratch[..10 * tw].split_at_mut(8 * tw);
-    let (even, odd) = out.split_at_mut(tw);
+    let (r, rest) = scratch.split_at_mut(8 * tiles);
+    let (ya, _) = rest.split_at_mut(2 * tiles);
+    let (y0, y1) = ya.split_at_mut(tiles);
     for (b, yo) in y.chunks_exact_mut(s.ho * s.wo).enumerate() {
         let (si, o) = (b / s.c_out, b % s.c_out);
         let bias = bias.map_or(0.0, |bias| bias[o]);
-        for ty in 0..s.th() {
-            let at = o * n + si * tiles + ty * tw;
-            // Rows of Aᵀ M per column k; row a's column k goes to p[(a·4 + k)·tw..].
-            for k in 0..4 {
-                let [a0, a1, a2, a3] = column(m, k, len, at, tw);
-                let (p0, p1) = p.split_at_mut(4 * tw);
-                at_(
-                    a0,
-                    a1,
-                    a2,
-                    a3,
-                    0.0,
-                    &mut p0[k * tw..][..tw],
-                    &mut p1[k * tw..][..tw],
-                );
-            }
-            for a in 0..2 {
+        let at = o * ch.n + si * tiles;
+        // Rows: Aᵀ M; output row a's column k goes to r[(a·4 + k)·tiles..].
+        for k in 0..4 {
+            let [a0, a1, a2, a3] = blocks(m, k, 4, ch.m_stride, at, tiles);
+            let (ra, rb) = r.split_at_mut(4 * tiles);
+            at_(
+                a0,
+                a1,
+                a2,
+                a3,
+                0.0,
+                &mut ra[k * tiles..][..tiles],
+                &mut rb[k * tiles..][..tiles],
+            );
+        }
+        // Columns: (Aᵀ M) A, then the tile rows interleaved into output rows.
+        for (a, ra) in r.chunks_exact(4 * tiles).enumerate() {
+            let [c0, c1, c2, c3] = std::array::from_fn(|k| &ra[k * tiles..][..tiles]);
+            at_(c0, c1, c2, c3, bias, y0, y1);
+            for ty in 0..s.th() {
                 let oy = 2 * ty + a;
-                if oy >= s.ho {
-                    break;
+                if oy < s.ho {
+                    let (e, o) = (&y0[ty * tw..][..tw], &y1[ty * tw..][..tw]);
+                    interleave(e, o, &mut yo[oy * s.wo..][..s.wo]);
                 }
-                let pa = &p[a * 4 * tw..][..4 * tw];
-                let (c0, c1, c2, c3) = (
-                    &pa[..tw],
-                    &pa[tw..2 * tw],
-                    &pa[2 * tw..3 * tw],
-                    &pa[3 * tw..],
-                );
-                at_(c0, c1, c2, c3, bias, even, odd);
-                interleave(even, odd, &mut yo[oy * s.wo..][..s.wo]);
             }
         }
     }
 }
 
-/// `Z = A dY Aᵀ` of every tile of the output gradient (zeros past odd edges).
-fn grad_transform(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32]) {
+/// [`grad_transform`], inlined into each width's copy.
+#[inline(always)]
+fn grad_transform_at(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32]) {
     let (tiles, tw) = (s.tiles(), s.tw());
-    let (n, len) = (ch.n, ch.m_stride);
-    // Two output rows, deinterleaved (even columns, then odd), and four rows of A dY.
-    let (d, r) = scratch[..12 * tw].split_at_mut(4 * tw);
-    let [r0, r1, r2, r3] = split4(r, 2 * tw);
+    // dY's four taps (row a, column b at [(a·2 + b)·tiles..]), then the rows of A dY.
+    let (d, rest) = scratch.split_at_mut(4 * tiles);
+    let (r, _) = rest.split_at_mut(8 * tiles);
     for (b, dyo) in dy.chunks_exact(s.ho * s.wo).enumerate() {
         let (si, o) = (b / s.c_out, b % s.c_out);
+        d.fill(0.0);
         for ty in 0..s.th() {
-            for (a, da) in d.chunks_exact_mut(2 * tw).enumerate() {
+            for a in 0..2 {
                 let oy = 2 * ty + a;
-                da.fill(0.0);
                 if oy < s.ho {
-                    let (even, odd) = da.split_at_mut(tw);
-                    deinterleave(&dyo[oy * s.wo..][..s.wo], even, odd);
+                    let (d0, d1) = d[2 * a * tiles..][..2 * tiles].split_at_mut(tiles);
+                    let src = &dyo[oy * s.wo..][..s.wo];
+                    deinterleave(src, &mut d0[ty * tw..][..tw], &mut d1[ty * tw..][..tw]);
                 }
             }
-            // Rows of A dY.
-            let (d0, d1) = d.split_at(2 * tw);
+        }
+        // Rows: A dY, for tap columns 0 and 1.
+        let (da, db) = d.split_at(2 * tiles);
+        let (ra, rb) = r.split_at_mut(4 * tiles);
+        for (col, rc) in [ra, rb].into_iter().enumerate() {
+            let (d0, d1) = (&da[col * tiles..][..tiles], &db[col * tiles..][..tiles]);
+            let [r0, r1, r2, r3] = split4(rc, tiles);
             a_(d0, d1, r0, r1, r2, r3);
-            let at = o * n + si * tiles + ty * tw;
-            for (i, ri) in [&*r0, &*r1, &*r2, &*r3].into_iter().enumerate() {
-                // Columns: tile j combines even[j] and odd[j].
-                let (even, odd) = ri.split_at(tw);
-                let [z0, z1, z2, z3] = four_mut(z, i * 4, len, at, tw);
-                a_(even, odd, z0, z1, z2, z3);
-            }
+        }
+        // Columns: (A dY) Aᵀ.
+        let at = o * ch.n + si * tiles;
+        for i in 0..4 {
+            let (even, odd) = (&r[i * tiles..][..tiles], &r[(4 + i) * tiles..][..tiles]);
+            let [z0, z1, z2, z3] = blocks_mut(z, 4 * i, 1, ch.m_stride, at, tiles);
+            a_(even, odd, z0, z1, z2, z3);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    #[test]
+    fn every_vector_width_gives_the_same_bits() {
+        // `input_transform` and the others run this machine's widest copy; the `_at` bodies,
+        // inlined here, are compiled for the baseline CPU (SSE2 on x86-64).
+        for (h, w, [pt, pb, pl, pr]) in [
+            (8, 8, [1, 1, 1, 1]),
+            (7, 9, [1, 1, 0, 2]),
+            (5, 6, [0, 0, 2, 2]),
+            (1, 1, [1, 1, 1, 1]),
+            (16, 16, [1, 1, 1, 1]),
+        ] {
+            let s = Shape {
+                c_in: 3,
+                c_out: 2,
+                h,
+                w,
+                ho: h + pt + pb - 2,
+                wo: w + pl + pr - 2,
+                pt,
+                pl,
+            };
+            let samples = 2;
+            let ch = Chunk::new(&s, samples);
+            let mut scratch = vec![0f32; rows_len(&s)];
+            let x = values(samples * s.c_in * h * w, 1);
+            let (mut v1, mut v2) = (vec![0f32; E * ch.v_stride], vec![0f32; E * ch.v_stride]);
+            input_transform(&x, &s, &ch, &mut v1, &mut scratch);
+            input_transform_at(&x, &s, &ch, &mut v2, &mut scratch);
+            assert!(same_bits(&v1, &v2), "V of {s:?}");
+
+            let dv = values(E * ch.v_stride, 2);
+            let (mut dx1, mut dx2) = (vec![0f32; x.len()], vec![0f32; x.len()]);
+            input_transform_t(&dv, &s, &ch, &mut dx1, &mut scratch);
+            input_transform_t_at(&dv, &s, &ch, &mut dx2, &mut scratch);
+            assert!(same_bits(&dx1, &dx2), "dX of {s:?}");
+
+            let m = values(E * ch.m_stride, 3);
+            let bias = values(s.c_out, 4);
+            let y_len = samples * s.c_out * s.ho * s.wo;
+            let (mut y1, mut y2) = (vec![0f32; y_len], vec![0f32; y_len]);
+            output_transform(&m, &s, &ch, Some(&bias), &mut y1, &mut scratch);
+            output_transform_at(&m, &s, &ch, Some(&bias), &mut y2, &mut scratch);
+            assert!(same_bits(&y1, &y2), "Y of {s:?}");
+
+            let dy = values(y_len, 5);
+            let (mut z1, mut z2) = (vec![0f32; E * ch.m_stride], vec![0f32; E * ch.m_stride]);
+            grad_transform(&dy, &s, &ch, &mut z1, &mut scratch);
+            grad_transform_at(&dy, &s, &ch, &mut z2, &mut scratch);
+            assert!(same_bits(&z1, &z2), "Z of {s:?}");
         }
     }
 }

@@ -206,7 +206,11 @@ mod tests {
             let t = super::transpose(&data, rows, cols);
             for r in 0..rows {
                 for c in 0..cols {
-                    assert_eq!(t[c * rows + r], data[r * cols + c], "{rows}x{cols} at ({r}, {c})");
+                    assert_eq!(
+                        t[c * rows + r],
+                        data[r * cols + c],
+                        "{rows}x{cols} at ({r}, {c})"
+                    );
                 }
             }
         }

@@ -114,11 +114,11 @@ fn moments(x: &[f32], g: &Geom) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         .into_iter()
         .map(|s| s / count)
         .collect();
+    // Squared deviations from the f32 mean, in row_sum's f32 lanes: an f64 sum element by
+    // element was one dependent add per value, 5 % of a ResNet-20 epoch.
     let var: Vec<f64> = channel_sums(g, |at, ch| {
-        row(at)
-            .iter()
-            .map(|&v| (f64::from(v) - mean[ch]).powi(2))
-            .sum()
+        let m = mean[ch] as f32;
+        row_sum(row(at), row(at), |v, _| (v - m) * (v - m))
     })
     .into_iter()
     .map(|s| s / count)

@@ -20,6 +20,38 @@ use fedfuse_core::{ModelSpec, Params};
 
 use crate::{Result, TrainError};
 
+/// Defines `$name` to run `$body` (an `#[inline(always)]` function) compiled for the widest
+/// vector unit of this machine: AVX-512F, AVX2 or the baseline. Only for loops whose
+/// results do not depend on the width: element by element, or sums over lanes the code
+/// itself fixes (Rust fuses no multiply-add on its own), so every copy gives the same bits.
+macro_rules! widest {
+    ($(#[$doc:meta])* fn $name:ident => $body:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        $(#[$doc])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: this CPU has AVX-512F.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: this CPU has AVX2.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 mod affine;
 mod batch_norm;
 pub(crate) mod conv;

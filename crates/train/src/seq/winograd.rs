@@ -266,36 +266,6 @@ pub(super) fn backward_task(
     du
 }
 
-/// Defines `$name` to run `$body` compiled for the widest vector unit of this machine. The
-/// transforms add and subtract element by element, so every width gives the same bits.
-macro_rules! widest {
-    ($(#[$doc:meta])* fn $name:ident => $body:ident($($arg:ident: $ty:ty),* $(,)?)) => {
-        $(#[$doc])*
-        fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f")]
-                fn avx512($($arg: $ty),*) {
-                    $body($($arg),*)
-                }
-                #[target_feature(enable = "avx2")]
-                fn avx2($($arg: $ty),*) {
-                    $body($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: this CPU has AVX-512F.
-                    return unsafe { avx512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    // SAFETY: this CPU has AVX2.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $body($($arg),*)
-        }
-    };
-}
-
 widest! {
     /// `V = Bᵀ d B` of every tile of every input channel.
     fn input_transform => input_transform_at(
@@ -685,17 +655,7 @@ fn grad_transform_at(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Deterministic values in [-1, 1).
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::seq::tests::noise as values;
 
     fn same_bits(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())

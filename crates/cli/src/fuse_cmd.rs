@@ -74,7 +74,7 @@ fn load_client(file: &Path) -> Result<(Params, Option<FuseModel>)> {
     if !is_safetensors {
         return Ok((load_params(file).with_context(what)?, None));
     }
-    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let bytes = fedfuse_core::read_safetensors_file(file).with_context(what)?;
     let (params, metadata) = params_from_safetensors(&bytes).with_context(what)?;
     let stored = FuseModel::from_metadata(&metadata, &file.display().to_string())?;
     Ok((params, stored))

@@ -36,6 +36,18 @@ pub enum CoreError {
         /// How many values are not finite.
         count: usize,
     },
+    /// A batch-norm buffer holds a value outside its domain (a negative variance or count).
+    #[error("tensor `{name}` holds {value} at index {index}: {reason}")]
+    OutOfDomain {
+        /// Tensor name.
+        name: String,
+        /// Index of the first bad value.
+        index: usize,
+        /// The value.
+        value: f32,
+        /// What the tensor's values must be.
+        reason: &'static str,
+    },
     /// A record or safetensors buffer could not be decoded.
     #[error("cannot decode {what}: {reason}")]
     Decode {

@@ -142,10 +142,7 @@ pub fn save_safetensors(params: &Params, path: &Path) -> Result<()> {
 
 /// Reads [`Params`] from a safetensors file.
 pub fn load_safetensors(path: &Path) -> Result<Params> {
-    let bytes = std::fs::read(path).map_err(|source| CoreError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = read_safetensors_file(path)?;
     params_from_safetensors(&bytes)
         .map(|(p, _)| p)
         .map_err(|e| match e {
@@ -155,6 +152,106 @@ pub fn load_safetensors(path: &Path) -> Result<Params> {
             },
             other => other,
         })
+}
+
+/// Largest model or checkpoint file read: 8 GiB, twice the f64 copy of the largest model a
+/// run accepts. A file above it is refused before a byte of it is read.
+pub const MAX_FILE_BYTES: u64 = 8 << 30;
+
+/// The header of a safetensors file may be no longer than this (safetensors' own bound).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// An open regular file at `path` and its length, at most `max` bytes: a directory, a device
+/// (a link to /dev/zero) or a file above `max` is refused before anything is read.
+pub(crate) fn open_regular(path: &Path, max: u64) -> Result<(std::fs::File, u64)> {
+    let io = |source| CoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let refuse = |reason: String| CoreError::Decode {
+        what: path.display().to_string(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if meta.is_dir() {
+        return Err(refuse("is a folder; give the file itself".into()));
+    }
+    if !meta.is_file() {
+        return Err(refuse("is not a regular file (a device or a pipe)".into()));
+    }
+    if meta.len() > max {
+        return Err(refuse(format!(
+            "is {} bytes, above the limit of {max} bytes for this kind of file",
+            meta.len()
+        )));
+    }
+    Ok((file, meta.len()))
+}
+
+/// The whole of a regular file of at most `max` bytes ([`open_regular`]): never more than its
+/// length when opened, even if it grows meanwhile.
+pub fn read_regular_file(path: &Path, max: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, len) = open_regular(path, max)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(len)
+        .read_to_end(&mut bytes)
+        .map_err(|source| CoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(bytes)
+}
+
+/// The bytes of the safetensors file at `path`, its header checked before the rest is read:
+/// a file whose header is not safetensors', or whose tensors do not end where the file does,
+/// is refused after reading at most the header.
+pub fn read_safetensors_file(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, len) = open_regular(path, MAX_FILE_BYTES)?;
+    let refuse = |reason: String| CoreError::Decode {
+        what: format!("safetensors file {}", path.display()),
+        reason,
+    };
+    let io = |source| CoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = file.take(len);
+    let mut prefix = [0u8; 8];
+    file.read_exact(&mut prefix)
+        .map_err(|_| refuse(format!("{len} bytes are too few for a header")))?;
+    let n = u64::from_le_bytes(prefix);
+    if n > MAX_HEADER_BYTES || n > len - 8 {
+        return Err(refuse(format!(
+            "its first 8 bytes declare a {n}-byte header in a {len}-byte file; this is not a \
+             safetensors file, or it was cut short"
+        )));
+    }
+    // n <= len <= MAX_FILE_BYTES, so the casts below are exact.
+    let mut bytes = Vec::with_capacity(8 + n as usize);
+    bytes.extend_from_slice(&prefix);
+    (&mut file).take(n).read_to_end(&mut bytes).map_err(io)?;
+    let header: HashMap<String, serde_json::Value> = std::str::from_utf8(&bytes[8..])
+        .ok()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .ok_or_else(|| refuse("its header is not a JSON object".into()))?;
+    let data_end = header
+        .iter()
+        .filter(|(k, _)| k.as_str() != "__metadata__")
+        .map(|(_, v)| v["data_offsets"][1].as_u64().unwrap_or(u64::MAX))
+        .max()
+        .unwrap_or(0);
+    if Some(len) != data_end.checked_add(8 + n) {
+        return Err(refuse(format!(
+            "its header places tensor data up to byte {data_end} after a {n}-byte header, and \
+             the file holds {len} bytes; it was cut short or is not a safetensors file"
+        )));
+    }
+    bytes.reserve_exact((len - 8 - n) as usize);
+    file.read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -44,6 +44,19 @@ pub const MAX_LAYERS: usize = 1000;
 /// Largest kernel, stride, padding or group count a layer may declare.
 const MAX_WINDOW: usize = 1024;
 
+/// Most values one tensor, or one sample between two layers, may hold (8 GiB of `f32`). Far
+/// above any trainable model, and low enough that every product and sum over a layer list's
+/// shapes stays inside `usize`: a declared width of 2^62 is refused here instead of wrapping
+/// around to a small count that passes the parameter limit.
+pub const MAX_VALUES: usize = 1 << 31;
+
+/// The product of `dims`, or `None` when it is above [`MAX_VALUES`] (or wraps).
+pub fn bounded_len(dims: &[usize]) -> Option<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= MAX_VALUES)
+}
+
 /// Normalisation inside a residual block.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -208,6 +221,9 @@ impl FeatureShape {
     /// The shape of samples with axes `dims`: `[c, h, w]` images or `[d]` vectors.
     pub fn of(dims: &[usize]) -> Result<Self> {
         match *dims {
+            _ if bounded_len(dims).is_none() => Err(CoreError::InvalidSpec(format!(
+                "samples of shape {dims:?} hold more than {MAX_VALUES} values"
+            ))),
             [c, h, w] if c > 0 && h > 0 && w > 0 => Ok(Self::Image { c, h, w }),
             [d] if d > 0 => Ok(Self::Flat(d)),
             _ => Err(CoreError::InvalidSpec(format!(
@@ -217,10 +233,11 @@ impl FeatureShape {
         }
     }
 
-    /// Values per sample.
+    /// Values per sample (saturating: shapes that [`chain`] accepted are far below the
+    /// bound).
     pub fn len(self) -> usize {
         match self {
-            Self::Image { c, h, w } => c * h * w,
+            Self::Image { c, h, w } => c.saturating_mul(h).saturating_mul(w),
             Self::Flat(d) => d,
         }
     }
@@ -610,15 +627,36 @@ pub fn chain(
     let mut tensors = Vec::new();
     let mut at = input;
     for (i, layer) in layers.iter().enumerate() {
-        at = layer
+        let first_new = tensors.len();
+        let fail = |why: String| {
+            CoreError::InvalidSpec(format!(
+                "model.layers[{i}] ({}, input {:?}): {why}",
+                layer.type_name(),
+                at.dims()
+            ))
+        };
+        let next = layer
             .chain(at, &format!("{i}."), &mut tensors)
-            .map_err(|why| {
-                CoreError::InvalidSpec(format!(
-                    "model.layers[{i}] ({}, input {:?}): {why}",
-                    layer.type_name(),
-                    at.dims()
-                ))
-            })?;
+            .map_err(fail)?;
+        // Every later product over these shapes is then inside `usize`.
+        if bounded_len(&next.dims()).is_none() {
+            return Err(fail(format!(
+                "its output {:?} holds more than {MAX_VALUES} values per sample; lower its \
+                 width, padding or kernel",
+                next.dims()
+            )));
+        }
+        if let Some(t) = tensors[first_new..]
+            .iter()
+            .find(|t| bounded_len(&t.shape).is_none())
+        {
+            return Err(fail(format!(
+                "its tensor `{}` of shape {:?} holds more than {MAX_VALUES} values; lower its \
+                 width or kernel",
+                t.name, t.shape
+            )));
+        }
+        at = next;
         shapes.push(at);
     }
     Ok((shapes, tensors))

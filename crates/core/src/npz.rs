@@ -208,10 +208,7 @@ pub fn load_params(path: &Path) -> Result<Params> {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| CoreError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::io::read_regular_file(path, crate::io::MAX_FILE_BYTES)
 }
 
 /// Adds the file to an error from decoding it.

@@ -183,15 +183,17 @@ impl Params {
     /// Checks that this set has exactly `layout` (same names, order and shapes).
     pub fn check_layout(&self, layout: &[ParamShape]) -> Result<()> {
         if self.len() != layout.len() {
+            let names = |names: Vec<&str>| match names.len() {
+                0 => "none".to_string(),
+                n if n > 8 => format!("{}, ... ({n} in all)", names[..8].join(", ")),
+                _ => names.join(", "),
+            };
             return Err(CoreError::LayoutMismatch(format!(
-                "{} tensors where {} were expected ({})",
+                "{} tensors where {} were expected (given: {}; expected: {})",
                 self.len(),
                 layout.len(),
-                layout
-                    .iter()
-                    .map(|p| p.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                names(self.names.iter().map(String::as_str).collect()),
+                names(layout.iter().map(|p| p.name.as_str()).collect())
             )));
         }
         for ((name, t), want) in self.iter().zip(layout) {
@@ -266,6 +268,36 @@ impl Params {
         Ok(())
     }
 
+    /// [`Self::check_finite`], and batch norm's buffers within their domain: every
+    /// `running_var` and every `num_batches_tracked` non-negative (an averaged count may be
+    /// fractional until it is written).
+    /// For models read from files or checkpoints, which training would otherwise take in
+    /// silently (a negative variance gives NaN losses).
+    pub fn check_values(&self) -> Result<()> {
+        self.check_finite()?;
+        for (name, t) in self.iter() {
+            let last = name.rsplit('.').next().unwrap_or(name);
+            let bad: fn(f32) -> bool = match last {
+                "running_var" => |v| v < 0.0,
+                "num_batches_tracked" => |v| v < 0.0,
+                _ => continue,
+            };
+            if let Some((index, &value)) = t.data.iter().enumerate().find(|(_, v)| bad(**v)) {
+                return Err(CoreError::OutOfDomain {
+                    name: name.to_string(),
+                    index,
+                    value,
+                    reason: if last == "running_var" {
+                        "a variance must be at least 0"
+                    } else {
+                        "a count of batches must be at least 0"
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Squared Euclidean distance to `other` (same layout assumed; extra tensors ignored).
     pub fn sq_distance(&self, other: &Params) -> f64 {
         self.tensors
@@ -283,6 +315,30 @@ impl Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_norm_buffers_are_checked_for_their_domain() {
+        let mut p = Params::new();
+        p.push("1.running_mean", vec![2], vec![-3.0, 2.0]).unwrap();
+        p.push("1.running_var", vec![2], vec![0.0, 2.0]).unwrap();
+        p.push("1.num_batches_tracked", vec![], vec![2.5]).unwrap();
+        p.check_values().unwrap();
+        let mut bad = p.clone();
+        bad.remove("1.running_var");
+        bad.push("1.running_var", vec![2], vec![1.0, -0.5]).unwrap();
+        let e = bad.check_values().unwrap_err().to_string();
+        assert!(e.contains("`1.running_var` holds -0.5 at index 1"), "{e}");
+        let mut bad = p.clone();
+        bad.remove("1.num_batches_tracked");
+        bad.push("1.num_batches_tracked", vec![], vec![-1.0])
+            .unwrap();
+        assert!(bad.check_values().is_err());
+        let mut bad = p;
+        bad.remove("1.running_mean");
+        bad.push("1.running_mean", vec![2], vec![f32::NAN, 0.0])
+            .unwrap();
+        assert!(bad.check_values().is_err());
+    }
 
     #[test]
     fn a_shape_whose_product_overflows_is_refused() {

@@ -241,6 +241,19 @@ impl ModelSpec {
                         "MLP widths must be positive (input {input}, hidden {hidden:?}, classes {classes})"
                     )));
                 }
+                if let Some(t) = self
+                    .param_shapes()
+                    .into_iter()
+                    .find(|t| layers::bounded_len(&t.shape).is_none())
+                {
+                    return Err(CoreError::InvalidSpec(format!(
+                        "MLP tensor `{}` of shape {:?} holds more than {} values: use smaller \
+                         widths",
+                        t.name,
+                        t.shape,
+                        layers::MAX_VALUES
+                    )));
+                }
             }
             Self::LeNet5 {
                 channels,
@@ -291,7 +304,9 @@ impl ModelSpec {
         match self {
             Self::Mlp { input, .. } => *input,
             Self::LeNet5 { channels, side, .. } => channels * side * side,
-            Self::Sequential { input, .. } => input.iter().product(),
+            Self::Sequential { input, .. } => {
+                input.iter().fold(1usize, |n, &d| n.saturating_mul(d))
+            }
         }
     }
 
@@ -357,8 +372,10 @@ impl ModelSpec {
         self.param_shapes()
             .iter()
             .filter(|p| TensorRole::of(&p.name) == TensorRole::Param)
-            .map(|p| p.shape.iter().product::<usize>())
-            .sum()
+            // Saturating: an unchecked spec (a huge MLP width) must not wrap around to a
+            // small count that passes a limit.
+            .map(|p| p.shape.iter().fold(1usize, |n, &d| n.saturating_mul(d)))
+            .fold(0usize, usize::saturating_add)
     }
 
     /// The normalisation layers' tensors (scales, shifts, running statistics and counters) in

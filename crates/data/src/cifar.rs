@@ -6,50 +6,178 @@ use std::path::Path;
 
 use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
-use crate::idx::read_maybe_gz;
 
 /// Bytes in one CIFAR-10 image (3 x 32 x 32, channel-major).
 const IMAGE_BYTES: usize = 3 * 32 * 32;
-/// Bytes in one CIFAR-10 record: one label byte, then the image.
-const RECORD_BYTES: usize = 1 + IMAGE_BYTES;
 
-/// Reads one CIFAR-10 binary batch (`data_batch_N.bin`, `test_batch.bin`).
+/// Records in one CIFAR-10 batch file (`data_batch_N.bin`, `test_batch.bin`).
+pub const CIFAR10_BATCH_RECORDS: usize = 10_000;
+/// Records in CIFAR-100's larger file (`train.bin`; `test.bin` holds 10,000).
+pub const CIFAR100_FILE_RECORDS: usize = 50_000;
+
+/// Reads one CIFAR-10 binary batch (`data_batch_N.bin`, `test_batch.bin`), raw or gzip, of at
+/// most [`CIFAR10_BATCH_RECORDS`] records.
 ///
 /// Each record is one label byte (0..=9) followed by 3072 pixel bytes, channel-major (CHW).
 /// Pixels are scaled to `[0, 1]` by dividing by 255; `sample_shape` is `[3, 32, 32]`.
 pub fn read_cifar10_batch(path: &Path) -> Result<Dataset> {
-    let bytes = read_maybe_gz(path)?;
-    if bytes.is_empty() || bytes.len() % RECORD_BYTES != 0 {
-        return Err(DataError::format(
-            path,
-            format!(
-                "{} bytes is not a whole number of CIFAR-10 records ({RECORD_BYTES} bytes each: \
-                 1 label + 3072 pixels); the file is truncated or not a CIFAR-10 binary batch",
-                bytes.len()
-            ),
-        ));
-    }
-    let n = bytes.len() / RECORD_BYTES;
-    let mut x = Vec::with_capacity(n * IMAGE_BYTES);
-    let mut y = Vec::with_capacity(n);
-    for (i, rec) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
-        if rec[0] > 9 {
-            return Err(DataError::format(
-                path,
-                format!(
-                    "record {i} has label {} (CIFAR-10 labels are 0..=9); is this a CIFAR-100 file?",
-                    rec[0]
-                ),
+    let (x, y) = read_records(path, 1, CIFAR10_BATCH_RECORDS, "CIFAR-10", |i, labels| {
+        if labels[0] > 9 {
+            return Err(format!(
+                "record {i} has label {} (CIFAR-10 labels are 0..=9); is this a CIFAR-100 file?",
+                labels[0]
             ));
         }
-        y.push(u32::from(rec[0]));
-        x.extend(rec[1..].iter().map(|&p| f32::from(p) / 255.0));
-    }
+        Ok(labels[0])
+    })?;
     Dataset::new(x, y, vec![3, 32, 32], 10)
 }
 
-/// Bytes in one CIFAR-100 record: the coarse label, the fine label, then the image.
-const RECORD_BYTES_100: usize = 2 + IMAGE_BYTES;
+/// The records of a CIFAR file, streamed from disk (through gzip when it is compressed)
+/// straight into the final pixel buffer: each record is `label_bytes` label bytes, which
+/// `label` checks and turns into the kept label (or says what is wrong with record `i`), then
+/// an image. A raw file is sized up from its length before anything is allocated; a
+/// compressed one is first inflated once without keeping anything, to count and check its
+/// records, so that a file holding more than `max_records` (however far it would inflate) is
+/// refused at the cost of reading it, not of holding it.
+fn read_records(
+    path: &Path,
+    label_bytes: usize,
+    max_records: usize,
+    format: &str,
+    mut label: impl FnMut(usize, &[u8]) -> std::result::Result<u8, String>,
+) -> Result<(Vec<f32>, Vec<u32>)> {
+    let record = label_bytes + IMAGE_BYTES;
+    let io = |e| DataError::io("could not read", path, e);
+    let open = || -> Result<(Box<dyn Read>, bool, u64)> {
+        let file = std::fs::File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(DataError::format(
+                path,
+                "is not a regular file (a folder or a device); give the CIFAR file itself",
+            ));
+        }
+        let mut file = std::io::BufReader::new(file);
+        let mut magic = [0u8; 2];
+        let gzip = file
+            .read_exact(&mut magic)
+            .is_ok_and(|()| magic == [0x1f, 0x8b]);
+        std::io::Seek::rewind(&mut file).map_err(io)?;
+        Ok(match gzip {
+            true => (
+                Box::new(flate2::read::MultiGzDecoder::new(file)),
+                true,
+                meta.len(),
+            ),
+            false => (Box::new(file), false, meta.len()),
+        })
+    };
+    let too_many = |what: String| {
+        DataError::format(
+            path,
+            format!(
+                "{what}, more than the {max_records} records a {format} file holds (of \
+                 {record} bytes each): a corrupt or hostile file, or not a {format} file"
+            ),
+        )
+    };
+    let (reader, gzip, len) = open()?;
+    let (n, reader) = if gzip {
+        let n = each_record(reader, path, record, format, |i, _| {
+            if i == max_records {
+                return Err(too_many(format!(
+                    "it inflates to more than {max_records} records"
+                )));
+            }
+            Ok(())
+        })?;
+        (n, open()?.0)
+    } else {
+        if len == 0 || len % record as u64 != 0 {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "{len} bytes is not a whole number of {format} records ({record} bytes \
+                     each: {label_bytes} label byte(s) + 3072 pixels); the file is truncated \
+                     or not a {format} file"
+                ),
+            ));
+        }
+        let n = len / record as u64;
+        if n > max_records as u64 {
+            return Err(too_many(format!("{len} bytes hold {n} records")));
+        }
+        (n as usize, reader)
+    };
+    if n == 0 {
+        return Err(DataError::format(
+            path,
+            format!("holds no record; the file is empty or not a {format} file"),
+        ));
+    }
+    let mut x = Vec::with_capacity(n * IMAGE_BYTES);
+    let mut y = Vec::with_capacity(n);
+    each_record(
+        reader.take((n * record) as u64),
+        path,
+        record,
+        format,
+        |i, rec| {
+            let kept = label(i, &rec[..label_bytes]).map_err(|msg| DataError::format(path, msg))?;
+            y.push(u32::from(kept));
+            x.extend(rec[label_bytes..].iter().map(|&p| f32::from(p) / 255.0));
+            Ok(())
+        },
+    )?;
+    Ok((x, y))
+}
+
+/// Calls `f` on each whole record of `reader` in turn and returns how many there were; a
+/// cut-off last record is an error.
+fn each_record(
+    mut reader: impl Read,
+    path: &Path,
+    record: usize,
+    format: &str,
+    mut f: impl FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<usize> {
+    let mut buf = vec![0u8; record];
+    for i in 0.. {
+        // Fill one record, telling a clean end (no byte) from a cut one.
+        let mut got = 0;
+        while got < record {
+            match reader.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(DataError::format(
+                        path,
+                        format!(
+                            "corrupt or truncated data ({e}); delete the file and download \
+                             it again"
+                        ),
+                    ));
+                }
+            }
+        }
+        if got == 0 {
+            return Ok(i);
+        }
+        if got < record {
+            return Err(DataError::format(
+                path,
+                format!(
+                    "record {i} is cut short ({got} of {record} bytes); the file is truncated \
+                     or not a {format} file"
+                ),
+            ));
+        }
+        f(i, &buf)?;
+    }
+    Ok(usize::MAX)
+}
 
 /// CIFAR-100's coarse label (superclass, `0..20`) of each fine label (`0..100`): entry `f` is
 /// the coarse label of fine label `f`. The hierarchy is fixed by the dataset (each superclass
@@ -92,43 +220,27 @@ pub enum Cifar100Label {
 /// coarse ones (20), as `label` says; the other is implied, since every record must follow
 /// [`CIFAR100_COARSE_OF_FINE`].
 pub fn read_cifar100(path: &Path, label: Cifar100Label) -> Result<Dataset> {
-    let bytes = read_maybe_gz(path)?;
-    if bytes.is_empty() || bytes.len() % RECORD_BYTES_100 != 0 {
-        return Err(DataError::format(
-            path,
-            format!(
-                "{} bytes is not a whole number of CIFAR-100 records ({RECORD_BYTES_100} bytes \
-                 each: 1 coarse label + 1 fine label + 3072 pixels); the file is truncated or \
-                 not a CIFAR-100 binary file",
-                bytes.len()
-            ),
-        ));
-    }
-    let n = bytes.len() / RECORD_BYTES_100;
-    let mut x = Vec::with_capacity(n * IMAGE_BYTES);
-    let mut y = Vec::with_capacity(n);
-    for (i, rec) in bytes.chunks_exact(RECORD_BYTES_100).enumerate() {
-        let (coarse, fine) = (rec[0], rec[1]);
-        let bad = |msg: String| Err(DataError::format(path, format!("record {i}: {msg}")));
+    let (x, y) = read_records(path, 2, CIFAR100_FILE_RECORDS, "CIFAR-100", |i, labels| {
+        let (coarse, fine) = (labels[0], labels[1]);
         if fine > 99 {
-            return bad(format!(
-                "fine label {fine} is outside 0..=99; is this a CIFAR-100 binary file?"
+            return Err(format!(
+                "record {i}: fine label {fine} is outside 0..=99; is this a CIFAR-100 binary \
+                 file?"
             ));
         }
         let expected = CIFAR100_COARSE_OF_FINE[usize::from(fine)];
         if coarse != expected {
-            return bad(format!(
-                "coarse label {coarse} does not match fine label {fine}, whose superclass is \
-                 {expected}; the file is corrupt or not CIFAR-100 (a CIFAR-10 batch has one \
-                 label byte per record, not two)"
+            return Err(format!(
+                "record {i}: coarse label {coarse} does not match fine label {fine}, whose \
+                 superclass is {expected}; the file is corrupt or not CIFAR-100 (a CIFAR-10 \
+                 batch has one label byte per record, not two)"
             ));
         }
-        y.push(u32::from(match label {
+        Ok(match label {
             Cifar100Label::Fine => fine,
             Cifar100Label::Coarse => coarse,
-        }));
-        x.extend(rec[2..].iter().map(|&p| f32::from(p) / 255.0));
-    }
+        })
+    })?;
     let classes = match label {
         Cifar100Label::Fine => 100,
         Cifar100Label::Coarse => 20,

@@ -11,8 +11,22 @@ const LABELS_MAGIC: u32 = 0x0000_0801;
 /// Reads a whole file, transparently decompressing it when it starts with the gzip magic
 /// bytes `1f 8b`.
 pub(crate) fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
-    let raw = std::fs::read(path).map_err(|e| DataError::io("could not read", path, e))?;
-    maybe_gunzip(raw, path)
+    maybe_gunzip(read_raw(path)?, path)
+}
+
+/// The bytes of the regular file at `path`, at most [`MAX_INFLATED`] of them: a folder, a
+/// device (a link to /dev/zero) or a larger file is refused before anything is read.
+fn read_raw(path: &Path) -> Result<Vec<u8>> {
+    Ok(match fedfuse_core::read_regular_file(path, MAX_INFLATED) {
+        Ok(raw) => raw,
+        Err(fedfuse_core::CoreError::Io { source, .. }) => {
+            return Err(DataError::io("could not read", path, source));
+        }
+        Err(fedfuse_core::CoreError::Decode { reason, .. }) => {
+            return Err(DataError::format(path, reason));
+        }
+        Err(e) => return Err(DataError::format(path, e.to_string())),
+    })
 }
 
 /// Most bytes a gzip file or zip member read whole (a CSV table, the CDC file) may inflate to:
@@ -149,7 +163,7 @@ const DEFLATE_MAX_RATIO: u64 = 1032;
 /// declared payload and one byte more, so a gzip bomb costs no more memory than the data it
 /// claims to be (and never more than deflate can honestly expand the file to).
 fn read_idx_bytes(path: &Path, magic: u32, what: &str) -> Result<Vec<u8>> {
-    let raw = std::fs::read(path).map_err(|e| DataError::io("could not read", path, e))?;
+    let raw = read_raw(path)?;
     if !raw.starts_with(&[0x1f, 0x8b]) {
         return Ok(raw);
     }

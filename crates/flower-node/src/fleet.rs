@@ -311,9 +311,15 @@ impl Fleet {
             .with_config()
             .limit(reply_limit(rpc))
             .read_to_vec()
-            .map_err(|e| NodeError::Transport {
-                rpc: rpc.to_string(),
-                reason: e.to_string(),
+            .map_err(|e| match e {
+                ureq::Error::BodyExceedsLimit(limit) => NodeError::TooLarge {
+                    rpc: rpc.to_string(),
+                    limit,
+                },
+                e => NodeError::Transport {
+                    rpc: rpc.to_string(),
+                    reason: e.to_string(),
+                },
             })?;
         if status != 200 {
             let (code, detail) = explain(&body);
@@ -497,7 +503,18 @@ mod tests {
             )
             .err()
             .unwrap();
-        assert!(matches!(e, NodeError::Transport { .. }), "{e}");
+        // Refused as such, not as a broken exchange that a retry might mend.
+        assert!(
+            matches!(
+                e,
+                NodeError::TooLarge {
+                    limit: MAX_SMALL_REPLY,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(!e.is_transient());
         assert_eq!(reply_limit("send-node-heartbeat"), MAX_SMALL_REPLY);
         assert_eq!(reply_limit("pull-object"), MAX_REPLY);
     }

@@ -31,6 +31,14 @@ pub enum NodeError {
         /// Why.
         reason: String,
     },
+    /// The SuperLink's reply was larger than the call allows: refused, not a passing fault.
+    #[error("{rpc}: the SuperLink's reply is larger than the {limit} bytes this call allows")]
+    TooLarge {
+        /// The Fleet call.
+        rpc: String,
+        /// The limit, in bytes.
+        limit: u64,
+    },
     /// The SuperLink refused a call.
     #[error("{rpc}: the SuperLink answered HTTP {status}{}: {detail}", code.map(|c| format!(" (Flower error {c})")).unwrap_or_default())]
     Status {
@@ -82,6 +90,14 @@ pub enum NodeError {
         #[source]
         source: prost::DecodeError,
     },
+}
+
+impl NodeError {
+    /// Whether the exchange itself failed (nothing answered, or the connection broke off),
+    /// so that the same call may succeed when tried again: the SuperLink did not refuse it.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unreachable { .. } | Self::Transport { .. })
+    }
 }
 
 /// Text a peer sent, fit for a log line or an error: at most 300 characters, with control

@@ -203,14 +203,18 @@ impl<'a> Session<'a> {
 
     /// Pulls every object of `tree`, waiting for those the SuperLink does not hold yet as
     /// Flower's client does: a pause that doubles from `opts.object_backoff.0` up to its
-    /// second value, with jitter, for up to `opts.object_wait` per object.
+    /// second value, with jitter, for up to `opts.object_wait` per object and no later than
+    /// `expires` (the message's end: no reply is taken after it). A pull whose exchange breaks
+    /// off (a connection reset) is tried again the same way, as Flower's SuperNode retries its
+    /// pulls: the SuperLink delivers a message only once, so giving up on it mid-pull would
+    /// leave the round waiting for a reply that never comes. Every failure to get an object
+    /// within the wait is an [`NodeError::Object`], which the caller answers.
     fn pull_objects(
         &self,
-        run_id: u64,
-        tree: &proto::ObjectTree,
+        (run_id, tree, expires): (u64, &proto::ObjectTree, Option<Instant>),
         opts: &NodeOptions,
         stop: &AtomicBool,
-        jitter: &mut Jitter,
+        (jitter, log): (&mut Jitter, Log<'_>),
     ) -> Result<Pulled> {
         let wait = opts.object_wait;
         let (first, cap) = opts.object_backoff;
@@ -219,34 +223,46 @@ impl<'a> Session<'a> {
         while let Some(t) = todo.pop() {
             todo.extend(t.children.iter());
             let deadline = Instant::now() + wait;
+            let deadline = expires.map_or(deadline, |e| deadline.min(e));
             let mut pause = first;
             loop {
-                let r: proto::PullObjectResponse = self.fleet.call(
+                let outcome = self.fleet.call::<_, proto::PullObjectResponse>(
                     "pull-object",
                     &proto::PullObjectRequest {
                         node: Some(self.node),
                         run_id,
                         object_id: t.object_id.clone(),
                     },
-                )?;
-                if !r.object_found {
-                    return Err(NodeError::Object(format!(
-                        "the SuperLink does not know object {}",
-                        t.object_id
-                    )));
-                }
-                if r.object_available {
-                    pulled.insert(&t.object_id, r.object_content)?;
-                    break;
-                }
+                );
+                let failure = match outcome {
+                    Ok(r) if !r.object_found => {
+                        return Err(NodeError::Object(format!(
+                            "the SuperLink does not know object {}",
+                            t.object_id
+                        )));
+                    }
+                    Ok(r) if r.object_available => {
+                        pulled.insert(&t.object_id, r.object_content)?;
+                        break;
+                    }
+                    Ok(_) => None,
+                    Err(e) if e.is_transient() => Some(e),
+                    Err(e) => return Err(e),
+                };
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() || stop.load(Ordering::Relaxed) {
-                    return Err(NodeError::Object(format!(
-                        "object {} was not available within {:?}",
-                        t.object_id, wait
-                    )));
+                    return Err(NodeError::Object(match failure {
+                        Some(e) => format!("object {} could not be pulled ({e})", t.object_id),
+                        None => {
+                            format!("object {} was not available within {:?}", t.object_id, wait)
+                        }
+                    }));
                 }
-                nap(jitter.backoff(pause).min(left), stop);
+                let nap_for = jitter.backoff(pause).min(left);
+                if let Some(e) = failure {
+                    log(&format!("{e}; pulling again in {nap_for:.1?}"));
+                }
+                nap(nap_for, stop);
                 pause = (pause * 2).min(cap);
             }
         }
@@ -254,9 +270,9 @@ impl<'a> Session<'a> {
     }
 
     /// Pulls, runs and answers at most one message; whether there was one. A message whose
-    /// objects never come (or cannot be read) is answered with Flower's "message unavailable"
-    /// error, so that the round counts it as a failure instead of waiting out its timeout,
-    /// and is then the loop's error, which backs off.
+    /// objects never come (or cannot be read, or cannot be pulled at all) is answered with
+    /// Flower's "message unavailable" error, so that the round counts it as a failure instead
+    /// of waiting out its timeout, and is then the loop's error, which backs off.
     fn step(
         &self,
         handler: &mut dyn Handler,
@@ -287,27 +303,51 @@ impl<'a> Session<'a> {
                 meta.message_id, tree.object_id
             )))
         } else {
-            self.pull_objects(meta.run_id, tree, opts, stop, jitter)
-                .and_then(|objects| Ok(objects.inflate(&meta.message_id)?.1))
+            // The SuperLink's clock set the TTL; the node's clock judges it, as below. A
+            // TTL past what an `Instant` can hold sets no bound.
+            let left = meta.created_at + meta.ttl - now_secs();
+            let expires = if left > 0.0 {
+                Duration::try_from_secs_f64(left)
+                    .ok()
+                    .and_then(|d| Instant::now().checked_add(d))
+            } else {
+                Some(Instant::now())
+            };
+            self.pull_objects(
+                (meta.run_id, tree, expires),
+                opts,
+                stop,
+                (&mut *jitter, log),
+            )
+            .and_then(|objects| Ok(objects.inflate(&meta.message_id)?.1))
         };
         let content = match content {
             Ok(content) => content,
-            Err(NodeError::Object(reason)) => {
+            Err(e) => {
+                // Whatever kept the message from the node, the round learns of it now; a
+                // SuperLink that refused the pull will likely refuse this too, and says so.
+                let reason = match &e {
+                    NodeError::Object(reason) => reason.clone(),
+                    e => e.to_string(),
+                };
                 if let Err(e) = self.answer(&meta, Err((MESSAGE_UNAVAILABLE, &reason)), 0.0) {
                     log(&format!("could not report the unavailable message: {e}"));
                 }
-                return Err(NodeError::Object(reason));
+                return Err(e);
             }
-            Err(other) => return Err(other),
         };
-        let _: proto::ConfirmMessageReceivedResponse = self.fleet.call(
+        // The confirmation only lets the SuperLink free the message's objects; the content
+        // is in hand, so a failed one is no reason to leave the message unanswered.
+        if let Err(e) = self.fleet.call::<_, proto::ConfirmMessageReceivedResponse>(
             "confirm-message-received",
             &proto::ConfirmMessageReceivedRequest {
                 node: Some(self.node),
                 run_id: meta.run_id,
                 message_object_id: meta.message_id.clone(),
             },
-        )?;
+        ) {
+            log(&format!("going on without confirming the message: {e}"));
+        }
         let started = now_secs();
         if meta.created_at + meta.ttl < started {
             log(&format!(
@@ -503,6 +543,44 @@ fn open_first<'f>(
     }
 }
 
+/// How a node stands with the SuperLink after rejoining.
+enum Rejoined<'f> {
+    /// Activated afresh (registered first where the SuperLink had forgotten the key).
+    Anew(Session<'f>),
+    /// The SuperLink still holds the node's key, and so the node id bound to it: the node
+    /// goes on as it was.
+    Kept,
+}
+
+/// Whether the SuperLink refused a registration because it holds the key already (Flower:
+/// HTTP 412, "Public key already in use.").
+fn key_in_use(e: &NodeError) -> bool {
+    matches!(e, NodeError::Status { status: 412, detail, .. }
+        if detail.to_lowercase().contains("already in use"))
+}
+
+/// Joins again after a lost connection: activates; where that is refused, a self-registered
+/// node registers its key again, unless the SuperLink still holds it, in which case the
+/// node's id is still the key's (Flower refuses to activate a node it counts online).
+fn rejoin<'f>(
+    fleet: &'f Fleet,
+    self_registered: bool,
+    heartbeat: Duration,
+) -> Result<Rejoined<'f>> {
+    match Session::open(fleet, false, heartbeat) {
+        Ok(mut s) => {
+            s.self_registered = self_registered;
+            Ok(Rejoined::Anew(s))
+        }
+        Err(e) if !self_registered => Err(e),
+        Err(_) => match Session::open(fleet, true, heartbeat) {
+            Ok(s) => Ok(Rejoined::Anew(s)),
+            Err(e) if key_in_use(&e) => Ok(Rejoined::Kept),
+            Err(e) => Err(e),
+        },
+    }
+}
+
 /// Runs a node until `stop` is set: joins the SuperLink, answers its messages with
 /// `handler`, and leaves cleanly. Lost connections are retried with back-off (the node
 /// registers again when the SuperLink has forgotten it); a wrong address, a refused key or a
@@ -567,20 +645,16 @@ pub fn run(
                     }
                     // Activate again; a restarted SuperLink that forgot the node gets it
                     // registered again first.
-                    let rejoined = Session::open(&fleet, false, opts.heartbeat).or_else(|e| {
-                        if self_registered {
-                            Session::open(&fleet, true, opts.heartbeat)
-                        } else {
-                            Err(e)
-                        }
-                    });
-                    match rejoined {
-                        Ok(mut s) => {
-                            s.self_registered = self_registered;
+                    match rejoin(&fleet, self_registered, opts.heartbeat) {
+                        Ok(Rejoined::Anew(s)) => {
                             session = s;
                             node_id.store(session.node.node_id, Ordering::Relaxed);
                             log(&format!("rejoined as node {}", session.node.node_id));
                         }
+                        Ok(Rejoined::Kept) => log(&format!(
+                            "the SuperLink still holds this node: going on as node {}",
+                            session.node.node_id
+                        )),
                         Err(e) => log(&format!("could not rejoin yet: {e}")),
                     }
                 }
@@ -614,12 +688,31 @@ mod tests {
     struct Fake {
         /// The message every pull returns (none: nothing to do).
         message: Option<(proto::Message, proto::ObjectTree)>,
+        /// Messages served once each, ahead of `message`, as Flower's SuperLink delivers a
+        /// message only once.
+        queue: Mutex<std::collections::VecDeque<(proto::Message, proto::ObjectTree)>>,
         /// Objects by id; a pull of one is "not available yet" this many times first.
         objects: std::collections::HashMap<String, Vec<u8>>,
         unavailable: AtomicUsize,
+        /// The first this many `pull-object` (`pull-messages`) requests have their
+        /// connection closed without an answer.
+        cut_object_pulls: AtomicUsize,
+        cut_message_pulls: AtomicUsize,
+        /// Activation after the first is refused, as Flower refuses a node that is online.
+        activate_once: bool,
+        /// Registration after the first is refused: "Public key already in use".
+        key_in_use: bool,
+        activations: AtomicUsize,
+        registrations: AtomicUsize,
         pulls: AtomicUsize,
         object_pulls: AtomicUsize,
         pushed: Mutex<Vec<proto::Message>>,
+    }
+
+    /// Takes one from `n` if it is not zero; whether it did.
+    fn take(n: &AtomicUsize) -> bool {
+        n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     /// A SuperLink at 127.0.0.1 that lets a node join and serves `fake`.
@@ -664,6 +757,47 @@ mod tests {
             }
             let mut body = vec![0; len];
             reader.read_exact(&mut body).unwrap();
+            let cut = match rpc.as_str() {
+                "pull-object" => take(&fake.cut_object_pulls),
+                "pull-messages" => take(&fake.cut_message_pulls),
+                _ => false,
+            };
+            if cut {
+                // The exchange breaks off: the request was read, no answer comes.
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            let refusal = match rpc.as_str() {
+                "activate-node"
+                    if fake.activations.fetch_add(1, Ordering::Relaxed) > 0
+                        && fake.activate_once =>
+                {
+                    Some((
+                        400,
+                        r#"{"code": 2004, "detail": "Node activation failed."}"#,
+                    ))
+                }
+                "register-node"
+                    if fake.registrations.fetch_add(1, Ordering::Relaxed) > 0
+                        && fake.key_in_use =>
+                {
+                    Some((
+                        412,
+                        r#"{"code": 23, "detail": "Public key already in use."}"#,
+                    ))
+                }
+                _ => None,
+            };
+            if let Some((status, json)) = refusal {
+                let reply = format!(
+                    "HTTP/1.1 {status} Refused\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+                    json.len()
+                );
+                if stream.write_all(reply.as_bytes()).is_err() {
+                    return;
+                }
+                continue;
+            }
             let reply = match rpc.as_str() {
                 "activate-node" => proto::ActivateNodeResponse { node_id: 7 }.encode_to_vec(),
                 "send-node-heartbeat" => {
@@ -671,10 +805,12 @@ mod tests {
                 }
                 "pull-messages" => {
                     fake.pulls.fetch_add(1, Ordering::Relaxed);
-                    let (messages_list, message_object_trees) = match &fake.message {
-                        Some((m, t)) => (vec![m.clone()], vec![t.clone()]),
-                        None => (Vec::new(), Vec::new()),
-                    };
+                    let queued = fake.queue.lock().unwrap().pop_front();
+                    let (messages_list, message_object_trees) =
+                        match queued.or(fake.message.clone()) {
+                            Some((m, t)) => (vec![m], vec![t]),
+                            None => (Vec::new(), Vec::new()),
+                        };
                     proto::PullMessagesResponse {
                         messages_list,
                         message_object_trees,
@@ -687,10 +823,7 @@ mod tests {
                     let id = proto::PullObjectRequest::decode(&body[..])
                         .unwrap()
                         .object_id;
-                    let wait = fake
-                        .unavailable
-                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                        .is_ok();
+                    let wait = take(&fake.unavailable);
                     let content = fake.objects.get(&id);
                     proto::PullObjectResponse {
                         object_found: content.is_some(),
@@ -858,6 +991,104 @@ mod tests {
             error.reason.contains("not available within"),
             "{}",
             error.reason
+        );
+    }
+
+    /// A fake that serves `train_message()` once, with its objects.
+    fn serving_once(fake: Fake) -> (Arc<Fake>, String) {
+        let (message, tree, objects) = train_message();
+        let id = tree.object_id.clone();
+        let fake = Fake {
+            queue: Mutex::new([(message, tree)].into()),
+            objects,
+            ..fake
+        };
+        (Arc::new(fake), id)
+    }
+
+    #[test]
+    fn a_connection_cut_mid_pull_is_retried_and_the_message_answered_with_its_result() {
+        // The soak's failure: a reset during pull-object. Flower's SuperLink delivers a
+        // message once, so a node that gives up on it can never answer it.
+        let (fake, id) = serving_once(Fake {
+            cut_object_pulls: AtomicUsize::new(1),
+            ..Fake::default()
+        });
+        let lines = run_for(
+            fake.clone(),
+            |o| o.object_backoff = (Duration::from_millis(100), Duration::from_millis(400)),
+            1500,
+        );
+        let pushed = fake.pushed.lock().unwrap();
+        assert_eq!(pushed.len(), 1, "{lines:?}");
+        assert!(pushed[0].error.is_none(), "{:?}", pushed[0].error);
+        assert_eq!(pushed[0].metadata.as_ref().unwrap().reply_to_message_id, id);
+        assert!(
+            lines.iter().any(|l| l.contains("train answered")),
+            "{lines:?}"
+        );
+        // Nothing else went wrong: the session was never given up.
+        assert!(!lines.iter().any(|l| l.contains("lost")), "{lines:?}");
+    }
+
+    #[test]
+    fn a_pull_that_never_recovers_ends_in_an_unavailable_reply() {
+        let (fake, id) = serving_once(Fake {
+            cut_object_pulls: AtomicUsize::new(usize::MAX),
+            ..Fake::default()
+        });
+        let lines = run_for(
+            fake.clone(),
+            |o| {
+                o.object_wait = Duration::from_millis(1000);
+                o.object_backoff = (Duration::from_millis(100), Duration::from_millis(400));
+            },
+            1800,
+        );
+        // Pauses of at least 50, 100, 200, 200, ... ms in the 1 s wait: at most 8 tries.
+        let pulls = fake.object_pulls.load(Ordering::Relaxed);
+        assert!(pulls <= 8, "{pulls} object pulls: {lines:?}");
+        let pushed = fake.pushed.lock().unwrap();
+        assert_eq!(pushed.len(), 1, "{lines:?}");
+        let error = pushed[0].error.clone().unwrap();
+        assert_eq!(error.code, MESSAGE_UNAVAILABLE);
+        assert!(
+            error.reason.contains("could not be pulled"),
+            "{}",
+            error.reason
+        );
+        assert_eq!(pushed[0].metadata.as_ref().unwrap().reply_to_message_id, id);
+    }
+
+    #[test]
+    fn a_node_whose_key_is_in_use_keeps_its_id_and_answers_the_next_message() {
+        // The SuperLink still holds the node after a cut pull-messages: activating again is
+        // refused (the node is online) and so is registering its key again.
+        let (fake, id) = serving_once(Fake {
+            cut_message_pulls: AtomicUsize::new(1),
+            activate_once: true,
+            key_in_use: true,
+            ..Fake::default()
+        });
+        let lines = run_for(fake.clone(), |_| {}, 2500);
+        assert_eq!(fake.registrations.load(Ordering::Relaxed), 2, "{lines:?}");
+        assert!(
+            !lines.iter().any(|l| l.contains("could not rejoin")),
+            "{lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("still holds") && l.contains("node 7")),
+            "{lines:?}"
+        );
+        let pushed = fake.pushed.lock().unwrap();
+        assert_eq!(pushed.len(), 1, "{lines:?}");
+        assert!(pushed[0].error.is_none(), "{:?}", pushed[0].error);
+        let meta = pushed[0].metadata.as_ref().unwrap();
+        assert_eq!(
+            (meta.src_node_id, meta.reply_to_message_id.as_str()),
+            (7, id.as_str())
         );
     }
 

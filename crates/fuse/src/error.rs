@@ -19,6 +19,9 @@ pub enum FuseError {
     /// A client model or matrix cannot be matched (wrong layout, non-finite values, ...).
     #[error("invalid matching input: {0}")]
     InvalidInput(String),
+    /// A saved server state (a checkpoint's) that does not fit: the reason.
+    #[error("invalid saved state: {0}")]
+    InvalidState(String),
     /// GEMS: the learners' good-enough balls have no common point.
     #[error(
         "the good-enough balls of {balls} learners do not intersect (remaining violation \

@@ -357,7 +357,7 @@ impl ServerOptState {
     /// Restores a state written by [`Self::save`] (same optimizer; the caller checks that the
     /// checkpoint belongs to the same run).
     pub fn restore(&mut self, state: &Record) -> Result<()> {
-        let bad = |why: String| FuseError::InvalidInput(format!("server optimizer state: {why}"));
+        let bad = |why: String| FuseError::InvalidState(format!("server optimizer: {why}"));
         let steps = state.metrics.get("steps").copied().unwrap_or(0.0);
         if !(steps >= 0.0 && steps.fract() == 0.0 && steps < 2f64.powi(53)) {
             return Err(bad(format!("step count {steps} is not a whole number")));
@@ -378,6 +378,15 @@ impl ServerOptState {
                 .strip_prefix("m/")
                 .filter(|n| vn.strip_prefix("v/") == Some(*n) && m.shape == v.shape)
                 .ok_or_else(|| bad(format!("`{mn}` and `{vn}` are no pair of moments")))?;
+            if m.data.iter().chain(&v.data).any(|x| !x.is_finite()) {
+                return Err(bad(format!("the moments of `{name}` are not all finite")));
+            }
+            // The second moment is a running mean of squares.
+            if let Some(x) = v.data.iter().find(|x| **x < 0.0) {
+                return Err(bad(format!(
+                    "the second moment of `{name}` holds {x}, and a mean of squares is at least 0"
+                )));
+            }
             layout.push(ParamShape {
                 name: name.to_string(),
                 shape: m.shape.clone(),

@@ -352,7 +352,7 @@ pub fn fuse_with(
         bail!("no client models given");
     }
     for (name, p) in models {
-        p.check_finite().context(name.clone())?;
+        p.check_values().context(name.clone())?;
     }
     check_eps(settings.method, &settings.pfnm)?;
     let model = match model {

@@ -1,6 +1,6 @@
 //! results.json and metrics.csv.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -27,6 +27,33 @@ struct Final {
     bytes_total: u64,
     rejected_total: usize,
     seconds_total: f64,
+    /// Why a figure above is null (not measured), by figure.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    unmeasured: BTreeMap<&'static str, String>,
+}
+
+/// Why the last round's `local_accuracy_mean` is NaN (written as null) although `local_eval`
+/// asked for it, if it is.
+fn local_accuracy_missing(cfg: &Config, last: Option<&RoundMetrics>) -> Option<String> {
+    let missing = last.is_some_and(|r| r.local_accuracy_mean.is_nan());
+    if !missing || !cfg.local_eval || cfg.table.is_some() {
+        return None;
+    }
+    Some(
+        if cfg
+            .dataset
+            .as_ref()
+            .is_some_and(|d| d.local_test_fraction == 0.0)
+        {
+            "no client holds local test samples: set `dataset.local_test_fraction` above 0 \
+         (e.g. 0.2)"
+                .into()
+        } else {
+            "no client holds a local test sample: their data is too small for \
+         `dataset.local_test_fraction`; raise it"
+                .into()
+        },
+    )
 }
 
 /// Writes `results.json` and `metrics.csv` into `out`.
@@ -43,6 +70,10 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
             bytes_total: run.rounds.iter().map(|r| r.bytes_up + r.bytes_down).sum(),
             rejected_total: run.rounds.iter().map(|r| r.rejected.len()).sum(),
             seconds_total: run.rounds.iter().map(|r| r.seconds).sum(),
+            unmeasured: local_accuracy_missing(cfg, last)
+                .map(|why| ("local_accuracy_mean", why))
+                .into_iter()
+                .collect(),
         },
     };
     let path = out.join("results.json");

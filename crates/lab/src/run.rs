@@ -48,10 +48,8 @@ pub fn run_with(
     }
     write_run_folder(out, &shown, &result)?;
     // The run is whole in `out`: nothing left to resume.
-    if let Err(e) = std::fs::remove_file(&saved)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        observer.note(&format!("could not remove {}: {e}", saved.display()));
+    for failed in checkpoint::remove(&saved) {
+        observer.note(&failed);
     }
     if let Some(first) = nothing_accepted(&result) {
         bail!(
@@ -123,7 +121,7 @@ fn initial_weights(path: &Path, spec: &ModelSpec) -> Result<Params> {
     let what = || format!("model.init_from = {}", path.display());
     let loaded = fedfuse_core::load_params(path).with_context(what)?;
     let params = loaded.arranged(&spec.param_shapes()).with_context(what)?;
-    params.check_finite().with_context(what)?;
+    params.check_values().with_context(what)?;
     Ok(params)
 }
 
@@ -143,9 +141,11 @@ fn federate_with(
     observer.note(&fed.run_summary());
     let mut session = Session::default();
     let mut init = std::mem::take(&mut fed.init);
-    let target = saved.map(|(path, _)| path);
-    let writer = |global: &Params, rounds: &[RoundMetrics], method: &dyn Method| match target {
-        Some(path) => checkpoint::write(path, cfg, global, rounds, method)
+    let checkpointer = saved.map(|(path, _)| checkpoint::Checkpointer::new(path));
+    let writer = |global: &Params, rounds: &[RoundMetrics], method: &dyn Method| match &checkpointer
+    {
+        Some(c) => c
+            .write(cfg, global, rounds, method)
             .map_err(fedfuse_fed::BoxError::from),
         None => Ok(()),
     };
@@ -161,11 +161,16 @@ fn federate_with(
             }
             match checkpoint::read(path, cfg)? {
                 Some(c) => {
+                    check_resumed(cfg, &c, &init)
+                        .with_context(|| format!("checkpoint {}", path.display()))?;
                     observer.note(&format!(
                         "resuming from {} after round {}",
                         path.display(),
                         c.rounds.len()
                     ));
+                    if let Some(w) = &checkpointer {
+                        w.resume_after(&c);
+                    }
                     fed.method
                         .load_state(c.state)
                         .with_context(|| format!("checkpoint {}", path.display()))?;
@@ -193,6 +198,60 @@ fn federate_with(
     );
     observer.run_finished();
     Ok((result?, fed.spec))
+}
+
+/// Whether a checkpoint's global model and history can continue a run of `cfg` from `init`
+/// (the config's initial model): rounds 1..k once each, every value finite and every buffer
+/// in its domain, and the initial model's layout unless the method changes widths.
+fn check_resumed(cfg: &Config, c: &checkpoint::Checkpoint, init: &Params) -> Result<()> {
+    if let Some((i, r)) = c.rounds.iter().enumerate().find(|(i, r)| r.round != i + 1) {
+        bail!(
+            "its history's entry {} is round {}; a history holds rounds 1, 2, ... once each",
+            i + 1,
+            r.round
+        );
+    }
+    if c.rounds.is_empty() {
+        bail!("its history holds no round; delete it to start over");
+    }
+    c.global.check_values().context("its global model")?;
+    if init.is_empty() {
+        return Ok(());
+    }
+    let matching = cfg.method.matching();
+    let fits = if matching {
+        // Matching may widen layers and name them after the layer list: only the count of
+        // tensors and their ranks are the config's.
+        c.global.len() == init.len()
+            && c.global
+                .iter()
+                .zip(init.iter())
+                .all(|((_, a), (_, b))| a.shape.len() == b.shape.len())
+    } else {
+        c.global
+            .iter()
+            .zip(init.iter())
+            .all(|((n, a), (m, b))| n == m && a.shape == b.shape)
+            && c.global.len() == init.len()
+    };
+    if !fits {
+        let first = |p: &Params| {
+            p.iter()
+                .map(|(n, t)| format!("{n} {:?}", t.shape))
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        bail!(
+            "its global model ({} tensors: {}, ...) does not fit the config's model ({} tensors: \
+             {}, ...); delete the checkpoint to start over",
+            c.global.len(),
+            first(&c.global),
+            init.len(),
+            first(init)
+        );
+    }
+    Ok(())
 }
 
 /// Everything a run of a federation starts from, built from its config the same way wherever
@@ -267,6 +326,7 @@ impl Federation {
         };
         let scored_len = scored.len();
         let spec = model.spec(&data.train.sample_shape, data.train.num_classes)?;
+        cfg.train.check_memory(&spec)?;
         let trainer = Trainer::new(spec.clone())?;
         let init = match &model.init_from {
             Some(path) => initial_weights(path, &spec)?,
@@ -274,7 +334,17 @@ impl Federation {
         };
         if let fedfuse_fed::MethodConfig::FedMa(fedma) = &cfg.method {
             let per_pass = fedfuse_fed::FedMaSettings::rounds_per_pass(&spec)?;
-            let needed = fedma.rounds * per_pass;
+            // Checked: `method.rounds` is the user's; a wrapped product passed this check.
+            let needed = fedma.rounds.saturating_mul(per_pass);
+            if needed > crate::config::MAX_ROUNDS {
+                bail!(
+                    "FedMA's `method.rounds` = {} passes take {} federation rounds each on this \
+                     model, above the limit of {} rounds: lower `method.rounds`",
+                    fedma.rounds,
+                    per_pass,
+                    crate::config::MAX_ROUNDS
+                );
+            }
             if cfg.rounds < needed {
                 bail!(
                     "`rounds` = {} is too few for FedMA: each of its `method.rounds` = {} passes \

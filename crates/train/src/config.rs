@@ -103,6 +103,10 @@ impl Default for TrainConfig {
     }
 }
 
+/// Most local epochs per round: a typo such as `epochs = 1e12` is refused instead of training
+/// until killed.
+pub const MAX_EPOCHS: usize = 100_000;
+
 impl TrainConfig {
     /// The PFNM paper's local recipe (its Table 1 and reference code): AMSGrad at lr 0.01,
     /// 10 epochs, weight decay 1e-6, batches of 32.
@@ -130,6 +134,12 @@ impl TrainConfig {
         }
         if self.batch_size == 0 {
             return bad("train.batch_size", "must be at least 1".into());
+        }
+        if self.epochs > MAX_EPOCHS {
+            return bad(
+                "train.epochs",
+                format!("{} is above the limit of {MAX_EPOCHS}", self.epochs),
+            );
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(

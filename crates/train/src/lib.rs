@@ -33,16 +33,18 @@ mod error;
 mod fedsparse_client;
 pub mod hard_concrete;
 mod init;
+pub mod memory;
 mod net;
 mod ngm;
 mod params;
 mod seq;
 mod trainer;
 
-pub use config::{OptimizerConfig, TrainConfig};
+pub use config::{MAX_EPOCHS, OptimizerConfig, TrainConfig};
 pub use error::{Result, TrainError};
 pub use fedsparse_client::{SparseConfig, SparseFit, SparsityPreset};
 pub use init::{Init, init_params};
+pub use memory::{MemoryEstimate, estimate as estimate_memory};
 pub use ngm::{
     BlockAggregate, CategoricalLoss, Distill, EpochLog, FeatureGraph, FirstDraw, InferConfig,
     InferMethod, Inference, Known, LambdaSchedule, Marginals, Ngm, NgmConfig, NgmFit, PathNorm,

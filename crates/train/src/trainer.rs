@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
+use crate::memory::EVAL_BATCH;
 use crate::net::Net;
 use crate::{OptimizerConfig, Result, TrainConfig, TrainError, params};
 
@@ -46,8 +47,6 @@ pub struct Evaluation {
     /// Samples evaluated.
     pub n: usize,
 }
-
-const EVAL_BATCH: usize = 1024;
 
 impl Trainer {
     /// A trainer for `spec`.

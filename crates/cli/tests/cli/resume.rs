@@ -103,9 +103,13 @@ fn run_killed_and_resumed_equals_whole(config: &str, sets: &[&str], rounds: usiz
     );
 
     let saved = dir.path().join("cut.checkpoint");
-    // The checkpoint keeps its rounds as TOML text, one `[[rounds]]` table each.
+    // The checkpoint record names the rounds it covers (their metrics are appended to
+    // `cut.checkpoint.rounds`).
     kill_when(&args(&cut), &saved, |bytes| {
-        bytes.windows(10).filter(|w| w == b"[[rounds]]").count() >= rounds
+        fedfuse_core::Record::decode(bytes).is_ok_and(|r| {
+            matches!(r.config.get("rounds"),
+                Some(fedfuse_core::ConfigValue::Int(n)) if *n >= rounds as i64)
+        })
     });
     assert!(!cut.exists(), "a killed run writes no output folder");
 

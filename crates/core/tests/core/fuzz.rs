@@ -610,3 +610,58 @@ fn flower_content_mutated() {
         },
     );
 }
+
+/// Issue 49: a model file is judged by its header before the rest is read. A 6 GB sparse file
+/// whose header is not safetensors', or whose tensors end before it does, is refused after
+/// reading its first bytes; a folder or a link to a device is refused before any read.
+#[test]
+fn model_files_are_refused_by_their_header_before_being_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = |name: &str, head: &[u8]| {
+        let path = dir.path().join(name);
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(head).unwrap();
+        f.set_len(6 << 30).unwrap();
+        path
+    };
+    let garbage = big("garbage.safetensors", b"not a safetensors header at all");
+    let header = b"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    let mut short = (header.len() as u64).to_le_bytes().to_vec();
+    short.extend_from_slice(header);
+    let short = big("short-data.safetensors", &short);
+    for path in [&garbage, &short] {
+        let start = std::time::Instant::now();
+        let (out, peak) = harness::peak_heap(|| fedfuse_core::load_params(path));
+        let e = out.unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        assert!(
+            peak < 1 << 20,
+            "{peak} heap bytes to refuse {}: {e}",
+            path.display()
+        );
+        assert!(start.elapsed().as_secs() < 2, "{e}");
+    }
+    // A model file above the limit is refused by its size alone, whatever its header says.
+    let npz = big("huge.npz", b"PK");
+    std::fs::File::options()
+        .write(true)
+        .open(&npz)
+        .unwrap()
+        .set_len(fedfuse_core::MAX_FILE_BYTES + 1)
+        .unwrap();
+    let (out, peak) = harness::peak_heap(|| fedfuse_core::load_params(&npz));
+    assert!(out.unwrap_err().to_string().contains("above the limit"));
+    assert!(peak < 1 << 20);
+
+    let folder = dir.path().join("model.safetensors");
+    std::fs::create_dir(&folder).unwrap();
+    let e = fedfuse_core::load_params(&folder).unwrap_err().to_string();
+    assert!(e.contains("is a folder") && !e.contains("os error"), "{e}");
+    #[cfg(unix)]
+    {
+        let zero = dir.path().join("zero.safetensors");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = fedfuse_core::load_params(&zero).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+}

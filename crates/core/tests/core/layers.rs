@@ -414,3 +414,54 @@ fn the_zoos_unit_maps_cover_every_tensor_they_name_once() {
     assert_eq!(uses[0].readers, [used("4.weight", 1, 1, 1)]);
     check_uses_partition(&ModelSpec::sequential(&[5], flat));
 }
+
+/// Issue 49: sizes whose products wrap around `usize` are refused by the list's check, which
+/// names the layer, instead of passing the parameter limit as a small count and panicking
+/// later; an input too large to flatten is refused too.
+#[test]
+fn sizes_that_overflow_are_refused_naming_the_layer() {
+    let huge_linear = ModelSpec::sequential(
+        &[64],
+        vec![
+            LayerSpec::Linear {
+                out: 1 << 58,
+                bias: false,
+            },
+            LayerSpec::Linear {
+                out: 64,
+                bias: false,
+            },
+        ],
+    );
+    let e = huge_linear.validate().unwrap_err().to_string();
+    assert!(e.contains("model.layers[0] (linear"), "{e}");
+
+    let huge_conv = ModelSpec::sequential(
+        &[1, 28, 28],
+        vec![
+            LayerSpec::Conv2d {
+                out: 1 << 62,
+                kernel: 2,
+                stride: 1,
+                padding: 0,
+                groups: 1,
+                bias: false,
+            },
+            LayerSpec::Flatten,
+            LayerSpec::linear(10),
+        ],
+    );
+    let e = huge_conv.validate().unwrap_err().to_string();
+    assert!(e.contains("model.layers[0] (conv2d"), "{e}");
+
+    // 2^22 x 2^21 x 2^21 flattens to 2^64: zero when wrapped.
+    let wide_input = ModelSpec::sequential(
+        &[1 << 22, 1 << 21, 1 << 21],
+        vec![LayerSpec::Flatten, LayerSpec::linear(10)],
+    );
+    let e = wide_input.validate().unwrap_err().to_string();
+    assert!(e.contains("more than"), "{e}");
+    let huge_mlp = ModelSpec::mlp(1 << 40, &[1 << 40], 10);
+    assert!(huge_mlp.validate().is_err());
+    assert_eq!(huge_mlp.num_params(), usize::MAX, "saturates, never wraps");
+}

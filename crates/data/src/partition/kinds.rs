@@ -73,16 +73,21 @@ pub(super) fn id_to_size(
     rng: &mut impl Rng,
 ) -> Result<Vec<Vec<usize>>> {
     let sizes = id_to_size_sizes(f, n, clients);
+    // A few sizes and the count: thousands of clients would make a page of numbers.
+    let shown = match sizes.len() {
+        len if len > 6 => format!("{:?} ... ({len} clients)", &sizes[..6]),
+        _ => format!("{sizes:?}"),
+    };
     if let Some(i) = sizes.iter().position(|&s| s == 0) {
         return Err(DataError::Partition(format!(
-            "{} over {clients} clients of {n} samples gives client {i} no sample (sizes {sizes:?}); \
-             use fewer clients",
+            "{} over {clients} clients of {n} samples gives client {i} no sample (sizes \
+             {shown}); use fewer clients",
             spec.kind()
         )));
     }
     if sizes.iter().sum::<usize>() != n {
         return Err(DataError::Partition(format!(
-            "{} over {clients} clients of {n} samples gives sizes {sizes:?}, which do not sum \
+            "{} over {clients} clients of {n} samples gives sizes {shown}, which do not sum \
              to {n}; use fewer clients",
             spec.kind()
         )));

@@ -584,3 +584,66 @@ fn cdc_zip_declaring_huge_sizes_is_bounded() {
     let (read, peak) = harness::peak_heap(|| load_cdc(&path, &CdcOptions::default()));
     assert!(peak < 1 << 20, "{peak} heap bytes: {read:?}");
 }
+
+/// Issue 49: a CIFAR file larger than any real one is refused by its size or record count,
+/// before the records are held: a sparse 2 GB batch, a 2 GB CIFAR-100 file, and a gzip batch
+/// that inflates to 1 GB of valid records. Each is refused with heap far below its size.
+#[test]
+fn cifar_files_beyond_their_record_count_are_refused_without_holding_them() {
+    let dir = scratch();
+    let sparse = |name: &str, len: u64| {
+        let path = dir.path().join(name);
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(len).unwrap();
+        path
+    };
+    // Whole records of label 0 and black pixels: only the count is wrong.
+    let batch = sparse("data_batch_1.bin", 3073 * 700_000);
+    let (out, peak) = harness::peak_heap(|| read_cifar10_batch(&batch));
+    let e = out.unwrap_err().to_string();
+    assert!(e.contains("700000 records") && e.contains("10000"), "{e}");
+    assert!(peak < 1 << 20, "{peak} heap bytes to refuse a 2 GB batch");
+
+    let train = sparse("train.bin", 3074 * 700_000);
+    let (out, peak) = harness::peak_heap(|| read_cifar100(&train, Cifar100Label::Fine));
+    let e = out.unwrap_err().to_string();
+    assert!(e.contains("50000"), "{e}");
+    assert!(
+        peak < 1 << 20,
+        "{peak} heap bytes to refuse a 2 GB train.bin"
+    );
+
+    // 10,001 valid records (label 0, coarse 4 for fine 0 in CIFAR-100) inflate past the count.
+    let record = |labels: &[u8]| {
+        let mut r = labels.to_vec();
+        r.resize(labels.len() + 3072, 0);
+        r
+    };
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let one = record(&[0]);
+    for _ in 0..10_001 {
+        gz.write_all(&one).unwrap();
+    }
+    let bomb = dir.path().join("bomb.bin");
+    std::fs::write(&bomb, gz.finish().unwrap()).unwrap();
+    let (out, peak) = harness::peak_heap(|| read_cifar10_batch(&bomb));
+    let e = out.unwrap_err().to_string();
+    assert!(e.contains("more than 10000 records"), "{e}");
+    assert!(
+        !e.contains("download it again"),
+        "too large is not corrupt: {e}"
+    );
+    assert!(
+        peak < 1 << 20,
+        "{peak} heap bytes to refuse an inflating batch"
+    );
+
+    // A link to a device is refused, not read.
+    #[cfg(unix)]
+    {
+        let zero = dir.path().join("zero.bin");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_cifar10_batch(&zero).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+}

@@ -661,8 +661,83 @@ impl Method for FedMa {
                 return Err(bad(format!("unknown tensor `{name}`")));
             }
         }
+        self.check_progress(&built).map_err(bad)?;
         self.built = built;
         *self.store()? = models;
         Ok(())
+    }
+}
+
+impl FedMa {
+    /// Whether a restored `progress` and fused layers `built` fit this model and settings:
+    /// every later index (stage, layer, fused unit) is then in range.
+    fn check_progress(&self, built: &Params) -> std::result::Result<(), String> {
+        let p = &self.progress;
+        let matched = self.view.matched;
+        if p.stage > matched {
+            return Err(format!(
+                "stage {} is past the model's {matched} matched layers",
+                p.stage
+            ));
+        }
+        if p.passes > self.settings.rounds {
+            return Err(format!(
+                "{} passes done, more than the {} set",
+                p.passes, self.settings.rounds
+            ));
+        }
+        if p.widths.len() != p.stage {
+            return Err(format!(
+                "{} fused widths at stage {} (one per layer matched so far)",
+                p.widths.len(),
+                p.stage
+            ));
+        }
+        for (client, layers) in &p.current {
+            if layers.len() > p.stage {
+                return Err(format!(
+                    "client {client} has assignments for {} layers at stage {}",
+                    layers.len(),
+                    p.stage
+                ));
+            }
+            for (g, a) in layers.iter().enumerate() {
+                if let Some(u) = a.iter().find(|&&u| u >= p.widths[g]) {
+                    return Err(format!(
+                        "client {client} is assigned to fused unit {u} of layer {g}, which has \
+                         {} units",
+                        p.widths[g]
+                    ));
+                }
+            }
+        }
+        if let Some((client, _)) = p.last.iter().find(|(_, l)| l.len() > matched) {
+            return Err(format!(
+                "client {client}'s last assignments cover more than {matched} layers"
+            ));
+        }
+        let (layers, uses) = self.view.at_widths(built).map_err(|e| e.to_string())?;
+        let layout = self.view.layout(&layers).map_err(|e| e.to_string())?;
+        for (name, t) in built.iter() {
+            match layout.iter().find(|s| s.name == name) {
+                Some(s) if s.shape == t.shape => {}
+                Some(s) => {
+                    return Err(format!(
+                        "fused tensor `{name}` has shape {:?} where {:?} fits",
+                        t.shape, s.shape
+                    ));
+                }
+                None => return Err(format!("fused tensor `{name}` is not in the model")),
+            }
+        }
+        for (g, &w) in p.widths.iter().enumerate() {
+            let weight = format!("{}.weight", uses[g].layer);
+            if built.get(&weight).and_then(|t| t.shape.first()) != Some(&w) {
+                return Err(format!(
+                    "fused layer {g} (`{weight}`) is missing or not {w} units wide"
+                ));
+            }
+        }
+        built.check_finite().map_err(|e| e.to_string())
     }
 }

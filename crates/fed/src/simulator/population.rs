@@ -243,7 +243,13 @@ pub fn evaluate_classifier(
                 Ok(evaluator.evaluate(model, &c.test)?.accuracy)
             })
             .collect::<Result<Vec<f64>>>()?;
-        accs.iter().sum::<f64>() / accs.len().max(1) as f64
+        if accs.is_empty() {
+            // No client holds a local test sample: nothing was measured (an empty sum is
+            // -0.0, which reads as a measured 0).
+            f64::NAN
+        } else {
+            accs.iter().sum::<f64>() / accs.len() as f64
+        }
     } else {
         f64::NAN
     };

@@ -13,6 +13,10 @@ use super::score::{self, ClientRows};
 use super::types::{LayerPrior, LayerSettings, Matrix};
 use crate::{FuseError, Result};
 
+/// Most refinement passes a matching may ask for (`iters`, FedMA's too): bounds the time a
+/// setting can cost, since orders are drawn for every pass even after the matching settles.
+pub const MAX_ITERS: usize = 10_000;
+
 /// Settings of PFNM. `sigma` and `sigma0` are **variances**, as in the reference code.
 ///
 /// `Default` is the one home of PFNM's defaults: the run config's `[method]` table, the
@@ -126,6 +130,15 @@ impl PfnmConfig {
             return Err(FuseError::InvalidSetting {
                 field: "max_global",
                 reason: "must be at least 1".into(),
+            });
+        }
+        if self.iters > MAX_ITERS {
+            return Err(FuseError::InvalidSetting {
+                field: "iters",
+                reason: format!(
+                    "{} is above {MAX_ITERS}: a matching settles within a few dozen passes",
+                    self.iters
+                ),
             });
         }
         Ok(())

@@ -44,10 +44,14 @@ impl Default for WeightMatchingConfig {
 impl WeightMatchingConfig {
     /// Checks every setting, naming the first that is out of range.
     pub fn check(&self) -> Result<()> {
-        if self.max_iters == 0 {
+        if self.max_iters == 0 || self.max_iters > super::mlp::MAX_ITERS {
             return Err(FuseError::InvalidSetting {
                 field: "max_iters",
-                reason: "must be at least 1".into(),
+                reason: format!(
+                    "{} is outside 1..={}",
+                    self.max_iters,
+                    super::mlp::MAX_ITERS
+                ),
             });
         }
         Ok(())

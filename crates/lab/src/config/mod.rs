@@ -262,6 +262,14 @@ impl Config {
             .to_train_config()
             .check()
             .map_err(crate::LabError::from)?;
+        if self.train.max_memory_mb == 0 {
+            bail!("`train.max_memory_mb` must be at least 1 (MiB per thread)");
+        }
+        if self.train.epochs == 0 {
+            // Zero epochs trains nothing, and every method's reply then lacks the training
+            // metrics it reports: refused here rather than as a rejected reply per client.
+            bail!("`train.epochs` must be at least 1");
+        }
         if let Some(f) = dataset.validation_fraction
             && !(0.0..1.0).contains(&f)
         {
@@ -693,7 +701,7 @@ hidden = [16]
             .is_ok()
         );
         // Within the width limit but too many parameters once the input size is known.
-        let cfg = Config::parse(BASE, &["model.hidden=[900000, 900000]".into()]).unwrap();
+        let cfg = Config::parse(BASE, &["model.hidden=[40000, 40000]".into()]).unwrap();
         let e = cfg.model.unwrap().spec(&[64], 10).unwrap_err();
         assert!(format!("{e:#}").contains("parameters"), "{e:#}");
     }

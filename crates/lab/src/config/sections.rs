@@ -309,6 +309,18 @@ pub struct TrainSection {
     pub eps: f64,
     /// Dropout probability on the fully connected hidden layers, 0 for none.
     pub dropout: f64,
+    /// Most memory, in MiB, one worker thread may need to train a batch or score an
+    /// evaluation chunk ([`fedfuse_train::estimate_memory`]); a model and batch size that need
+    /// more are refused at load, naming the heaviest layer.
+    #[serde(skip_serializing_if = "is_default_memory")]
+    pub max_memory_mb: u64,
+}
+
+/// Default of `train.max_memory_mb`: 8 GiB a thread, ten times what VGG-9 needs at batch 64.
+pub const DEFAULT_MAX_MEMORY_MB: u64 = 8192;
+
+fn is_default_memory(mb: &u64) -> bool {
+    *mb == DEFAULT_MAX_MEMORY_MB
 }
 
 impl Default for TrainSection {
@@ -333,6 +345,7 @@ impl Default for TrainSection {
             beta2: OptimizerConfig::ADAM_BETA2,
             eps: OptimizerConfig::ADAM_EPS,
             dropout: train.dropout,
+            max_memory_mb: DEFAULT_MAX_MEMORY_MB,
         }
     }
 }
@@ -365,6 +378,37 @@ impl TrainSection {
                     OptimizerName::Adam => "adam",
                     OptimizerName::Amsgrad => "amsgrad",
                 }
+            );
+        }
+        Ok(())
+    }
+
+    /// Refuses a model whose batch of `train.batch_size` (or evaluation chunk) needs more
+    /// than `train.max_memory_mb` on one thread, naming the heaviest layer and what to lower.
+    pub fn check_memory(&self, spec: &ModelSpec) -> Result<()> {
+        let need = fedfuse_train::estimate_memory(spec, self.batch_size, 1)
+            .map_err(crate::LabError::from)?;
+        let limit = self.max_memory_mb.saturating_mul(1 << 20);
+        if need.peak() > limit {
+            let mib = |b: u64| b.div_ceil(1 << 20);
+            let (i, kind, bytes) = need.heaviest;
+            let layer = match spec.layer_list().is_empty() {
+                true => format!("layer {i} of the network ({kind}"),
+                false => format!("model.layers[{i}] ({kind}"),
+            };
+            bail!(
+                "the model needs about {} MiB per thread to train a batch of {} ({} MiB) or to \
+                 score {} samples at a time ({} MiB), above `train.max_memory_mb` = {}; its \
+                 heaviest layer is {layer}, about {} MiB): lower \
+                 `train.batch_size`, or that layer's width, padding or kernel (or raise \
+                 `train.max_memory_mb` on a machine that has the memory)",
+                mib(need.peak()),
+                self.batch_size,
+                mib(need.train_bytes),
+                fedfuse_train::memory::EVAL_BATCH,
+                mib(need.eval_bytes),
+                self.max_memory_mb,
+                mib(bytes)
             );
         }
         Ok(())
@@ -529,9 +573,33 @@ impl ModelSection {
             );
         }
         if spec.num_params() > MAX_PARAMS {
+            // The tensor holding most parameters, named as the config names its layer.
+            let largest = spec
+                .param_shapes()
+                .into_iter()
+                .max_by_key(|t| t.shape.iter().fold(1usize, |n, &d| n.saturating_mul(d)));
+            let what = match (&largest, self.kind) {
+                (Some(t), ModelKind::Mlp) => format!(
+                    "its largest tensor is `{}` {:?}: use smaller `model.hidden` widths",
+                    t.name, t.shape
+                ),
+                (Some(t), _) => {
+                    let layer = t.name.split('.').next().unwrap_or_default();
+                    let kind = layer
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|i| spec.layer_list().get(i))
+                        .map_or("", |l| l.type_name());
+                    format!(
+                        "its largest tensor is `{}` {:?}, of model.layers[{layer}] ({kind}): \
+                         lower that layer's width",
+                        t.name, t.shape
+                    )
+                }
+                (None, _) => String::new(),
+            };
             bail!(
-                "the model has {} parameters, above the limit of {MAX_PARAMS}; use smaller \
-                 `model.hidden` widths",
+                "the model has {} parameters, above the limit of {MAX_PARAMS}; {what}",
                 spec.num_params()
             );
         }

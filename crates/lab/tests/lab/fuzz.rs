@@ -295,3 +295,281 @@ fn config_declaring_huge_sizes_is_answered_at_once() {
         }
     }
 }
+
+/// Layer lists: any list, however wild its numbers, is checked without a panic, and the
+/// memory estimate of a valid one bounds the heap a real training step allocates.
+mod layer_lists {
+    use super::harness::{self, fuzz};
+    use fedfuse_core::layers::LayerSpec;
+    use fedfuse_core::{BlockNorm, ModelSpec};
+    use fedfuse_data::Dataset;
+    use fedfuse_train::{Init, TrainConfig, Trainer, estimate_memory, init_params};
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use proptest::sample::select;
+
+    /// How far above the real peak the estimate may be: it counts every tensor a step could
+    /// keep at once, which the engine frees sooner (1.0x to 3.0x seen on these lists).
+    const OVER: u64 = 8;
+    /// Heap of a step outside the estimate's model, whatever the network: burn's module and
+    /// autodiff bookkeeping, the batch's index lists (about 1.1 MiB on the smallest lists).
+    const SLACK: u64 = 2 << 20;
+
+    fn norm() -> impl Strategy<Value = BlockNorm> {
+        select(vec![BlockNorm::None, BlockNorm::Batch, BlockNorm::Group])
+    }
+
+    /// A layer with small numbers (mostly valid lists).
+    fn small_layer() -> impl Strategy<Value = LayerSpec> {
+        prop_oneof![
+            (1usize..33, 1usize..4, 1usize..3, 0usize..3).prop_map(|(out, k, s, p)| {
+                LayerSpec::Conv2d {
+                    out,
+                    kernel: k,
+                    stride: s,
+                    padding: p,
+                    groups: 1,
+                    bias: true,
+                }
+            }),
+            Just(LayerSpec::max_pool(2)),
+            Just(LayerSpec::AvgPool2d {
+                kernel: 2,
+                stride: None
+            }),
+            Just(LayerSpec::Relu),
+            Just(LayerSpec::batch_norm2d()),
+            Just(LayerSpec::Dropout { p: 0.25 }),
+            (1usize..33, 1usize..3, norm()).prop_map(|(out, s, n)| {
+                let out = if n == BlockNorm::Group { 2 * out } else { out };
+                LayerSpec::residual(out, s, n)
+            }),
+        ]
+    }
+
+    /// Numbers from the edges of `usize`.
+    fn wild() -> impl Strategy<Value = usize> {
+        select(vec![
+            0,
+            1,
+            2,
+            3,
+            1 << 20,
+            1 << 31,
+            1 << 32,
+            1 << 62,
+            usize::MAX,
+        ])
+    }
+
+    fn wild_layer() -> impl Strategy<Value = LayerSpec> {
+        prop_oneof![
+            (wild(), wild(), wild(), wild(), wild()).prop_map(|(out, k, s, p, g)| {
+                LayerSpec::Conv2d {
+                    out,
+                    kernel: k,
+                    stride: s,
+                    padding: p,
+                    groups: g,
+                    bias: false,
+                }
+            }),
+            (wild(), any::<bool>()).prop_map(|(out, bias)| LayerSpec::Linear { out, bias }),
+            (wild(), wild(), norm()).prop_map(|(out, s, n)| LayerSpec::residual(out, s, n)),
+            Just(LayerSpec::Flatten),
+            Just(LayerSpec::GlobalAvgpool),
+            small_layer(),
+        ]
+    }
+
+    fn with_head(mut layers: Vec<LayerSpec>, classes: usize) -> Vec<LayerSpec> {
+        layers.push(LayerSpec::Flatten);
+        layers.push(LayerSpec::linear(classes));
+        layers
+    }
+
+    #[test]
+    fn wild_layer_lists_are_checked_without_a_panic() {
+        let input = (select(vec![
+            vec![1, 28, 28],
+            vec![3, 32, 32],
+            vec![1 << 22, 1 << 21, 1 << 21],
+            vec![64],
+        ]),);
+        fuzz(
+            "layer lists (wild numbers)",
+            4000,
+            (input, vec(wild_layer(), 1..8), 1usize..5000),
+            |((input,), layers, batch)| {
+                let spec = ModelSpec::sequential(&input, layers);
+                if spec.validate().is_ok() {
+                    // A valid list has a bounded size, and an estimate.
+                    prop_assert!(spec.num_params() <= 1 << 40);
+                    let e = estimate_memory(&spec, batch, 2)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert!(e.train_bytes > 0);
+                }
+                Ok(())
+            },
+        );
+    }
+
+    /// One training epoch of one batch on a single thread (so that this thread's heap counter
+    /// sees every allocation), and its heap peak.
+    fn step_peak(spec: &ModelSpec, batch: usize, seed: u64) -> u64 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("a one-thread pool");
+        let n = spec.input_len();
+        let classes = spec.classes();
+        let x: Vec<f32> = (0..batch * n)
+            .map(|i| ((i * 7919) % 97) as f32 / 97.0)
+            .collect();
+        let y: Vec<u32> = (0..batch).map(|i| (i % classes) as u32).collect();
+        let shape = match spec {
+            ModelSpec::Sequential { input, .. } => input.clone(),
+            _ => vec![n],
+        };
+        let data = Dataset::new(x, y, shape, classes).expect("a dataset");
+        let trainer = Trainer::new(spec.clone()).expect("a trainer");
+        let start = init_params(spec, Init::Default, seed);
+        let cfg = TrainConfig {
+            epochs: 1,
+            batch_size: batch,
+            ..TrainConfig::default()
+        };
+        pool.install(|| {
+            let (fit, peak) =
+                harness::peak_heap(|| trainer.fit_with(&start, &data, &cfg, None, seed));
+            fit.expect("training a valid list");
+            peak as u64
+        })
+    }
+
+    #[test]
+    fn the_memory_estimate_bounds_a_real_training_step() {
+        fuzz(
+            "layer lists (memory estimate)",
+            48,
+            (
+                1usize..4,
+                6usize..33,
+                vec(small_layer(), 1..6),
+                1usize..40,
+                1usize..6,
+                any::<u64>(),
+            ),
+            |(c, side, layers, batch, classes, seed)| {
+                let spec = ModelSpec::sequential(&[c, side, side], with_head(layers, classes));
+                if spec.validate().is_err() {
+                    return Ok(());
+                }
+                let est = estimate_memory(&spec, batch, 1)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?
+                    .train_bytes;
+                let peak = step_peak(&spec, batch, seed);
+                prop_assert!(
+                    peak <= est + SLACK,
+                    "a step of {spec:?} at batch {batch} took {peak} heap bytes, above its \
+                     estimate {est}"
+                );
+                prop_assert!(
+                    est <= OVER * peak + SLACK,
+                    "the estimate {est} of {spec:?} at batch {batch} is over {OVER}x the \
+                     {peak} heap bytes a step took"
+                );
+                Ok(())
+            },
+        );
+    }
+}
+
+/// Checkpoints: a FedMA run's checkpoint with its bytes mutated is read without a panic, and
+/// with its progress and fused layers set to wild values it is refused or resumed, never
+/// panicking (a stage of 99 indexed past the layers).
+mod checkpoints {
+    use super::harness::{fuzz, mutated};
+    use crate::hostile::{LAYERS, interrupted, tamper};
+    use fedfuse_core::ConfigValue;
+    use fedfuse_lab::Silent;
+    use proptest::prelude::*;
+    use proptest::sample::select;
+
+    const SETS: [&str; 4] = [
+        "method.name=\"fedma\"",
+        "rounds=2",
+        "clients=3",
+        "train.epochs=1",
+    ];
+
+    #[test]
+    fn mutated_checkpoint_bytes_are_read_without_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let (saved, cfg) = interrupted(dir.path(), LAYERS, &SETS, 1);
+        let seed = std::fs::read(&saved).unwrap();
+        let path = dir.path().join("mutated.checkpoint");
+        fuzz(
+            "checkpoint bytes",
+            300,
+            mutated(vec![seed], &[0, 8, 16], &["99", "-1", "1e300", "[]", "{}"]),
+            |bytes| {
+                std::fs::write(&path, &bytes).unwrap();
+                let _ = fedfuse_lab::checkpoint::read(&path, &cfg);
+                Ok(())
+            },
+        );
+    }
+
+    fn wild() -> impl Strategy<Value = serde_json::Value> {
+        select(vec![
+            serde_json::json!(0),
+            serde_json::json!(1),
+            serde_json::json!(2),
+            serde_json::json!(99),
+            serde_json::json!(4_000_000_000u64),
+            serde_json::json!(u64::MAX),
+            serde_json::json!([]),
+            serde_json::json!([0]),
+            serde_json::json!([99, 1]),
+            serde_json::json!([[0, 1], [5]]),
+            serde_json::json!({"0": [[0, 1, 2]]}),
+            serde_json::json!({"7": [[9999]]}),
+        ])
+    }
+
+    #[test]
+    fn wild_fedma_progress_is_refused_or_resumed_never_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let (saved, cfg) = interrupted(dir.path(), LAYERS, &SETS, 1);
+        let seed = std::fs::read(&saved).unwrap();
+        let history = fedfuse_lab::checkpoint::history_path(&saved);
+        let rounds = std::fs::read(&history).unwrap();
+        let keys = select(vec!["passes", "stage", "widths", "current", "last"]);
+        fuzz(
+            "FedMA progress",
+            40,
+            proptest::collection::vec((keys, wild()), 1..3),
+            |edits| {
+                // A resumed run removes both files when it ends.
+                std::fs::write(&saved, &seed).unwrap();
+                std::fs::write(&history, &rounds).unwrap();
+                tamper(&saved, |r| {
+                    let Some(ConfigValue::Str(json)) = r.config.get("state:progress") else {
+                        return;
+                    };
+                    let mut v: serde_json::Value = serde_json::from_str(json).unwrap();
+                    for (key, value) in &edits {
+                        v[*key] = value.clone();
+                    }
+                    r.config
+                        .insert("state:progress".into(), ConfigValue::Str(v.to_string()));
+                });
+                let out = saved.with_file_name("out");
+                let _ = std::fs::remove_dir_all(&out);
+                let _ = fedfuse_lab::run::run_with(&cfg, &out, &Silent, true);
+                Ok(())
+            },
+        );
+    }
+}

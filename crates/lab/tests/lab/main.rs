@@ -7,6 +7,7 @@ mod federation;
 mod fedmix;
 mod fuzz;
 mod golden;
+mod hostile;
 mod local_norm;
 mod matching;
 mod naming;

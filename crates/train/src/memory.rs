@@ -14,8 +14,6 @@
 //! thread: a layer's input and output at a time. `tests/` checks the bound against the heap a
 //! real step allocates (within a stated factor).
 
-#[cfg(test)]
-use fedfuse_core::BlockNorm;
 use fedfuse_core::layers::{FeatureShape, LayerSpec, has_projection};
 use fedfuse_core::{ModelSpec, TensorRole};
 
@@ -23,8 +21,8 @@ use crate::Result;
 
 /// Samples the server scores at a time, per thread (the trainer's evaluation chunks).
 pub const EVAL_BATCH: usize = 1024;
-/// Samples a convolution's parallel task covers (`seq::conv`).
-const CONV_SAMPLES_PER_TASK: u128 = 8;
+/// Samples a convolution's parallel task covers.
+const CONV_SAMPLES_PER_TASK: u128 = crate::seq::conv::SAMPLES_PER_TASK as u128;
 /// Copies of the parameters alive in a step: the module's, their gradients, two moments, the
 /// Params in and out.
 const PARAM_COPIES: u128 = 6;
@@ -182,7 +180,7 @@ pub fn estimate(spec: &ModelSpec, batch: usize, threads: usize) -> Result<Memory
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fedfuse_core::ZooModel;
+    use fedfuse_core::{BlockNorm, ZooModel};
 
     #[test]
     fn a_linear_layer_by_hand() {

@@ -601,7 +601,7 @@ fn col2im_add(col: &mut [f32], g: &Geom, dx: &mut [f32]) {
 
 /// Samples per parallel task. Fixed, so that the weight gradient's partial sums (one per
 /// task, added in task order) and hence the results do not depend on the number of threads.
-const SAMPLES_PER_TASK: usize = 8;
+pub(crate) const SAMPLES_PER_TASK: usize = 8;
 
 /// The output `[batch, c_out, ho, wo]` of `x` (`[batch, c_in, h, w]`), `w`
 /// (`[c_out, cg, kh, kw]`) and an optional bias, all contiguous.

@@ -196,7 +196,6 @@ pub(crate) fn interrupted(
     let cfg = parse(text, sets).unwrap();
     let out = dir.join("out");
     let saved = fedfuse_lab::checkpoint::path_for(&out);
-    let mut fed = Federation::prepare(&cfg).unwrap();
     let stop = |global: &Params,
                 done: &[fedfuse_fed::RoundMetrics],
                 method: &dyn fedfuse_fed::Method|
@@ -207,7 +206,18 @@ pub(crate) fn interrupted(
         }
         Ok(())
     };
-    let stopped = fedfuse_fed::simulate_session(
+    assert!(simulate_with(&cfg, &stop).is_err());
+    (saved, cfg)
+}
+
+/// The federation of `cfg` from round 1, with `after` called after every round (an error
+/// from it stops the run there).
+fn simulate_with(
+    cfg: &Config,
+    after: fedfuse_fed::AfterRound<'_>,
+) -> Result<fedfuse_fed::RunResult, fedfuse_fed::FedError> {
+    let mut fed = Federation::prepare(cfg).unwrap();
+    fedfuse_fed::simulate_session(
         fed.method.as_mut(),
         fed.data.population(),
         fed.init.clone(),
@@ -215,11 +225,9 @@ pub(crate) fn interrupted(
         &|_| {},
         fedfuse_fed::Session {
             done: Vec::new(),
-            after_round: Some(&stop),
+            after_round: Some(after),
         },
-    );
-    assert!(stopped.is_err());
-    (saved, cfg)
+    )
 }
 
 /// The checkpoint at `path` with `edit` applied to its record.
@@ -344,7 +352,6 @@ fn the_checkpoint_appends_each_round_and_ignores_what_it_does_not_cover() {
     let saved = fedfuse_lab::checkpoint::path_for(&out);
     let history = fedfuse_lab::checkpoint::history_path(&saved);
     let writer = fedfuse_lab::checkpoint::Checkpointer::new(&saved);
-    let mut fed = Federation::prepare(&cfg).unwrap();
     let seen = std::sync::Mutex::new(Vec::<Vec<u8>>::new());
     let after = |global: &Params,
                  done: &[fedfuse_fed::RoundMetrics],
@@ -357,17 +364,7 @@ fn the_checkpoint_appends_each_round_and_ignores_what_it_does_not_cover() {
         }
         Ok(())
     };
-    let _ = fedfuse_fed::simulate_session(
-        fed.method.as_mut(),
-        fed.data.population(),
-        fed.init.clone(),
-        &fed.sim,
-        &|_| {},
-        fedfuse_fed::Session {
-            done: Vec::new(),
-            after_round: Some(&after),
-        },
-    );
+    assert!(simulate_with(&cfg, &after).is_err());
     let seen = seen.into_inner().unwrap();
     assert_eq!(seen.len(), 3);
     for pair in seen.windows(2) {

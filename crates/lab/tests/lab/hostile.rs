@@ -107,6 +107,15 @@ fn activations_beyond_the_memory_budget_are_refused_naming_the_layer() {
     assert!(Federation::prepare(&parse(LAYERS, &[wide]).unwrap()).is_ok());
     let e = refused(LAYERS, &[wide, "train.max_memory_mb=1"]);
     assert!(e.contains("above `train.max_memory_mb` = 1"), "{e}");
+    // The key itself: zero and negative budgets are refused, the largest one saturates.
+    let e = refused(LAYERS, &["train.max_memory_mb=0"]);
+    assert!(
+        e.contains("train.max_memory_mb") && e.contains("at least 1"),
+        "{e}"
+    );
+    assert!(parse(LAYERS, &["train.max_memory_mb=-5"]).is_err());
+    let most = format!("train.max_memory_mb={}", i64::MAX);
+    assert!(Federation::prepare(&parse(LAYERS, &[wide, &most]).unwrap()).is_ok());
     assert!(Federation::prepare(&parse(LAYERS, &[]).unwrap()).is_ok());
 }
 
@@ -379,6 +388,14 @@ fn the_checkpoint_appends_each_round_and_ignores_what_it_does_not_cover() {
         .unwrap()
         .unwrap();
     assert_eq!(c.rounds.len(), 3);
+    // A history cut shorter than its record names is refused, naming it.
+    std::fs::write(&history, &seen[2][..seen[2].len() / 2]).unwrap();
+    let e = fedfuse_lab::checkpoint::read(&saved, &cfg)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(e.contains("history") && e.contains("bytes"), "{e}");
+    std::fs::write(&history, &junk).unwrap();
     let resumed = fedfuse_lab::run::run_with(&cfg, &out, &Silent, true).unwrap();
     let whole = fedfuse_lab::run::run(&cfg, &dir.path().join("whole"), &Silent).unwrap();
     assert_eq!(resumed.params, whole.params);

@@ -218,22 +218,18 @@ fn check_resumed(cfg: &Config, c: &checkpoint::Checkpoint, init: &Params) -> Res
     if init.is_empty() {
         return Ok(());
     }
-    let matching = cfg.method.matching();
-    let fits = if matching {
-        // Matching may widen layers and name them after the layer list: only the count of
-        // tensors and their ranks are the config's.
-        c.global.len() == init.len()
-            && c.global
-                .iter()
-                .zip(init.iter())
-                .all(|((_, a), (_, b))| a.shape.len() == b.shape.len())
-    } else {
-        c.global
+    let misfit = "its global model does not fit the config's model; delete the checkpoint to \
+                  start over";
+    if !cfg.method.matching() {
+        return c.global.check_layout(&init.layout()).context(misfit);
+    }
+    // Matching may widen layers and name them after the layer list: only the count of tensors
+    // and their ranks are the config's.
+    let fits = c.global.len() == init.len()
+        && c.global
             .iter()
             .zip(init.iter())
-            .all(|((n, a), (m, b))| n == m && a.shape == b.shape)
-            && c.global.len() == init.len()
-    };
+            .all(|((_, a), (_, b))| a.shape.len() == b.shape.len());
     if !fits {
         let first = |p: &Params| {
             p.iter()
@@ -243,8 +239,7 @@ fn check_resumed(cfg: &Config, c: &checkpoint::Checkpoint, init: &Params) -> Res
                 .join(", ")
         };
         bail!(
-            "its global model ({} tensors: {}, ...) does not fit the config's model ({} tensors: \
-             {}, ...); delete the checkpoint to start over",
+            "{misfit} ({} tensors: {}, ...; the config's {} tensors: {}, ...)",
             c.global.len(),
             first(&c.global),
             init.len(),

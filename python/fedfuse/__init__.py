@@ -85,6 +85,8 @@ def fuse(
     order: str | None = None,
     seed: int = 0,
     model: str | os.PathLike | None = None,
+    reset_bn: Any | None = None,
+    reset_bn_batch: int = 64,
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Fuses pre-trained networks into one global model.
 
@@ -107,6 +109,10 @@ def fuse(
     code's) or ``"bottom_up"`` (each layer on its full fan-in; on deep MNIST networks far closer
     to the clients' ensemble, see docs/EXPERIMENTS.md); with ``model`` it is always bottom-up.
     ``seed`` seeds PFNM's refinement orders and weight matching's layer orders.
+    ``reset_bn``, an array of inputs (``[n, c, h, w]`` or ``[n, d]``, the model's), re-estimates
+    every batch norm's running statistics of the fused model on it, ``reset_bn_batch`` samples
+    per training-mode pass, averaged over the passes (PyTorch's ``momentum=None``): merged
+    networks need it, since averaged statistics describe none of the models merged.
 
     Returns the fused arrays (under the first model's names; ``num_batches_tracked`` as int64
     where the first model had it as an integer) and the report: for each hidden layer, which
@@ -132,6 +138,7 @@ def fuse(
         None if order is None else str(order),
         int(seed),
         None if model is None else os.fspath(model),
+        None if reset_bn is None else _samples(reset_bn, int(reset_bn_batch)),
     )
     arrays = arrays_from_tensors(fused)
     first = models[0] if models else {}
@@ -139,6 +146,12 @@ def fuse(
         if _is_counter(name) and name in first and _as_numpy(first[name]).dtype.kind in "iu":
             arrays[name] = np.rint(value).astype(np.int64)
     return arrays, report
+
+
+def _samples(values: Any, batch: int) -> tuple[list[int], bytes, int]:
+    """``(shape, little-endian float32 bytes, batch)`` of an array of inputs."""
+    arr = np.ascontiguousarray(_as_numpy(values), dtype="<f4")
+    return list(arr.shape), arr.tobytes(), batch
 
 
 def rdp_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> tuple[float, float]:

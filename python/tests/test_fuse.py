@@ -298,3 +298,64 @@ def test_pytorch_cnns_fused_score_what_pytorch_measured_on_the_fused_file(name, 
         # narrower than the two side by side (units merged).
         client = report["input_widths"][0][1:-1]
         assert all(c < w < 2 * c for c, w in zip(client, run["widths"][1:-1]))
+
+
+RESNET_TOML = """
+[model]
+kind = "sequential"
+input = [1, 6, 6]
+layers = [
+  { type = "conv2d", out = 4, kernel = 3, padding = 1 },
+  { type = "batchnorm2d" },
+  { type = "relu" },
+  { type = "residual", out = 4 },
+  { type = "global_avgpool" },
+  { type = "flatten" },
+  { type = "linear", out = 3 },
+]
+"""
+
+
+def _resnet_arrays(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    shapes = {"0.weight": (4, 1, 3, 3), "0.bias": (4,), "6.weight": (3, 4), "6.bias": (3,)}
+    for norm in ("1", "3.bn1", "3.bn2"):
+        for t in ("weight", "bias", "running_mean"):
+            shapes[f"{norm}.{t}"] = (4,)
+        shapes[f"{norm}.running_var"] = (4,)
+    shapes["3.conv1.weight"] = (4, 4, 3, 3)
+    shapes["3.conv2.weight"] = (4, 4, 3, 3)
+    arrays = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    for norm in ("1", "3.bn1", "3.bn2"):
+        arrays[f"{norm}.running_var"] = np.abs(arrays[f"{norm}.running_var"]) + 0.5
+        arrays[f"{norm}.num_batches_tracked"] = np.array(9, dtype=np.int64)
+    return arrays
+
+
+def test_weight_matching_fuses_a_residual_list_and_resets_its_batch_norms(tmp_path):
+    """A residual stage's stream is matched as one group (its report lists the block's conv2
+    beside the stem), and ``reset_bn`` re-estimates every batch norm on the inputs given:
+    new statistics, one counted batch per pass, nothing else changed."""
+    toml = tmp_path / "resnet.toml"
+    toml.write_text(RESNET_TOML)
+    a = _resnet_arrays(np.random.default_rng(0))
+    ordered = {k: a[k] for k in [
+        "0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
+        "1.num_batches_tracked", "3.conv1.weight", "3.bn1.weight", "3.bn1.bias",
+        "3.bn1.running_mean", "3.bn1.running_var", "3.bn1.num_batches_tracked",
+        "3.conv2.weight", "3.bn2.weight", "3.bn2.bias", "3.bn2.running_mean",
+        "3.bn2.running_var", "3.bn2.num_batches_tracked", "6.weight", "6.bias"]}
+    plain, report = fedfuse.fuse([ordered, ordered], method="weight-matching", model=toml)
+    stream = report["layers"][0]
+    assert "3.conv2.weight" in stream["holds"] and "0.weight" in stream["holds"]
+    assert stream["read_by"] == ["3.conv1.weight", "6.weight"]
+    np.testing.assert_allclose(plain["1.running_mean"], a["1.running_mean"], rtol=1e-6)
+    samples = np.random.default_rng(1).normal(size=(10, 1, 6, 6)).astype(np.float32)
+    reset, _ = fedfuse.fuse([ordered, ordered], method="weight-matching", model=toml,
+                            reset_bn=samples, reset_bn_batch=4)
+    for norm in ("1", "3.bn1", "3.bn2"):
+        assert not np.allclose(reset[f"{norm}.running_mean"], a[f"{norm}.running_mean"])
+        assert int(reset[f"{norm}.num_batches_tracked"]) == 3  # 4 + 4 + 2 samples
+    np.testing.assert_allclose(reset["0.weight"], a["0.weight"], rtol=1e-6)
+    with pytest.raises(fedfuse.FedfuseError, match="reset_bn"):
+        fedfuse.fuse([ordered, ordered], method="weight-matching", model=toml,
+                     reset_bn=samples[:, :, :5, :])

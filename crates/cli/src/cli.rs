@@ -114,21 +114,9 @@ enum Command {
         /// JSON list of per-client class counts (weights the output layer / the mean).
         #[arg(long)]
         class_counts: Option<PathBuf>,
-        /// PFNM: variance of client units around their global unit.
-        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().sigma)]
-        sigma: f64,
-        /// PFNM: prior variance of global units.
-        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().sigma0)]
-        sigma0: f64,
-        /// PFNM: Beta-process mass (larger opens new global units more readily).
-        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().gamma)]
-        gamma: f64,
-        /// PFNM: refinement passes per layer.
-        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().iters)]
-        iters: usize,
-        /// PFNM: soft cap on each global layer's width (past it no new global unit opens).
-        #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().max_global)]
-        max_global: usize,
+        /// The matcher's priors and iterations (PFNM, GPI-FNM).
+        #[command(flatten)]
+        prior: fedfuse_fuse::MatchPrior,
         /// GPI-FNM: weight of the global-posterior KL cost (0 is PFNM).
         #[arg(long, default_value_t = fedfuse_fuse::PfnmConfig::default().eps)]
         eps: f64,
@@ -139,6 +127,15 @@ enum Command {
         /// Seed of the refinement order.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Re-estimate every batch norm's running statistics of the fused model on these
+        /// inputs (one array, N x C x H x W or N x D, in .npz or .safetensors), in
+        /// training-mode passes averaged over the batches: the repair a merged network needs
+        /// (averaged statistics describe none of the models merged).
+        #[arg(long, value_name = "SAMPLES")]
+        reset_bn: Option<PathBuf>,
+        /// Samples per pass of `--reset-bn`.
+        #[arg(long, default_value_t = 64, requires = "reset_bn")]
+        reset_bn_batch: usize,
     },
     /// Join a Flower federation as a SuperNode that trains one client slot of a run config
     /// with fedfuse (docs/FLOWER.md): fedfuse's strategies and Flower's own both work.
@@ -269,14 +266,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             method,
             model,
             class_counts,
-            sigma,
-            sigma0,
-            gamma,
-            iters,
-            max_global,
+            prior,
             eps,
             order,
             seed,
+            reset_bn,
+            reset_bn_batch,
         } => crate::fuse_cmd::run(&crate::fuse_cmd::FuseArgs {
             method,
             inputs,
@@ -284,16 +279,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             class_counts,
             model,
             pfnm: fedfuse_fuse::PfnmConfig {
-                sigma,
-                sigma0,
-                gamma,
-                iters,
-                max_global,
+                prior,
                 eps,
                 ..fedfuse_fuse::PfnmConfig::default()
             },
             order: order.map(Into::into),
             seed,
+            reset_bn: reset_bn.map(|file| (file, reset_bn_batch)),
         }),
         Command::FlowerNode(args) => {
             crate::node_cmd::run_node(args)?;

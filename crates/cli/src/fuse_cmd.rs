@@ -62,6 +62,23 @@ pub struct FuseArgs {
     pub order: Option<fedfuse_fuse::MatchOrder>,
     /// Seed of PFNM's refinement orders and weight matching's layer orders.
     pub seed: u64,
+    /// Inputs to re-estimate the fused model's batch norms on, and the samples per pass.
+    pub reset_bn: Option<(PathBuf, usize)>,
+}
+
+/// The one array of a samples file (`--reset-bn`).
+fn load_samples(file: &Path) -> Result<fedfuse_core::Tensor> {
+    let what = || format!("--reset-bn {}", file.display());
+    let params = load_params(file).with_context(what)?;
+    let mut arrays = params.iter();
+    match (arrays.next(), arrays.next()) {
+        (Some((_, t)), None) => Ok(t.clone()),
+        _ => bail!(
+            "--reset-bn {}: expected one array of inputs (N x C x H x W or N x D), found {}",
+            file.display(),
+            params.len()
+        ),
+    }
 }
 
 /// A client file's tensors and, for safetensors written by `fedfuse fuse`, the layer list
@@ -137,6 +154,18 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
             Some(path) => format!("class counts from {}", path.display()),
             None => "fusing the client files".to_string(),
         })?;
+    let mut fused = fused;
+    if let Some((file, batch)) = &args.reset_bn {
+        let samples = load_samples(file)?;
+        let norms = fused
+            .reestimate_batch_norm(&samples, *batch)
+            .with_context(|| format!("--reset-bn {}", file.display()))?;
+        eprintln!(
+            "re-estimated {norms} batch norms on {} samples of {}",
+            samples.shape.first().copied().unwrap_or(0),
+            file.display()
+        );
+    }
     let bytes = params_to_safetensors(&fused.params, fused.metadata()?)?;
     fedfuse_lab::table::write_atomic(&args.out, &bytes)?;
     let assignments_path = args.out.with_extension("assignments.json");

@@ -9,7 +9,7 @@ use fedfuse_core::ConfigValue;
 use fedfuse_core::flower::{MetricValue, NUM_EXAMPLES};
 use fedfuse_data::{CsvOptions, read_csv};
 use fedfuse_flower_node::fleet::{Connection, NodeKey};
-use fedfuse_flower_node::node::{Handler, NodeOptions, run};
+use fedfuse_flower_node::node::{Handler, HandlerError, NodeOptions, run};
 use fedfuse_flower_node::objects::{CONFIG, METRICS, Record, RecordDict};
 use fedfuse_lab::Config;
 use fedfuse_lab::run::Federation;
@@ -106,14 +106,14 @@ impl Handler for FedfuseClient {
         &mut self,
         kind: &str,
         content: &RecordDict,
-    ) -> std::result::Result<RecordDict, String> {
-        let content = content.to_content().map_err(|e| e.to_string())?;
+    ) -> std::result::Result<RecordDict, HandlerError> {
+        let content = content.to_content()?;
         match kind {
             "train" => {
                 let mut reply = self
                     .fed
                     .client_fit(self.id, &content)
-                    .map_err(|e| format!("client {}: {e}", self.id))?;
+                    .with_context(|| format!("client {}", self.id))?;
                 reply.config.push(self.slot());
                 Ok(RecordDict::from_content(reply))
             }
@@ -121,7 +121,7 @@ impl Handler for FedfuseClient {
                 let (loss, accuracy, n) = self
                     .fed
                     .client_evaluate(self.id, &content)
-                    .map_err(|e| format!("client {}: {e}", self.id))?;
+                    .with_context(|| format!("client {}", self.id))?;
                 // The same keys from every node, whatever its data.
                 let metrics = vec![
                     (NUM_EXAMPLES.into(), MetricValue::Int(n as i64)),
@@ -137,9 +137,9 @@ impl Handler for FedfuseClient {
                 CONFIG.into(),
                 Record::Config(vec![self.slot()]),
             )])),
-            other => Err(format!(
-                "fedfuse nodes answer train, evaluate and query, not `{other}`"
-            )),
+            other => {
+                Err(format!("fedfuse nodes answer train, evaluate and query, not `{other}`").into())
+            }
         }
     }
 }

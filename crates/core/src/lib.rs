@@ -32,6 +32,7 @@ pub mod flower;
 pub mod groups;
 mod io;
 pub mod layers;
+pub mod linalg;
 mod npz;
 mod params;
 mod record;

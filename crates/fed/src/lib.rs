@@ -24,21 +24,22 @@ mod seed;
 mod simulator;
 
 pub use error::{FedError, Result};
+pub use fedfuse_fuse::MatchPrior;
 pub use method::{
     Aggregate, ClientContext, Fold, LOCAL_ACCURACY, Method, PROXIMAL_MU, Reply, SERVER_ROUND,
     TableContext, standard_fit,
 };
 pub use methods::put_class_counts;
 pub use methods::{
-    BuildContext, Bulyan, BulyanSettings, CentralDp, CheckedMethod, CriterionKind, DpSampling,
-    FedAvg, FedAvgSettings, FedDrop, FedDropSettings, FedL1, FedL1Settings, FedMa, FedMaSettings,
-    FedMedian, FedMix, FedMixSettings, FedNgm, FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun,
-    FedNgmVariant, FedNgrConfig, FedOpt, FedOptSettings, FedProx, FedProxSettings, FedSparse,
-    FedSparseSettings, FedTrimmedAvg, FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum,
-    KrumSettings, LocalDp, LocalNorm, MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR,
-    Pfnm, PfnmSettings, PrivacySettings, SearchKind, SeparateInits, ServerOptName, ServerStep,
-    ServerStepConfig, SparsityPreset, V_TENSOR, WeightMatching, Z_TENSOR, default_eps_grid,
-    finetune_output_layer, hidden_features,
+    BatchNormRounds, BatchNormSettings, BuildContext, Bulyan, BulyanSettings, CentralDp,
+    CheckedMethod, CriterionKind, DpSampling, FedAvg, FedAvgSettings, FedDrop, FedDropSettings,
+    FedL1, FedL1Settings, FedMa, FedMaSettings, FedMedian, FedMix, FedMixSettings, FedNgm,
+    FedNgmClient, FedNgmConfig, FedNgmRound, FedNgmRun, FedNgmVariant, FedNgrConfig, FedOpt,
+    FedOptSettings, FedProx, FedProxSettings, FedSparse, FedSparseSettings, FedTrimmedAvg,
+    FedTrimmedAvgSettings, Gems, GemsSettings, GemsShape, Krum, KrumSettings, LocalDp, LocalNorm,
+    MethodConfig, NeuronCriterionKind, NeuronSpace, PI_TENSOR, Pfnm, PfnmSettings, PrivacySettings,
+    SearchKind, SeparateInits, ServerOptName, ServerStep, ServerStepConfig, SparsityPreset,
+    V_TENSOR, WeightMatching, Z_TENSOR, default_eps_grid, finetune_output_layer, hidden_features,
 };
 pub use methods::{
     ClientWeighting, GraphSettings, PredictionScore, SampleSite, Stitched, Traffic, run_fedngm,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fedfuse_core::Record;
 use fedfuse_core::flower::{FlowerContent, MetricValue, NUM_EXAMPLES};
 use fedfuse_flower_node::fleet::Connection;
-use fedfuse_flower_node::node::{Handler, NodeOptions, run};
+use fedfuse_flower_node::node::{Handler, HandlerError, NodeOptions, run};
 use fedfuse_flower_node::objects::{METRICS, Record as FlowerRecord, RecordDict};
 
 struct Adder {
@@ -19,19 +19,18 @@ struct Adder {
 }
 
 impl Handler for Adder {
-    fn handle(&mut self, kind: &str, content: &RecordDict) -> Result<RecordDict, String> {
-        let content = content.to_content().map_err(|e| e.to_string())?;
+    fn handle(&mut self, kind: &str, content: &RecordDict) -> Result<RecordDict, HandlerError> {
+        let content = content.to_content()?;
         match kind {
             "train" => {
                 let mut record = Record::from_flower(&FlowerContent {
                     config: Vec::new(),
                     ..content
-                })
-                .map_err(|e| e.to_string())?;
+                })?;
                 for (_, t) in record.params.iter_mut() {
                     t.data.iter_mut().for_each(|v| *v += self.add);
                 }
-                let mut reply = record.to_flower().map_err(|e| e.to_string())?;
+                let mut reply = record.to_flower()?;
                 reply.config.clear();
                 reply.metrics = vec![(NUM_EXAMPLES.into(), MetricValue::Int(self.examples))];
                 Ok(RecordDict::from_content(reply))
@@ -43,7 +42,7 @@ impl Handler for Adder {
                     ("loss".into(), MetricValue::Float(f64::from(self.add))),
                 ]),
             )])),
-            other => Err(format!("no `{other}` step here")),
+            other => Err(format!("no `{other}` step here").into()),
         }
     }
 }

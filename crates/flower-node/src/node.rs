@@ -19,6 +19,12 @@ const REGISTRATION_DISABLED: i64 = 2001;
 /// The SuperLink's node id, the source of instructions.
 const SUPERLINK_NODE: u64 = 1;
 
+/// Why a [`Handler`] could not answer an instruction: any error of the application's (a
+/// malformed instruction, a failed training step, a message type it does not serve). It
+/// travels back to the SuperLink as Flower's error content, its reason the error with its
+/// sources.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// What a node does with an instruction.
 pub trait Handler {
     /// Runs one message (`train`, `evaluate`, `query`, ...) on its content and returns the
@@ -27,7 +33,23 @@ pub trait Handler {
         &mut self,
         message_type: &str,
         content: &RecordDict,
-    ) -> std::result::Result<RecordDict, String>;
+    ) -> std::result::Result<RecordDict, HandlerError>;
+}
+
+/// An error and its sources, `: `-joined: the reason a failed instruction's reply carries.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        // Errors that print their source already would repeat it.
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// How the node behaves.
@@ -362,13 +384,14 @@ impl<'a> Session<'a> {
         let runtime = clock.elapsed().as_secs_f64();
         match &outcome {
             Ok(reply) => self.answer(&meta, Ok(reply), runtime)?,
-            Err(reason) => {
+            Err(e) => {
+                let reason = error_chain(e.as_ref());
                 log(&format!(
                     "{} failed: {}",
                     crate::shown(&meta.message_type),
-                    crate::shown(reason)
+                    crate::shown(&reason)
                 ));
-                self.answer(&meta, Err((CLIENT_APP_RAISED_EXCEPTION, reason)), runtime)?;
+                self.answer(&meta, Err((CLIENT_APP_RAISED_EXCEPTION, &reason)), runtime)?;
             }
         }
         if outcome.is_ok() {
@@ -874,7 +897,11 @@ mod tests {
     struct Echo;
 
     impl Handler for Echo {
-        fn handle(&mut self, _: &str, c: &RecordDict) -> std::result::Result<RecordDict, String> {
+        fn handle(
+            &mut self,
+            _: &str,
+            c: &RecordDict,
+        ) -> std::result::Result<RecordDict, HandlerError> {
             Ok(c.clone())
         }
     }

@@ -52,7 +52,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         ..PfnmConfig::default()
     };
     if let Some(sigma) = args.get(4) {
-        cfg.sigma = sigma.parse()?;
+        cfg.prior.sigma = sigma.parse()?;
     }
     let mut timings = Vec::new();
     let mut widths = Vec::new();

@@ -40,7 +40,10 @@ fn time(clients: usize, iters: usize, hidden: usize, repeats: usize) -> Result<(
     let refs: Vec<&Params> = nets.iter().collect();
     let counts = vec![vec![600.0; k]; clients];
     let cfg = PfnmConfig {
-        iters,
+        prior: fedfuse_fuse::MatchPrior {
+            iters,
+            ..fedfuse_fuse::MatchPrior::default()
+        },
         ..PfnmConfig::default()
     };
 

@@ -11,6 +11,16 @@ pub enum LabError {
     /// would be valid.
     #[error("{0}")]
     Invalid(String),
+    /// A setting of a config or experiment file is invalid: `key` is its dotted path
+    /// (`train.epochs`, `method.name`, `partition.alpha`), `reason` the message, which names
+    /// the key and what would be valid.
+    #[error("{reason}")]
+    Setting {
+        /// The setting's dotted path in the file.
+        key: String,
+        /// What is wrong and what would be valid.
+        reason: String,
+    },
     /// A file could not be read or written (wrapped in a [`LabError::Context`] naming it).
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -123,6 +133,17 @@ macro_rules! bail {
     };
 }
 pub(crate) use bail;
+
+/// Returns [`LabError::Setting`] for the setting `key`, the reason formatted as by `format!`.
+macro_rules! bail_setting {
+    ($key:expr, $($arg:tt)*) => {
+        return Err($crate::error::LabError::Setting {
+            key: ($key).into(),
+            reason: format!($($arg)*),
+        })
+    };
+}
+pub(crate) use bail_setting;
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,7 @@ mod model;
 use std::collections::HashMap;
 
 use fedfuse_core::layers::{self, LayerSpec, is_counter};
-use fedfuse_core::{ModelSpec, Params};
+use fedfuse_core::{ModelSpec, Params, Tensor};
 use fedfuse_fuse::{
     FusedLayers, MatchOrder, PfnmConfig, WeightMatchingConfig, pfnm_fuse, pfnm_fuse_layers,
     weight_matching_fuse, weighted_mean_params,
@@ -88,6 +88,14 @@ pub struct LayerAssignments {
     /// Client -> local unit -> global unit (weight matching: the first client's unit it was
     /// aligned to).
     pub assignments: Vec<Vec<usize>>,
+    /// What moves with these units (layer lists): every tensor that holds them along its
+    /// first axis (weights, biases, norm channels; a residual stage's stream lists each
+    /// block's `conv2` and `bn2` and the projection), under the fused file's names.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<String>,
+    /// Every tensor that reads these units as its inputs (the next layers' input channels).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub read_by: Vec<String>,
 }
 
 /// The fused model and how it was made (the `.assignments.json` beside a fused file).
@@ -128,6 +136,70 @@ impl Fusion {
             out.insert(MODEL_KEY.to_string(), toml::to_string(&root)?);
         }
         Ok(out)
+    }
+}
+
+impl Fusion {
+    /// Every batch norm of the fused model with its running statistics estimated anew on
+    /// `samples` (`[n, c, h, w]` images or `[n, d]` vectors, the model's input): the standard
+    /// repair after a merge (Jordan et al. 2023, "REPAIR"), whose averaged statistics
+    /// describe none of the merged models. Training-mode passes of `batch` samples, averaged
+    /// cumulatively as PyTorch does with `momentum=None` (`Trainer::reestimate_batch_norm`).
+    /// Returns how many batch norms were re-estimated; a model without one is unchanged.
+    pub fn reestimate_batch_norm(&mut self, samples: &Tensor, batch: usize) -> Result<usize> {
+        let Some(spec) = &self.model else {
+            // MLPs read from their tensors hold no batch norm.
+            return Ok(0);
+        };
+        let layout = spec.param_shapes();
+        let ModelSpec::Sequential { input, .. } = spec else {
+            return Ok(0);
+        };
+        let input = input.clone();
+        let per: usize = input.iter().product();
+        let n = samples.shape.first().copied().unwrap_or(0);
+        let fits = samples.shape.len() == input.len() + 1
+            && samples.shape[1..] == input[..]
+            && n.checked_mul(per) == Some(samples.data.len());
+        if !fits || n == 0 {
+            bail!(
+                "the samples for batch norm have shape {:?}; the model takes samples of shape \
+                 {input:?}: give an array [n, {}] with n >= 1",
+                samples.shape,
+                input
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        if let Some(v) = samples.data.iter().find(|v| !v.is_finite()) {
+            bail!("the samples for batch norm hold {v}; give finite inputs");
+        }
+        let norms = layout
+            .iter()
+            .filter(|s| s.name.ends_with("running_mean"))
+            .count();
+        if norms == 0 {
+            return Ok(0);
+        }
+        // The trainer reads the list's names; the fused file keeps the first client's.
+        let mut listed = Params::new();
+        for (shape, (_, t)) in layout.iter().zip(self.params.iter()) {
+            listed.push(shape.name.clone(), t.shape.clone(), t.data.clone())?;
+        }
+        let data = fedfuse_data::Dataset::new(
+            samples.data.clone(),
+            vec![0; n],
+            input.clone(),
+            spec.classes().max(1),
+        )?;
+        let trainer = fedfuse_train::Trainer::new(spec.clone())?;
+        let repaired = trainer.reestimate_batch_norm(&listed, &data, batch)?;
+        for ((_, slot), (_, t)) in self.params.iter_mut().zip(repaired.iter()) {
+            slot.data.clone_from(&t.data);
+        }
+        Ok(norms)
     }
 }
 
@@ -471,6 +543,8 @@ fn fuse_mlps(
                         .get(&format!("layers.{layer}.bias"))
                         .map_or(0, |b| b.data.len()),
                     assignments,
+                    holds: Vec::new(),
+                    read_by: Vec::new(),
                 })
                 .collect();
             (fused.params, layers)
@@ -607,7 +681,12 @@ fn fuse_list(
             }
         }
     };
-    let uses = layers::unit_uses(input, &fused.layers)?;
+    // The groups the assignments are of: weight matching permutes the list's permutation
+    // groups (a residual stream is one), the other matchers its layers.
+    let uses = match settings.method {
+        FuseMethod::WeightMatching => layers::permutation_groups(input, &fused.layers)?,
+        _ => layers::unit_uses(input, &fused.layers)?,
+    };
     let own = |list_name: &str| {
         first
             .own
@@ -623,9 +702,18 @@ fn fuse_list(
             layer: g,
             tensor: uses
                 .get(g)
-                .map_or_else(String::new, |u| own(&format!("{}.weight", u.layer))),
+                .and_then(|u| u.own.first())
+                .map_or_else(String::new, |u| own(&u.tensor)),
             global_units: uses.get(g).map_or(0, |u| u.units),
             assignments,
+            holds: uses
+                .get(g)
+                .map(|u| u.own.iter().map(|o| own(&o.tensor)).collect())
+                .unwrap_or_default(),
+            read_by: uses
+                .get(g)
+                .map(|u| u.readers.iter().map(|r| own(&r.tensor)).collect())
+                .unwrap_or_default(),
         })
         .collect();
     let mut params = Params::new();

@@ -328,27 +328,13 @@ impl Federation {
             None => init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX)),
         };
         if let fedfuse_fed::MethodConfig::FedMa(fedma) = &cfg.method {
-            let per_pass = fedfuse_fed::FedMaSettings::rounds_per_pass(&spec)?;
-            // Checked: `method.rounds` is the user's; a wrapped product passed this check.
-            let needed = fedma.rounds.saturating_mul(per_pass);
-            if needed > crate::config::MAX_ROUNDS {
-                bail!(
-                    "FedMA's `method.rounds` = {} passes take {} federation rounds each on this \
-                     model, above the limit of {} rounds: lower `method.rounds`",
-                    fedma.rounds,
-                    per_pass,
-                    crate::config::MAX_ROUNDS
-                );
-            }
-            if cfg.rounds < needed {
-                bail!(
-                    "`rounds` = {} is too few for FedMA: each of its `method.rounds` = {} passes \
-                     takes {per_pass} federation rounds on this model (one per matched layer, \
-                     and one for the output layer); set `rounds` = {needed}",
-                    cfg.rounds,
-                    fedma.rounds
-                );
-            }
+            fedma.check_run(
+                cfg.clients_per_round,
+                cfg.clients,
+                cfg.rounds,
+                crate::config::MAX_ROUNDS,
+                &spec,
+            )?;
         }
         let method = cfg.build_method(
             BuildContext {

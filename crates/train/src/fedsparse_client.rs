@@ -37,7 +37,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
-use crate::{Result, TrainConfig, TrainError, Trainer, hard_concrete, params, trainer};
+use crate::{Result, TrainConfig, TrainError, Trainer, convert, hard_concrete, trainer};
 
 /// FedSparse's sparsity presets (the paper's LeNet-5 `lambda0` values, Appendix A).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -337,14 +337,18 @@ impl Trainer {
         let groups = self.groups();
         let sizes: Vec<usize> = groups.layers().iter().map(|g| g.size()).collect();
         let device = Device::flex().autodiff();
-        let mut net = params::build(spec, start, &device)?;
+        let mut net = convert::build(spec, start, &device)?;
         let prior = Prior::new(
             &groups.gate_logits(start, thresholds, sparse.temperature)?,
             groups,
             &device,
         );
         let anchor = if sparse.drift > 0.0 {
-            Some(params::build(spec, start, &device)?.no_grad().group_units())
+            Some(
+                convert::build(spec, start, &device)?
+                    .no_grad()
+                    .group_units(),
+            )
         } else {
             None
         };
@@ -408,7 +412,7 @@ impl Trainer {
                 });
             }
         }
-        let mut trained = params::read(&net, spec)?;
+        let mut trained = convert::read(&net, spec)?;
         let logits = groups.gate_logits(&trained, &v_s, sparse.temperature)?;
         let pi = logits.iter().map(|&x| sigmoid_f64(x) as f32).collect();
         let z: Vec<bool> = logits
@@ -479,7 +483,7 @@ mod tests {
             },
         ] {
             let p = init_params(&spec, Init::Pfnm, 3);
-            let net = params::build(&spec, &p, &Device::flex()).unwrap();
+            let net = convert::build(&spec, &p, &Device::flex()).unwrap();
             let want = GroupLayout::of_model(&spec).norms(&p).unwrap();
             let got: Vec<f32> = net
                 .group_units()
@@ -526,9 +530,9 @@ mod tests {
                     vector(&z, &device)
                 })
                 .collect();
-            let net = params::build(&spec, &p, &device).unwrap();
+            let net = convert::build(&spec, &p, &device).unwrap();
             let gated = values(net.forward_gated(input(), &gates).reshape([-1])).unwrap();
-            let masked = params::build(&spec, &pruned, &device).unwrap();
+            let masked = convert::build(&spec, &pruned, &device).unwrap();
             let want = values(masked.forward(input()).reshape([-1])).unwrap();
             let plain = values(net.forward(input()).reshape([-1])).unwrap();
             assert_ne!(want, plain, "{spec:?}: the masked units matter");
@@ -588,8 +592,8 @@ mod tests {
         let device = Device::flex().autodiff();
         let trainer = Trainer::new(spec.clone()).unwrap();
         let layout = trainer.groups();
-        let net = params::build(spec, ws, &device).unwrap();
-        let anchor = params::build(spec, w, &device)
+        let net = convert::build(spec, ws, &device).unwrap();
+        let anchor = convert::build(spec, w, &device)
             .unwrap()
             .no_grad()
             .group_units();

@@ -29,6 +29,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod convert;
 mod error;
 mod fedsparse_client;
 pub mod hard_concrete;
@@ -36,7 +37,6 @@ mod init;
 pub mod memory;
 mod net;
 mod ngm;
-mod params;
 mod seq;
 mod trainer;
 
@@ -52,7 +52,9 @@ pub use ngm::{
     ngr_scores, path_matrix, sensitivity_bounds, stitch_params, structure_penalty,
     structure_report, unit_mask,
 };
-pub use trainer::{Evaluation, Fitted, MixturePrior, Trainer};
+pub use trainer::{
+    Evaluation, Fitted, MAX_REESTIMATE_BATCH, MixturePrior, Trainer, check_reestimate_batch,
+};
 
 /// The SIMD kernels gemm (every matrix product of training and matching) runs on this
 /// machine, as gemm picks them at run time: results are bit-identical between runs, thread

@@ -1,11 +1,11 @@
-//! The networks, as burn modules. Their parameters are read and written in `params.rs` only.
+//! The networks, as burn modules. Their parameters are read and written in `convert.rs` only.
 
 use burn::module::{Module, ParamId};
 use burn::nn::Linear;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
-use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
+use burn::tensor::{Device, Tensor};
 
 use crate::seq::{self, Mode, SeqNet};
 
@@ -215,6 +215,51 @@ impl Net {
                 linear_units(&m.fc2),
             ],
             Self::Seq(m) => m.group_units(),
+        }
+    }
+}
+
+impl Net {
+    /// Squared distance of the network's parameters to `anchor`'s, as a differentiable scalar.
+    pub(crate) fn sq_distance(&self, anchor: &Net) -> Tensor<1> {
+        fn lin(a: &Linear, b: &Linear) -> Tensor<1> {
+            let mut s = (a.weight.val() - b.weight.val()).square().sum();
+            if let (Some(x), Some(y)) = (&a.bias, &b.bias) {
+                s = s + (x.val() - y.val()).square().sum();
+            }
+            s
+        }
+        fn cv(a: &burn::nn::conv::Conv2d, b: &burn::nn::conv::Conv2d) -> Tensor<1> {
+            let mut s = (a.weight.val() - b.weight.val()).square().sum();
+            if let (Some(x), Some(y)) = (&a.bias, &b.bias) {
+                s = s + (x.val() - y.val()).square().sum();
+            }
+            s
+        }
+        match (self, anchor) {
+            (Net::Mlp(a), Net::Mlp(b)) => a
+                .layers
+                .iter()
+                .zip(&b.layers)
+                .map(|(x, y)| lin(x, y))
+                .reduce(|s, t| s + t)
+                .unwrap_or_else(|| Tensor::zeros([1], &Device::flex())),
+            (Net::LeNet5(a), Net::LeNet5(b)) => {
+                cv(&a.conv1, &b.conv1)
+                    + cv(&a.conv2, &b.conv2)
+                    + lin(&a.fc1, &b.fc1)
+                    + lin(&a.fc2, &b.fc2)
+                    + lin(&a.fc3, &b.fc3)
+            }
+            (Net::Seq(a), Net::Seq(b)) => a
+                .flat_params()
+                .into_iter()
+                .zip(b.flat_params())
+                .map(|(x, y)| (x - y).square().sum())
+                .reduce(|s, t| s + t)
+                .unwrap_or_else(|| Tensor::zeros([1], &Device::flex())),
+            // Both come from the same spec; a mix cannot be built.
+            _ => Tensor::zeros([1], &Device::flex()),
         }
     }
 }

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::memory::EVAL_BATCH;
 use crate::net::Net;
-use crate::{OptimizerConfig, Result, TrainConfig, TrainError, params};
+use crate::{OptimizerConfig, Result, TrainConfig, TrainError, convert};
 
 /// Trains and evaluates one architecture.
 #[derive(Clone, Debug)]
@@ -304,10 +304,10 @@ impl Trainer {
             Some(g) => self.per_layer(g, &device),
             None => Vec::new(),
         };
-        let mut net = params::build(&self.spec, start, &device)?;
+        let mut net = convert::build(&self.spec, start, &device)?;
         let trainable = self.trainable(&net, frozen)?;
         let fixed =
-            |p: &Params| -> Result<Net> { Ok(params::build(&self.spec, p, &device)?.no_grad()) };
+            |p: &Params| -> Result<Net> { Ok(convert::build(&self.spec, p, &device)?.no_grad()) };
         let prox = match anchor {
             Anchor::Prox(a, mu) if mu > 0.0 => Some((fixed(a)?, mu)),
             _ => None,
@@ -335,18 +335,14 @@ impl Trainer {
                 let nll = cross_entropy(net.forward_train(x, &gates, &drop), targets);
                 loss_sum += f64::from(nll.clone().into_scalar::<f32>()) * batch.len() as f64;
                 let mut loss = match &prox {
-                    Some((a, mu)) => nll + params::sq_distance(&net, a).mul_scalar(mu / 2.0),
+                    Some((a, mu)) => nll + net.sq_distance(a).mul_scalar(mu / 2.0),
                     None => nll,
                 };
                 if let Some((centres, log_weights, lambda)) = &mixture {
                     let terms: Vec<Tensor<1>> = centres
                         .iter()
                         .zip(log_weights.iter())
-                        .map(|(c, lw)| {
-                            params::sq_distance(&net, c)
-                                .mul_scalar(-lambda / 2.0)
-                                .add_scalar(*lw)
-                        })
+                        .map(|(c, lw)| net.sq_distance(c).mul_scalar(-lambda / 2.0).add_scalar(*lw))
                         .collect();
                     let terms = Tensor::cat(terms, 0);
                     // Log-sum-exp shifted by its largest term, a constant for the gradient.
@@ -375,11 +371,45 @@ impl Trainer {
             }
         }
         Ok(Fitted {
-            params: params::read(&net, &self.spec)?,
+            params: convert::read(&net, &self.spec)?,
             loss: last_loss,
             steps,
             examples: data.len(),
         })
+    }
+
+    /// `params` with every batch norm's running statistics estimated anew on `data`, the
+    /// standard repair of a merged network (averaged statistics describe none of the models
+    /// merged): the statistics restarted, then training-mode forward passes over `data` in
+    /// order, `batch_size` samples at a time, averaged cumulatively (PyTorch's
+    /// `reset_running_stats()` and `momentum=None`), so each batch weighs the same and
+    /// `num_batches_tracked` counts the batches. Nothing else changes; a model without batch
+    /// norm comes back as it was.
+    pub fn reestimate_batch_norm(
+        &self,
+        params: &Params,
+        data: &Dataset,
+        batch_size: usize,
+    ) -> Result<Params> {
+        self.check_data(data)?;
+        check_reestimate_batch(&self.spec, batch_size)?;
+        let device = Device::flex();
+        let net = convert::build(&self.spec, params, &device)?;
+        let Net::Seq(seq) = &net else {
+            return Ok(params.clone());
+        };
+        if !seq.has_batch_norm() {
+            return Ok(params.clone());
+        }
+        seq.restart_stats();
+        let dim = data.dim();
+        for start in (0..data.len()).step_by(batch_size) {
+            let end = (start + batch_size).min(data.len());
+            let x = data.x[start * dim..end * dim].to_vec();
+            let x = Tensor::from_data(TensorData::new(x, [end - start, dim]), &device);
+            net.forward_train(x, &[], &[]);
+        }
+        convert::read(&net, &self.spec)
     }
 
     /// Accuracy and mean loss of `params` on `data`.
@@ -436,7 +466,7 @@ impl Trainer {
         let classes = self.spec.classes();
         let dim = data.dim();
         let device = Device::flex();
-        let net = params::build(&self.spec, params, &device)?;
+        let net = convert::build(&self.spec, params, &device)?;
         let starts: Vec<usize> = (0..data.len()).step_by(EVAL_BATCH).collect();
         let logits = starts
             .par_iter()
@@ -456,6 +486,38 @@ impl Trainer {
         }
         Ok(())
     }
+}
+
+/// Most samples one pass of [`Trainer::reestimate_batch_norm`] may take.
+pub const MAX_REESTIMATE_BATCH: usize = 65_536;
+
+/// Most memory one such pass may need, by [`crate::estimate_memory`]: the default of a run's
+/// `train.max_memory_mb`.
+const MAX_REESTIMATE_BYTES: u64 = 8 << 30;
+
+/// Checks a batch size for [`Trainer::reestimate_batch_norm`] on `spec` before anything runs:
+/// at least 1, at most [`MAX_REESTIMATE_BATCH`], and a training-mode pass that fits in 8 GiB.
+pub fn check_reestimate_batch(spec: &ModelSpec, batch_size: usize) -> Result<()> {
+    let bad = |reason: String| TrainError::InvalidConfig {
+        field: "batch_size",
+        reason,
+    };
+    if !(1..=MAX_REESTIMATE_BATCH).contains(&batch_size) {
+        return Err(bad(format!(
+            "re-estimating batch norm takes 1 to {MAX_REESTIMATE_BATCH} samples a pass, not \
+             {batch_size}"
+        )));
+    }
+    let need = crate::estimate_memory(spec, batch_size, 1)?.train_bytes;
+    if need > MAX_REESTIMATE_BYTES {
+        return Err(bad(format!(
+            "a pass of {batch_size} samples needs about {} MiB, above {} MiB: take fewer \
+             samples a pass",
+            need.div_ceil(1 << 20),
+            MAX_REESTIMATE_BYTES >> 20
+        )));
+    }
+    Ok(())
 }
 
 /// Inverted-dropout masks `[batch, units]`, one per `(units, p)` in `layers` (the layers of
@@ -627,7 +689,7 @@ mod tests {
     fn dropout_masks_drop_p_and_keep_the_expectation() {
         let device = Device::flex();
         let spec = ModelSpec::mlp(8, &[300, 200], 3);
-        let net = params::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
+        let net = convert::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
         let mut rng = StdRng::seed_from_u64(4);
         for p in [0.2, 0.5, 0.8] {
             let masks = dropout_masks(&net.dropout_layers(p), 64, &mut rng, &device);
@@ -659,7 +721,7 @@ mod tests {
             side: 28,
             classes: 10,
         };
-        let net = params::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
+        let net = convert::build(&spec, &init_params(&spec, Init::Default, 0), &device).unwrap();
         assert_eq!(net.dropout_layers(0.5), vec![(120, 0.5), (84, 0.5)]);
     }
 }

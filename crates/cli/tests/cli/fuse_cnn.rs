@@ -519,3 +519,136 @@ fn weight_matching_reads_mlps_without_a_model() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!read_fused(&again).1.contains_key("fedfuse.model"));
 }
+
+/// `--reset-bn`: the fused model's batch norm gets statistics of the inputs given (one pass
+/// of 4 samples here: their channel means, whatever the clients' were) and one batch counted;
+/// a samples file that is not one finite array of the model's inputs, or a batch of 0 or
+/// beyond the limit, is refused naming the file or the flag, and writes nothing.
+#[test]
+fn reset_bn_reestimates_the_fused_batch_norm_and_refuses_bad_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("net.toml");
+    std::fs::write(&model, NET_TOML).unwrap();
+    let model = model.to_str().unwrap().to_string();
+    let (a, b) = (
+        write(dir.path(), "a.safetensors", &net(1)),
+        write(dir.path(), "b.safetensors", &net(2)),
+    );
+    let samples = |name: &str, shape: Vec<usize>, data: Vec<f32>| {
+        let mut p = Params::new();
+        p.push("x", shape, data).unwrap();
+        write(dir.path(), name, &p)
+    };
+    let ok = samples(
+        "x.safetensors",
+        vec![4, 1, 8, 8],
+        (0..256).map(|i| (i % 7) as f32 / 7.0).collect(),
+    );
+    let out = dir.path().join("fused.safetensors");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "fuse",
+            &a,
+            &b,
+            "--model",
+            &model,
+            "--method",
+            "weight-matching",
+        ];
+        args.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        fedfuse(&args)
+    };
+    let plain = run(&[]);
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let (before, _, _) = read_fused(&out);
+    let reset = run(&["--reset-bn", &ok, "--reset-bn-batch", "4"]);
+    assert!(
+        reset.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reset.stderr)
+    );
+    let (after, _, _) = read_fused(&out);
+    assert_eq!(after.get("1.num_batches_tracked").unwrap().data, [1.0]);
+    assert_ne!(after.get("1.running_mean"), before.get("1.running_mean"));
+    assert_eq!(after.get("0.weight"), before.get("0.weight"));
+    std::fs::remove_file(&out).unwrap();
+    let two = {
+        let mut p = Params::new();
+        p.push("x", vec![1, 1, 8, 8], vec![0.0; 64]).unwrap();
+        p.push("y", vec![1, 1, 8, 8], vec![0.0; 64]).unwrap();
+        write(dir.path(), "two.safetensors", &p)
+    };
+    let truncated = dir.path().join("cut.safetensors");
+    let bytes = std::fs::read(&ok).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--reset-bn".into(),
+                samples("nan.safetensors", vec![1, 1, 8, 8], vec![f32::NAN; 64]),
+            ],
+            "finite",
+        ),
+        (
+            vec![
+                "--reset-bn".into(),
+                samples("empty.safetensors", vec![0, 1, 8, 8], vec![]),
+            ],
+            "n >= 1",
+        ),
+        (
+            vec![
+                "--reset-bn".into(),
+                samples("shape.safetensors", vec![2, 1, 4, 4], vec![0.0; 32]),
+            ],
+            "[1, 8, 8]",
+        ),
+        (vec!["--reset-bn".into(), two], "one array"),
+        (
+            vec!["--reset-bn".into(), truncated.to_str().unwrap().into()],
+            "cut.safetensors",
+        ),
+        (
+            vec![
+                "--reset-bn".into(),
+                ok.clone(),
+                "--reset-bn-batch".into(),
+                "0".into(),
+            ],
+            "1 to 65536",
+        ),
+        (
+            vec![
+                "--reset-bn".into(),
+                ok.clone(),
+                "--reset-bn-batch".into(),
+                "99999999999".into(),
+            ],
+            "1 to 65536",
+        ),
+        (
+            vec![
+                "--reset-bn".into(),
+                ok.clone(),
+                "--reset-bn-batch".into(),
+                "-3".into(),
+            ],
+            "unexpected argument '-3'",
+        ),
+    ];
+    for (extra, want) in cases {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let o = run(&extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains(want),
+            "{extra:?}: {err}"
+        );
+        assert!(!out.exists(), "{extra:?} wrote the fused file");
+    }
+}

@@ -465,3 +465,20 @@ fn sizes_that_overflow_are_refused_naming_the_layer() {
     assert!(huge_mlp.validate().is_err());
     assert_eq!(huge_mlp.num_params(), usize::MAX, "saturates, never wraps");
 }
+
+#[test]
+fn layers_without_settings_refuse_any_key_and_the_others_unknown_ones() {
+    let read = |text: &str| serde_json::from_str::<LayerSpec>(text);
+    assert_eq!(read(r#"{"type": "relu"}"#).unwrap(), LayerSpec::Relu);
+    assert_eq!(read(r#"{"type": "flatten"}"#).unwrap(), LayerSpec::Flatten);
+    for layer in ["relu", "flatten", "global_avgpool"] {
+        let e = read(&format!(r#"{{"type": "{layer}", "p": 0.5}}"#)).unwrap_err();
+        assert!(e.to_string().contains("unknown field `p`"), "{layer}: {e}");
+    }
+    let e = read(r#"{"type": "dropout", "p": 0.5, "q": 1}"#).unwrap_err();
+    assert!(e.to_string().contains("unknown field `q`"), "{e}");
+    assert_eq!(
+        read(r#"{"type": "conv2d", "out": 4, "kernel": 3}"#).unwrap(),
+        LayerSpec::conv2d(4, 3)
+    );
+}

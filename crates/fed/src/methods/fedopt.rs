@@ -4,18 +4,15 @@
 //! SGD with momentum (FedAvgM). In the hierarchical-model view (fedsparse-em section 2) it is
 //! a partial M-step.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use fedfuse_core::{Params, Record};
-use fedfuse_data::Dataset;
 use fedfuse_fuse::{FuseError, ServerOptState, ServerOptimizer};
-use fedfuse_train::Trainer;
 use serde::{Deserialize, Serialize};
 
 use super::{BuildContext, FedAvg, MethodConfig};
 use crate::method::{nest_state, unnest_state};
-use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
+use crate::{Aggregate, FedError, Fold, Method, Reply, Result};
 
 /// Server optimizers of FedOpt and of a [`ServerStepConfig`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -379,25 +376,7 @@ impl Fold for StepFold {
 }
 
 impl Method for ServerStep {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
-        self.inner.instruct(round, client, global)
-    }
-
-    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-        self.inner.fit(instruction, ctx)
-    }
-
-    fn weighs_by_examples(&self) -> bool {
-        self.inner.weighs_by_examples()
-    }
-
-    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
-        self.inner.check_reply(global, reply)
-    }
+    crate::method::wraps_inner!();
 
     fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
         let target = self.inner.aggregate(round, global, replies)?;
@@ -415,14 +394,6 @@ impl Method for ServerStep {
             inner,
             state: Arc::clone(&self.state),
         }))
-    }
-
-    fn round_metrics(&self) -> BTreeMap<String, f64> {
-        self.inner.round_metrics()
-    }
-
-    fn evaluate(&self, trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
-        self.inner.evaluate(trainer, test)
     }
 
     fn save_state(&self) -> Option<Result<Record>> {

@@ -4,7 +4,10 @@
 
 use fedfuse_core::layers::{self, FeatureShape, LayerSpec, UnitUses};
 use fedfuse_core::{ModelSpec, ParamShape, Params};
-use fedfuse_fuse::{matchable, select_units};
+use fedfuse_fuse::{matchable, permutable, select_units};
+
+/// What a matcher can follow in a list: its units and the layer that writes the logits.
+type Units = fn(&[usize], &[LayerSpec]) -> fedfuse_fuse::Result<(Vec<UnitUses>, usize)>;
 use fedfuse_train::Trainer;
 
 use super::in_method;
@@ -29,11 +32,21 @@ pub(crate) struct ListView {
 impl ListView {
     /// The view of `spec`; refused, naming the layer, when matching cannot follow its units.
     pub(crate) fn of(spec: &ModelSpec) -> Result<Self> {
+        Self::checked(spec, matchable)
+    }
+
+    /// The view of a matcher that keeps the widths (weight matching): its units are the
+    /// list's permutation groups, residual streams included.
+    pub(crate) fn fixed(spec: &ModelSpec) -> Result<Self> {
+        Self::checked(spec, permutable)
+    }
+
+    fn checked(spec: &ModelSpec, units: Units) -> Result<Self> {
         let (input, layers) = match spec.as_sequential() {
             ModelSpec::Sequential { input, layers } => (input, layers),
             ModelSpec::Mlp { .. } | ModelSpec::LeNet5 { .. } => (Vec::new(), Vec::new()),
         };
-        let (uses, output) = matchable(&input, &layers).map_err(in_method)?;
+        let (uses, output) = units(&input, &layers).map_err(in_method)?;
         let names = |s: &ModelSpec| -> Vec<String> {
             s.param_shapes().into_iter().map(|p| p.name).collect()
         };

@@ -27,8 +27,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use fedfuse_core::{ModelSpec, ParamShape, Params, Record};
-use fedfuse_data::Dataset;
-use fedfuse_train::Trainer;
 
 use crate::method::{nest_state, unnest_state};
 use crate::{Aggregate, ClientContext, FedError, Fold, Method, Reply, Result};
@@ -168,9 +166,7 @@ impl Fold for KeepNorms {
 }
 
 impl Method for LocalNorm {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
+    crate::method::wraps_inner!();
 
     /// The wrapped method's instruction without the norm tensors.
     fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
@@ -260,14 +256,6 @@ impl Method for LocalNorm {
         Ok(())
     }
 
-    fn weighs_by_examples(&self) -> bool {
-        self.inner.weighs_by_examples()
-    }
-
-    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
-        self.inner.check_reply(global, reply)
-    }
-
     fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
         let next = self.inner.aggregate(round, global, replies)?;
         Ok(self.keep_norms(global, next))
@@ -284,18 +272,6 @@ impl Method for LocalNorm {
             inner,
             names: self.names.clone(),
         }))
-    }
-
-    fn round_metrics(&self) -> BTreeMap<String, f64> {
-        self.inner.round_metrics()
-    }
-
-    fn evaluate(&self, trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
-        self.inner.evaluate(trainer, test)
-    }
-
-    fn finished(&self) -> bool {
-        self.inner.finished()
     }
 
     /// Every client's norm tensors (`client.{id}.{tensor}`) and the wrapped method's state.

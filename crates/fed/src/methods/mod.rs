@@ -3,6 +3,7 @@
 //! once and returns the method; the layers below then trust the values they are given. This
 //! file is the tagged enum of the settings and the dispatch.
 
+mod bn_statistics;
 mod fedavg;
 mod feddrop;
 mod fedl1;
@@ -23,6 +24,7 @@ mod privacy;
 mod separate_inits;
 mod weight_matching;
 
+pub use bn_statistics::{BatchNormRounds, BatchNormSettings};
 pub use fedavg::{FedAvg, FedAvgSettings};
 pub use feddrop::{FedDrop, FedDropSettings};
 pub use fedl1::{FedL1, FedL1Settings};
@@ -115,6 +117,7 @@ pub enum MethodConfig {
     /// clients retraining the layers above each matched one; `rounds` passes ("FedMA with
     /// communication"), each one federation round per matched layer plus one.
     #[serde(rename = "fedma")]
+    #[serde(deserialize_with = "FedMaSettings::deserialize_checked")]
     FedMa(FedMaSettings),
     /// Weight matching (Ainsworth et al., Git Re-Basin): clients from their own
     /// initialisations, each aligned to the first by one permutation per layer, then

@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
 use fedfuse_data::Dataset;
-use fedfuse_fuse::{Fused, MatchOrder, PfnmConfig, pfnm_fuse, pfnm_fuse_layers, sub_model};
+use fedfuse_fuse::{
+    Fused, MatchOrder, MatchPrior, PfnmConfig, UnknownKeys, pfnm_fuse, pfnm_fuse_layers, sub_model,
+};
 use fedfuse_train::{Init, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -27,24 +29,15 @@ use super::{BuildContext, in_method};
 use crate::method::SERVER_ROUND;
 use crate::{Aggregate, ClientContext, FedError, Method, Reply, Result, derive_seed};
 
-/// The settings of both neuron-matching methods (`[method] name = "pfnm"` or `"gpi-fnm"`);
-/// `eps` and `eps_grid` are GPI-FNM's alone. `sigma` and `sigma0` are variances. Unset keys
-/// take [`PfnmConfig`]'s defaults.
+/// The settings of both neuron-matching methods (`[method] name = "pfnm"` or `"gpi-fnm"`):
+/// the matcher's [`MatchPrior`] (flattened: its keys sit in the method's table) and what the
+/// methods add; `eps` and `eps_grid` are GPI-FNM's alone.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct PfnmSettings {
-    /// Variance of client units around their global unit.
-    pub sigma: f64,
-    /// Prior variance of global units.
-    pub sigma0: f64,
-    /// Beta-process mass (larger opens new global units more readily).
-    pub gamma: f64,
-    /// Refinement passes per layer.
-    pub iters: usize,
-    /// Soft cap on each global layer's width (the reference code's 700): past it, no new
-    /// global unit opens.
-    #[serde(skip_serializing_if = "is_default_max_global")]
-    pub max_global: usize,
+    /// Variances, Beta-process mass, refinement passes and width cap.
+    #[serde(flatten)]
+    pub prior: MatchPrior,
     /// GPI-FNM: a fixed coefficient of the KL cost (skips the grid search).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eps: Option<f64>,
@@ -62,14 +55,13 @@ pub struct PfnmSettings {
     /// code's) or `"bottom_up"` (every layer on its full fan-in).
     #[serde(skip_serializing_if = "is_top_down")]
     pub order: MatchOrder,
+    /// Keys of the table no setting took, refused where a table is read.
+    #[serde(flatten, skip_serializing)]
+    pub unknown: UnknownKeys,
 }
 
 fn is_top_down(order: &MatchOrder) -> bool {
     *order == MatchOrder::TopDown
-}
-
-fn is_default_max_global(v: &usize) -> bool {
-    *v == PfnmConfig::default().max_global
 }
 
 /// Ten values on a multiplicative grid (the paper tries "typically 10 values"), from no KL
@@ -80,31 +72,41 @@ pub fn default_eps_grid() -> Vec<f64> {
 
 impl Default for PfnmSettings {
     fn default() -> Self {
-        let c = PfnmConfig::default();
         Self {
-            sigma: c.sigma,
-            sigma0: c.sigma0,
-            gamma: c.gamma,
-            iters: c.iters,
-            max_global: c.max_global,
+            prior: MatchPrior::default(),
             eps: None,
             eps_grid: None,
             sigma_grid: None,
-            order: c.order,
+            order: PfnmConfig::default().order,
+            unknown: UnknownKeys::default(),
         }
     }
 }
 
-/// PFNM's keys, for the error on a GPI-FNM key in a PFNM table.
-const PFNM_KEYS: &[&str] = &[
-    "sigma",
-    "sigma0",
-    "gamma",
-    "iters",
-    "max_global",
-    "sigma_grid",
-    "order",
-];
+/// A PFNM table's keys, for the error on an unknown one (GPI-FNM's included).
+const PFNM_KEYS: [&str; 7] = with_keys(MatchPrior::KEYS, ["sigma_grid", "order"]);
+
+/// A GPI-FNM table's keys.
+const GPI_FNM_KEYS: [&str; 9] = with_keys(PFNM_KEYS, ["eps", "eps_grid"]);
+
+/// `a` followed by `b`: a table's keys from those of its flattened parts.
+pub(crate) const fn with_keys<const A: usize, const B: usize, const C: usize>(
+    a: [&'static str; A],
+    b: [&'static str; B],
+) -> [&'static str; C] {
+    assert!(A + B == C, "with_keys: the lengths do not add up");
+    let mut out = [""; C];
+    let mut i = 0;
+    while i < A {
+        out[i] = a[i];
+        i += 1;
+    }
+    while i < C {
+        out[i] = b[i - A];
+        i += 1;
+    }
+    out
+}
 
 impl PfnmSettings {
     /// Reads a PFNM table: GPI-FNM's keys are unknown there, as they always were.
@@ -112,9 +114,10 @@ impl PfnmSettings {
         d: D,
     ) -> std::result::Result<Self, D::Error> {
         let s = Self::deserialize(d)?;
+        s.unknown.refuse(&PFNM_KEYS)?;
         for (key, given) in [("eps", s.eps.is_some()), ("eps_grid", s.eps_grid.is_some())] {
             if given {
-                return Err(serde::de::Error::unknown_field(key, PFNM_KEYS));
+                return Err(serde::de::Error::unknown_field(key, &PFNM_KEYS));
             }
         }
         Ok(s)
@@ -126,17 +129,14 @@ impl PfnmSettings {
         d: D,
     ) -> std::result::Result<Self, D::Error> {
         let mut s = Self::deserialize(d)?;
+        s.unknown.refuse(&GPI_FNM_KEYS)?;
         s.eps_grid.get_or_insert_with(default_eps_grid);
         Ok(s)
     }
 
     fn config(&self, eps: f64) -> PfnmConfig {
         PfnmConfig {
-            sigma: self.sigma,
-            sigma0: self.sigma0,
-            gamma: self.gamma,
-            iters: self.iters,
-            max_global: self.max_global,
+            prior: self.prior,
             eps,
             order: self.order,
             ..PfnmConfig::default()
@@ -332,7 +332,10 @@ impl Pfnm {
     ) -> Result<(Fused, (f64, f64))> {
         let fuse = |sigma: f64, eps: f64| -> Result<Fused> {
             let cfg = PfnmConfig {
-                sigma,
+                prior: MatchPrior {
+                    sigma,
+                    ..(self.config.clone()).prior
+                },
                 eps,
                 ..self.config.clone()
             };
@@ -364,7 +367,7 @@ impl Pfnm {
             })
         };
         let sigmas = if self.sigma_grid.is_empty() {
-            vec![self.config.sigma]
+            vec![self.config.prior.sigma]
         } else {
             self.sigma_grid.clone()
         };
@@ -639,7 +642,7 @@ mod tests {
     #[test]
     fn the_width_cap_is_a_setting_that_reaches_the_matching() {
         let default = PfnmSettings::default();
-        assert_eq!(default.config(0.0).max_global, 700);
+        assert_eq!(default.config(0.0).prior.max_global, 700);
         // The reference cap is left out of a written config, so old files read the same.
         assert!(
             !serde_json::to_string(&default)
@@ -647,7 +650,7 @@ mod tests {
                 .contains("max_global")
         );
         let capped: PfnmSettings = serde_json::from_str(r#"{"max_global": 150}"#).unwrap();
-        assert_eq!(capped.config(0.0).max_global, 150);
+        assert_eq!(capped.config(0.0).prior.max_global, 150);
         let zero: PfnmSettings = serde_json::from_str(r#"{"max_global": 0}"#).unwrap();
         let err = zero.config(0.0).check().unwrap_err().to_string();
         assert!(err.contains("max_global"), "{err}");

@@ -27,9 +27,7 @@
 use std::collections::BTreeMap;
 
 use fedfuse_core::{Params, Record};
-use fedfuse_data::Dataset;
 use fedfuse_fuse::dp::{self, ClippedSum, RdpAccountant};
-use fedfuse_train::Trainer;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
@@ -470,25 +468,7 @@ impl CentralDp {
 }
 
 impl Method for CentralDp {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
-        self.inner.instruct(round, client, global)
-    }
-
-    fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
-        self.inner.fit(instruction, ctx)
-    }
-
-    fn weighs_by_examples(&self) -> bool {
-        self.inner.weighs_by_examples()
-    }
-
-    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
-        self.inner.check_reply(global, reply)
-    }
+    crate::method::wraps_inner!();
 
     fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
         let mut sum = ClippedSum::new(global, self.clipping_norm);
@@ -502,18 +482,15 @@ impl Method for CentralDp {
         self.release(round, global, &ClippedSum::new(global, self.clipping_norm))
     }
 
+    /// No streaming form: the server step is the clipped sum's release, not the inner one's.
+    fn fold(&self) -> Option<Box<dyn Fold>> {
+        None
+    }
+
     fn round_metrics(&self) -> BTreeMap<String, f64> {
         let mut m = self.inner.round_metrics();
         m.extend(self.last.clone());
         m
-    }
-
-    fn evaluate(&self, trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
-        self.inner.evaluate(trainer, test)
-    }
-
-    fn finished(&self) -> bool {
-        self.inner.finished()
     }
 
     fn save_state(&self) -> Option<Result<Record>> {
@@ -566,13 +543,7 @@ pub struct LocalDp {
 }
 
 impl Method for LocalDp {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
-        self.inner.instruct(round, client, global)
-    }
+    crate::method::wraps_inner!();
 
     fn fit(&self, instruction: Record, ctx: &ClientContext<'_>) -> Result<Record> {
         // The model received, to clip the update against (the inner fit consumes it).
@@ -584,43 +555,11 @@ impl Method for LocalDp {
         Ok(reply)
     }
 
-    fn weighs_by_examples(&self) -> bool {
-        self.inner.weighs_by_examples()
-    }
-
-    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
-        self.inner.check_reply(global, reply)
-    }
-
-    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
-        self.inner.aggregate(round, global, replies)
-    }
-
-    fn fold(&self) -> Option<Box<dyn Fold>> {
-        self.inner.fold()
-    }
-
     fn round_metrics(&self) -> BTreeMap<String, f64> {
         let mut m = self.inner.round_metrics();
         m.insert("dp_local_epsilon".into(), self.epsilon);
         m.insert("dp_local_noise_std".into(), self.std);
         m
-    }
-
-    fn evaluate(&self, trainer: &Trainer, test: &Dataset) -> Result<BTreeMap<String, f64>> {
-        self.inner.evaluate(trainer, test)
-    }
-
-    fn finished(&self) -> bool {
-        self.inner.finished()
-    }
-
-    fn save_state(&self) -> Option<Result<Record>> {
-        self.inner.save_state()
-    }
-
-    fn load_state(&mut self, state: Record) -> Result<()> {
-        self.inner.load_state(state)
     }
 }
 

@@ -2,13 +2,11 @@
 //! when pre-trained models are fused; later rounds run the wrapped method unchanged. The PFNM
 //! papers' "FedAvg with separate inits" baseline is this around FedAvg.
 
-use std::collections::BTreeMap;
-
 use fedfuse_core::{ConfigValue, Params, Record};
 use fedfuse_train::{Init, init_params};
 
 use crate::method::SERVER_ROUND;
-use crate::{Aggregate, ClientContext, Fold, Method, Reply, Result};
+use crate::{ClientContext, Method, Result};
 
 /// A method whose clients start round 1 from their own initialisation.
 pub struct SeparateInits {
@@ -19,9 +17,7 @@ pub struct SeparateInits {
 }
 
 impl Method for SeparateInits {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
+    crate::method::wraps_inner!();
 
     /// Round 1 sends no weights.
     fn instruct(&self, round: usize, client: usize, global: &Params) -> Result<Record> {
@@ -37,33 +33,5 @@ impl Method for SeparateInits {
             instruction.params = init_params(ctx.trainer.spec(), self.init, ctx.seed);
         }
         self.inner.fit(instruction, ctx)
-    }
-
-    fn weighs_by_examples(&self) -> bool {
-        self.inner.weighs_by_examples()
-    }
-
-    fn check_reply(&self, global: &Params, reply: &Record) -> Result<()> {
-        self.inner.check_reply(global, reply)
-    }
-
-    fn aggregate(&mut self, round: usize, global: &Params, replies: &[Reply]) -> Result<Aggregate> {
-        self.inner.aggregate(round, global, replies)
-    }
-
-    fn fold(&self) -> Option<Box<dyn Fold>> {
-        self.inner.fold()
-    }
-
-    fn round_metrics(&self) -> BTreeMap<String, f64> {
-        self.inner.round_metrics()
-    }
-
-    fn save_state(&self) -> Option<Result<Record>> {
-        self.inner.save_state()
-    }
-
-    fn load_state(&mut self, state: Record) -> Result<()> {
-        self.inner.load_state(state)
     }
 }

@@ -1,7 +1,8 @@
 //! Weight matching (Ainsworth et al., "Git Re-Basin", 2023) as a federated method
 //! (`[method] name = "weight-matching"`): the data-free fixed-width baseline of the matching
 //! methods. Round 1: every client trains from its own initialisation (as PFNM's clients do);
-//! the server aligns every reply to the first by one permutation per matched layer
+//! the server aligns every reply to the first by one permutation per permutation group (a
+//! layer's units, a block's inner channels, or a residual stage's whole stream)
 //! ([`weight_matching_fuse`]) and averages, example-weighted. Later rounds: clients train from
 //! the global model and the server aligns and averages again (near the identity once they
 //! share a start, so it is FedAvg with a guard against permuted replies).
@@ -24,7 +25,7 @@ pub(crate) fn build(cfg: &WeightMatchingConfig, ctx: &BuildContext) -> Result<We
     let spec = ctx.spec("weight matching needs the clients' architecture")?;
     Ok(WeightMatching {
         config: cfg.clone(),
-        view: ListView::of(spec)?,
+        view: ListView::fixed(spec)?,
         spec: spec.clone(),
         init: ctx.init,
         seed: ctx.seed,

@@ -139,3 +139,70 @@ fn a_reply_that_fails_a_methods_checks_names_the_method_and_the_problem() {
     assert!(err.to_string().starts_with("gems reply: "), "{err}");
     assert!(err.to_string().contains("`centres` and `radii`"), "{err}");
 }
+
+/// FedMA's assignment tensor comes from the server: on a client, a value that is no unit index
+/// (not a number, negative, fractional, beyond f32's exact integers) or a missing assignment
+/// is refused naming the client, never a panic or a huge allocation.
+#[test]
+fn a_hostile_fedma_assignment_is_refused() {
+    use fedfuse_core::{ConfigValue, LayerSpec};
+    use fedfuse_data::{ClientData, Dataset};
+    use fedfuse_fed::{BuildContext, ClientContext, FedMaSettings, Method};
+    use fedfuse_train::{Init, TrainConfig, Trainer};
+
+    let spec = ModelSpec::sequential(
+        &[3],
+        vec![
+            LayerSpec::linear(4),
+            LayerSpec::Relu,
+            LayerSpec::linear(3),
+            LayerSpec::Relu,
+            LayerSpec::linear(2),
+        ],
+    );
+    let ctx = BuildContext {
+        init: Init::Default,
+        seed: 0,
+        spec: Some(spec.clone()),
+        validation: None,
+    };
+    let fedma = FedMaSettings::default().build(&ctx).unwrap();
+    let trainer = Trainer::new(spec).unwrap();
+    let data = Dataset::new(vec![0.5; 12], vec![0, 1, 0, 1], vec![3], 2).unwrap();
+    let client = ClientData {
+        train: data.clone(),
+        test: data,
+    };
+    let train = TrainConfig::default();
+    let cctx = ClientContext {
+        id: 7,
+        data: &client,
+        trainer: &trainer,
+        train: &train,
+        seed: 1,
+    };
+    let instruction = |assign: Option<Vec<f32>>| {
+        let mut r = Record::default().with_config("fedma_stage", ConfigValue::Int(1));
+        if let Some(a) = assign {
+            r.params.push("fedma_assign", vec![a.len()], a).unwrap();
+        }
+        r
+    };
+    for bad in [
+        vec![f32::NAN],
+        vec![-1.0],
+        vec![0.5],
+        vec![3.3e7],
+        vec![f32::INFINITY],
+    ] {
+        let e = fedma
+            .fit(instruction(Some(bad.clone())), &cctx)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("client 7") && e.to_string().contains("no unit index"),
+            "{bad:?}: {e}"
+        );
+    }
+    let e = fedma.fit(instruction(None), &cctx).unwrap_err();
+    assert!(e.to_string().contains("was not matched"), "{e}");
+}

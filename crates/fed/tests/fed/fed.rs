@@ -439,10 +439,13 @@ fn pfnm_one_shot_beats_averaging_and_local_models_on_heterogeneous_mnist() {
     let spec = ModelSpec::mlp(784, &[100], 10);
     let trainer = Trainer::new(spec.clone()).unwrap();
     let method = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
-        sigma: 1.0,
-        sigma0: 1.0,
-        gamma: 1.0,
-        iters: 5,
+        prior: fedfuse_fed::MatchPrior {
+            sigma: 1.0,
+            sigma0: 1.0,
+            gamma: 1.0,
+            iters: 5,
+            ..fedfuse_fed::MatchPrior::default()
+        },
         ..Default::default()
     });
     let mut recorder = Recorder {

@@ -15,3 +15,4 @@ mod fedsparse;
 mod gems;
 mod local_accuracy;
 mod method_config;
+mod wrappers;

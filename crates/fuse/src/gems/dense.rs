@@ -3,6 +3,7 @@
 //! softmax layer.
 
 use fedfuse_core::Params;
+use fedfuse_core::linalg::{Mat, matmul};
 use rand::{Rng, RngExt};
 
 use crate::{FuseError, Result};
@@ -166,40 +167,8 @@ pub fn forward(layers: &[Layer], x: &[f32], n: usize) -> Vec<f32> {
 /// `a (m x k) * b^T` where `b` is `n x k`: `m x n`, row-major.
 pub fn matmul_nt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
-    if m == 0 || n == 0 || k == 0 {
-        return out;
-    }
-    assert!(
-        a.len() >= m * k && b.len() >= n * k,
-        "matmul_nt: {}x{k} and {}x{k} do not hold {m} and {n} rows",
-        a.len() / k,
-        b.len() / k
-    );
-    // SAFETY: the assertion keeps every access in bounds: dst (r, c) at r * n + c < m * n;
-    // a (r, q) at r * k + q < m * k; b^T (q, c) at c * k + q < n * k.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    let (lhs, rhs) = (Mat::rows(a, m, k, k), Mat::rows(b, n, k, k).t());
+    matmul(&mut out, (n, 1), lhs, rhs, false);
     out
 }
 

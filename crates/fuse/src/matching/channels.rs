@@ -53,7 +53,7 @@ use crate::{FuseError, Result};
 /// net.push("0.bias", vec![2], vec![0.1, 0.2])?;
 /// net.push("3.weight", vec![1, 2], vec![0.5, 2.0])?;
 /// net.push("3.bias", vec![1], vec![0.0])?;
-/// let cfg = PfnmConfig { sigma: 0.01, order: MatchOrder::BottomUp, ..PfnmConfig::default() };
+/// let cfg = PfnmConfig { prior: fedfuse_fuse::MatchPrior { sigma: 0.01, ..fedfuse_fuse::MatchPrior::default() }, order: MatchOrder::BottomUp, ..PfnmConfig::default() };
 /// let fused = pfnm_fuse_layers(&[1, 1, 1], &layers, &[&net, &net], None, &cfg, &mut StdRng::seed_from_u64(0))?;
 /// // Two copies of one network match filter for filter.
 /// assert_eq!(fused.assignments, vec![vec![vec![0, 1], vec![0, 1]]]);
@@ -267,11 +267,11 @@ impl MatchStep<'_> {
     ) -> Result<(usize, Vec<Vec<usize>>, MatchTimings)> {
         let (list, cfg) = (self.list, self.cfg);
         let started = Instant::now();
-        let (inv_s, inv_s0) = (1.0 / cfg.sigma, 1.0 / cfg.sigma0);
+        let (inv_s, inv_s0) = (1.0 / cfg.prior.sigma, 1.0 / cfg.prior.sigma0);
         let settings = LayerSettings {
-            gamma: cfg.gamma,
-            iters: cfg.iters,
-            max_global: cfg.max_global,
+            gamma: cfg.prior.gamma,
+            iters: cfg.prior.iters,
+            max_global: cfg.prior.max_global,
             eps: cfg.eps,
         };
         let layer = LayerVectors::new(list, g, below, top)?;

@@ -72,6 +72,40 @@ impl ListClients {
         })
     }
 
+    /// The clients of a fusion that keeps the list's widths (weight matching): every client
+    /// holds the list's tensors at its widths, and the units are the list's permutation
+    /// groups ([`permutable`]), residual streams included.
+    pub(super) fn fixed(
+        input: &[usize],
+        layers: &[LayerSpec],
+        clients: &[&Params],
+    ) -> Result<Self> {
+        if clients.is_empty() {
+            return Err(FuseError::Empty);
+        }
+        let (uses, output) = permutable(input, layers)?;
+        let (_, layout) = layers::chain(FeatureShape::of(input)?, layers)?;
+        let mut params = Vec::with_capacity(clients.len());
+        for (j, p) in clients.iter().enumerate() {
+            let bad = |e: &dyn std::fmt::Display| {
+                FuseError::InvalidInput(format!(
+                    "client {j}: {e}; weight matching keeps the widths fixed (PFNM matches \
+                     clients of other widths)"
+                ))
+            };
+            let arranged = p.arranged(&layout).map_err(|e| bad(&e))?;
+            arranged
+                .check_finite()
+                .map_err(|e| FuseError::InvalidInput(format!("client {j}: {e}")))?;
+            params.push(arranged);
+        }
+        Ok(Self {
+            uses: vec![uses; params.len()],
+            params,
+            output,
+        })
+    }
+
     /// Number of clients.
     pub(super) fn len(&self) -> usize {
         self.params.len()
@@ -112,6 +146,48 @@ pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>
         });
     }
     Ok((uses, output))
+}
+
+/// The permutation groups of a list whose widths stay fixed
+/// ([`layers::permutation_groups`]: a residual stage's stream is one group), with the index
+/// of the layer that writes the logits. Refuses, naming the layer, grouped convolutions
+/// (their channel groups would need permutations within each).
+pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>, usize)> {
+    for (i, layer) in layers.iter().enumerate() {
+        if let LayerSpec::Conv2d { groups, .. } = *layer
+            && groups > 1
+        {
+            return Err(FuseError::UnsupportedLayer {
+                layer: i,
+                kind: layer.type_name(),
+                reason: format!(
+                    "groups = {groups}: a grouped convolution ties channels to groups, and \
+                     matching would move channels between them; use groups = 1"
+                ),
+            });
+        }
+    }
+    let groups = layers::permutation_groups(input, layers)?;
+    let Some(output) = layers.iter().rposition(|l| {
+        matches!(
+            l,
+            LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. } | LayerSpec::Residual { .. }
+        )
+    }) else {
+        return Err(FuseError::InvalidInput(
+            "the layer list has no convolution or linear layer to match".into(),
+        ));
+    };
+    if groups.is_empty() {
+        return Err(FuseError::UnsupportedLayer {
+            layer: output,
+            kind: layers[output].type_name(),
+            reason: "nothing below the layer that writes the logits can be permuted; matching \
+                     needs a hidden layer"
+                .into(),
+        });
+    }
+    Ok((groups, output))
 }
 
 /// `out` of a convolution or linear layer set to `width` (other layers are left as they are).

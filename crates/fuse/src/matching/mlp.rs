@@ -10,30 +10,17 @@ use rayon::prelude::*;
 
 use super::layer::{MatchTimings, OrderSource, RngOrder, match_rows};
 use super::score::{self, ClientRows};
+use super::settings::MatchPrior;
 use super::types::{LayerPrior, LayerSettings, Matrix};
 use crate::{FuseError, Result};
 
-/// Most refinement passes a matching may ask for (`iters`, FedMA's too): bounds the time a
-/// setting can cost, since orders are drawn for every pass even after the matching settles.
-pub const MAX_ITERS: usize = 10_000;
-
-/// Settings of PFNM. `sigma` and `sigma0` are **variances**, as in the reference code.
-///
-/// `Default` is the one home of PFNM's defaults: the run config's `[method]` table, the
-/// sweep's `[matching]`, `fedfuse fuse`'s flags and the Python package all read them here.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// Settings of PFNM: the matcher's [`MatchPrior`] and what the MLP and layer-list matchers
+/// add to it. `Default` takes [`MatchPrior`]'s defaults, the one home of the matcher's.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PfnmConfig {
-    /// Variance of client units around their global unit (reference default 1).
-    pub sigma: f64,
-    /// Prior variance of global units (reference default 1).
-    pub sigma0: f64,
-    /// Mass parameter of the Beta process: larger opens new global units more readily (default 1).
-    pub gamma: f64,
-    /// Refinement passes per layer after the greedy pass (5 in single-round PFNM).
-    pub iters: usize,
-    /// Soft cap on the width of a global layer (700 in the reference).
-    pub max_global: usize,
+    /// Variances, Beta-process mass, refinement passes and width cap.
+    #[serde(flatten)]
+    pub prior: MatchPrior,
     /// Prior mean of biases (0.1 in the reference; weights have prior mean 0).
     pub bias_mean: f64,
     /// Weight `eps` of the GPI-FNM term (Xiao & Cheng, eq. 11; finite, non-negative; default 0
@@ -86,11 +73,7 @@ impl std::str::FromStr for MatchOrder {
 impl Default for PfnmConfig {
     fn default() -> Self {
         Self {
-            sigma: 1.0,
-            sigma0: 1.0,
-            gamma: 1.0,
-            iters: 5,
-            max_global: 700,
+            prior: MatchPrior::default(),
             bias_mean: 0.1,
             eps: 0.0,
             order: MatchOrder::TopDown,
@@ -101,19 +84,7 @@ impl Default for PfnmConfig {
 impl PfnmConfig {
     /// Checks every setting, naming the first that is out of range.
     pub fn check(&self) -> Result<()> {
-        let positive = [
-            ("sigma", self.sigma),
-            ("sigma0", self.sigma0),
-            ("gamma", self.gamma),
-        ];
-        for (field, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(FuseError::InvalidSetting {
-                    field,
-                    reason: format!("{v} is not a positive finite number"),
-                });
-            }
-        }
+        self.prior.check()?;
         if !self.bias_mean.is_finite() {
             return Err(FuseError::InvalidSetting {
                 field: "bias_mean",
@@ -124,21 +95,6 @@ impl PfnmConfig {
             return Err(FuseError::InvalidSetting {
                 field: "eps",
                 reason: format!("{} is not a finite non-negative number", self.eps),
-            });
-        }
-        if self.max_global == 0 {
-            return Err(FuseError::InvalidSetting {
-                field: "max_global",
-                reason: "must be at least 1".into(),
-            });
-        }
-        if self.iters > MAX_ITERS {
-            return Err(FuseError::InvalidSetting {
-                field: "iters",
-                reason: format!(
-                    "{} is above {MAX_ITERS}: a matching settles within a few dozen passes",
-                    self.iters
-                ),
             });
         }
         Ok(())
@@ -270,7 +226,7 @@ pub struct Fused {
 ///
 /// ```
 /// use fedfuse_core::Params;
-/// use fedfuse_fuse::{PfnmConfig, pfnm_fuse};
+/// use fedfuse_fuse::{MatchPrior, PfnmConfig, pfnm_fuse};
 /// use rand::{SeedableRng, rngs::StdRng};
 ///
 /// let mut net = Params::new();
@@ -278,7 +234,8 @@ pub struct Fused {
 /// net.push("layers.0.bias", vec![2], vec![0.1, 0.1])?;
 /// net.push("layers.1.weight", vec![1, 2], vec![1.0, -1.0])?;
 /// net.push("layers.1.bias", vec![1], vec![0.0])?;
-/// let cfg = PfnmConfig { sigma: 0.01, ..PfnmConfig::default() };
+/// let prior = MatchPrior { sigma: 0.01, ..MatchPrior::default() };
+/// let cfg = PfnmConfig { prior, ..PfnmConfig::default() };
 /// let fused = pfnm_fuse(&[&net, &net], None, &cfg, &mut StdRng::seed_from_u64(0))?;
 /// // Two copies of one network match unit for unit.
 /// assert_eq!(fused.assignments, vec![vec![vec![0, 1], vec![0, 1]]]);
@@ -366,12 +323,12 @@ pub fn pfnm_fuse_mlp(
     }
     let shares = class_shares(class_counts, nets.len(), k)?;
 
-    let inv_s = 1.0 / cfg.sigma;
-    let inv_s0 = 1.0 / cfg.sigma0;
+    let inv_s = 1.0 / cfg.prior.sigma;
+    let inv_s0 = 1.0 / cfg.prior.sigma0;
     let settings = LayerSettings {
-        gamma: cfg.gamma,
-        iters: cfg.iters,
-        max_global: cfg.max_global,
+        gamma: cfg.prior.gamma,
+        iters: cfg.prior.iters,
+        max_global: cfg.prior.max_global,
         eps: cfg.eps,
     };
 
@@ -551,12 +508,12 @@ pub(super) fn output_bias(biases: &[&[f64]], shares: &[Vec<f64>], cfg: &PfnmConf
     let k = shares.first().map_or(0, Vec::len);
     (0..k)
         .map(|kk| {
-            let mut num = cfg.bias_mean / cfg.sigma0;
-            let mut den = 1.0 / cfg.sigma0;
+            let mut num = cfg.bias_mean / cfg.prior.sigma0;
+            let mut den = 1.0 / cfg.prior.sigma0;
             for (bias, r) in biases.iter().zip(shares) {
                 if let Some(b) = bias.get(kk) {
-                    num += r[kk] * b / cfg.sigma;
-                    den += r[kk] / cfg.sigma;
+                    num += r[kk] * b / cfg.prior.sigma;
+                    den += r[kk] / cfg.prior.sigma;
                 }
             }
             num / den

@@ -17,6 +17,7 @@ mod layer;
 mod lists;
 mod mlp;
 mod score;
+mod settings;
 mod types;
 mod weight_matching;
 
@@ -24,10 +25,11 @@ pub use channels::{MatchedLayer, pfnm_fuse_layers, pfnm_fuse_list, pfnm_match_la
 pub use layer::{
     ClientUnits, LayerMatch, MatchTimings, OrderSource, ReplayOrder, RngOrder, match_layer,
 };
-pub use lists::{FusedLayers, matchable, permute_units, select_units, spread_readers};
+pub use lists::{FusedLayers, matchable, permutable, permute_units, select_units, spread_readers};
 pub use mlp::{
     DenseLayer, Fused, FusedMlp, MatchOrder, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp,
 };
 pub use score::{gpi_cost, pfnm_scores};
+pub use settings::{MAX_ITERS, MatchPrior, UnknownKeys};
 pub use types::{GlobalUnits, LayerPrior, LayerSettings, Matrix, POPULARITY_CAP};
 pub use weight_matching::{WeightMatchingConfig, weight_matching_fuse};

@@ -11,6 +11,7 @@
 
 use std::ops::Range;
 
+use fedfuse_core::linalg::{Mat, matmul};
 use rayon::prelude::*;
 
 use super::types::{
@@ -360,42 +361,8 @@ fn sum4_pairs(u: &[f64], v: &[f64], f: impl Fn(f64, f64) -> f64) -> f64 {
 pub(super) fn product_nt(out: &mut [f64], out_stride: usize, lhs: &[f64], rhs: &[f64], k: usize) {
     let m = lhs.len() / k;
     let n = rhs.len() / k;
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(
-        lhs.len() == m * k
-            && rhs.len() == n * k
-            && n <= out_stride
-            && out.len() >= (m - 1) * out_stride + n,
-        "product_nt: shapes disagree"
-    );
-    // SAFETY: the assertion above keeps every index gemm touches inside the three slices:
-    // dst (r, c) at r * out_stride + c with r < m, c < n; lhs (r, q) at r * k + q; rhs^T (q, c)
-    // at c * k + q, q < k. `out` is borrowed mutably, so nothing else aliases it.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            out_stride as isize,
-            true,
-            lhs.as_ptr(),
-            1,
-            k as isize,
-            rhs.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    let (lhs, rhs) = (Mat::rows(lhs, m, k, k), Mat::rows(rhs, n, k, k).t());
+    matmul(out, (out_stride, 1), lhs, rhs, true);
 }
 
 /// The assignment score (maximised) of client units against the current global units:

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use fedfuse_core::layers::{LayerSpec, TensorRole, UnitUses};
+use fedfuse_core::layers::{LayerSpec, TensorRole, UnitUse, UnitUses};
 use fedfuse_core::{Params, Tensor};
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -44,13 +44,13 @@ impl Default for WeightMatchingConfig {
 impl WeightMatchingConfig {
     /// Checks every setting, naming the first that is out of range.
     pub fn check(&self) -> Result<()> {
-        if self.max_iters == 0 || self.max_iters > super::mlp::MAX_ITERS {
+        if self.max_iters == 0 || self.max_iters > super::settings::MAX_ITERS {
             return Err(FuseError::InvalidSetting {
                 field: "max_iters",
                 reason: format!(
                     "{} is outside 1..={}",
                     self.max_iters,
-                    super::mlp::MAX_ITERS
+                    super::settings::MAX_ITERS
                 ),
             });
         }
@@ -75,18 +75,7 @@ pub fn weight_matching_fuse<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Result<FusedLayers> {
     cfg.check()?;
-    let list = ListClients::new(input, layers, clients)?;
-    for (j, uses) in list.uses.iter().enumerate() {
-        for (a, b) in uses.iter().zip(&list.uses[0]) {
-            if a.units != b.units {
-                return Err(FuseError::InvalidInput(format!(
-                    "client {j}: model.layers[{}] has {} units where client 0's has {}; weight \
-                     matching keeps the widths fixed (PFNM matches clients of other widths)",
-                    a.layer, a.units, b.units
-                )));
-            }
-        }
-    }
+    let list = ListClients::fixed(input, layers, clients)?;
     if let Some(counts) = class_counts
         && counts.len() != list.len()
     {
@@ -126,8 +115,31 @@ pub fn weight_matching_fuse<R: Rng + ?Sized>(
     })
 }
 
-/// One permutation per matched layer taking `client`'s units onto `reference`'s
-/// (`perm[u]` = the reference unit of client unit `u`), by coordinate descent.
+/// Which permutation group a weight's rows (axis 0) and its input columns (axis 1) belong to.
+struct Sides<'a> {
+    rows: HashMap<&'a str, usize>,
+    cols: HashMap<&'a str, (usize, &'a UnitUse)>,
+}
+
+impl<'a> Sides<'a> {
+    fn of(uses: &'a [UnitUses]) -> Self {
+        let mut rows = HashMap::new();
+        let mut cols = HashMap::new();
+        for (g, u) in uses.iter().enumerate() {
+            for o in u.own.iter().filter(|o| o.axis == 0) {
+                rows.insert(o.tensor.as_str(), g);
+            }
+            for r in &u.readers {
+                cols.insert(r.tensor.as_str(), (g, r));
+            }
+        }
+        Self { rows, cols }
+    }
+}
+
+/// One permutation per permutation group taking `client`'s units onto `reference`'s
+/// (`perm[u]` = the reference unit of client unit `u`), by coordinate descent. A group tied
+/// by a group norm is permuted within each of its norm groups only.
 fn align<R: Rng + ?Sized>(
     reference: &Params,
     client: &Params,
@@ -136,15 +148,28 @@ fn align<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Result<Vec<Vec<usize>>> {
     let mut perms: Vec<Vec<usize>> = uses.iter().map(|u| (0..u.units).collect()).collect();
-    // The matched layer whose rows a tensor's axis 0 holds, to permute a reader's rows.
-    let rows_of: HashMap<&str, usize> = uses
-        .iter()
-        .enumerate()
-        .map(|(g, u)| (u.own[0].tensor.as_str(), g))
-        .collect();
+    let sides = Sides::of(uses);
     let solve = |cost: &[f64], g: usize| -> Result<Vec<usize>> {
         let n = uses[g].units;
-        let (_, cols) = lsap::solve(n, n, &cost.to_vec(), true).map_err(|e| {
+        let mut cost = cost.to_vec();
+        let per = n / uses[g].tied.max(1);
+        if per < n {
+            // Pairs across norm groups: below every real score, so never chosen.
+            let (lo, hi) = cost
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &c| {
+                    (l.min(c), h.max(c))
+                });
+            let never = lo - (1.0 + hi - lo) * n as f64;
+            for a in 0..n {
+                for b in 0..n {
+                    if a / per.max(1) != b / per.max(1) {
+                        cost[a * n + b] = never;
+                    }
+                }
+            }
+        }
+        let (_, cols) = lsap::solve(n, n, &cost, true).map_err(|e| {
             FuseError::Solver(format!(
                 "weight matching of model.layers[{}] ({n} units): {e}",
                 uses[g].layer
@@ -157,12 +182,14 @@ fn align<R: Rng + ?Sized>(
         }
         Ok(perm)
     };
-    // Start bottom-up, each layer on its own tensors with its inputs aligned by the layer
-    // below (its readers are not aligned yet): from the identity, a layer's readers can
-    // outweigh its own rows and hold the descent in a wrong optimum.
+    // Start bottom-up, each group on its own tensors whose inputs are aligned already (its
+    // readers are not aligned yet): from the identity, a group's readers can outweigh its
+    // own rows and hold the descent in a wrong optimum.
+    let mut aligned = vec![false; uses.len()];
     for g in 0..uses.len() {
-        let cost = layer_similarity(reference, client, uses, g, &perms, &rows_of, false)?;
+        let cost = group_similarity(reference, client, uses, g, &perms, &sides, Some(&aligned))?;
         perms[g] = solve(&cost, g)?;
+        aligned[g] = true;
     }
     let mut order: Vec<usize> = (0..uses.len()).collect();
     for _ in 0..max_iters {
@@ -170,7 +197,7 @@ fn align<R: Rng + ?Sized>(
         let mut improved = false;
         for &g in &order {
             let n = uses[g].units;
-            let cost = layer_similarity(reference, client, uses, g, &perms, &rows_of, true)?;
+            let cost = group_similarity(reference, client, uses, g, &perms, &sides, None)?;
             let perm = solve(&cost, g)?;
             let total =
                 |p: &[usize]| -> f64 { p.iter().enumerate().map(|(b, &a)| cost[a * n + b]).sum() };
@@ -187,55 +214,57 @@ fn align<R: Rng + ?Sized>(
     Ok(perms)
 }
 
-/// `n x n` inner products of reference unit `a` (row) with client unit `b` (column) of matched
-/// layer `g`, over every parameter that holds or reads the units, with the client's other
-/// axes put in the reference's order by the current permutations of the neighbouring layers.
-fn layer_similarity(
+/// `n x n` inner products of reference unit `a` (row) with client unit `b` (column) of group
+/// `g`, over every parameter that holds or reads the units, with the client's other axes put
+/// in the reference's order by the current permutations of the groups they belong to. With
+/// `own_aligned`, only the group's own tensors whose inputs are raw or already aligned.
+fn group_similarity(
     reference: &Params,
     client: &Params,
     uses: &[UnitUses],
     g: usize,
     perms: &[Vec<usize>],
-    rows_of: &HashMap<&str, usize>,
-    readers: bool,
+    sides: &Sides<'_>,
+    own_aligned: Option<&[bool]>,
 ) -> Result<Vec<f64>> {
     let n = uses[g].units;
     let mut cost = vec![0.0; n * n];
-    let used = if readers {
-        &uses[g].all().collect::<Vec<_>>()[..]
-    } else {
-        &uses[g].own.iter().collect::<Vec<_>>()[..]
+    let used: Vec<&UnitUse> = match own_aligned {
+        None => uses[g].all().collect(),
+        Some(done) => uses[g]
+            .own
+            .iter()
+            .filter(|u| {
+                sides
+                    .cols
+                    .get(u.tensor.as_str())
+                    .is_none_or(|&(h, _)| done[h])
+            })
+            .collect(),
     };
-    for &u in used {
+    for u in used {
         if TensorRole::of(&u.tensor) != TensorRole::Param {
             continue;
         }
         let (ta, tb) = (reference.require(&u.tensor)?, client.require(&u.tensor)?);
         let axis = UnitAxis::of(u, &ta.shape)?;
-        // Client rows (axis 1 uses) in the reference's order, by the layer that owns them.
+        // A reader's rows (axis 1 uses) in the reference's order, by the group they are.
         let row_perm = (u.axis == 1)
-            .then(|| rows_of.get(u.tensor.as_str()).map(|&h| &perms[h]))
+            .then(|| sides.rows.get(u.tensor.as_str()).map(|&h| &perms[h]))
             .flatten();
-        // A weight's input side (axis 0 use of a layer above the first): its units below.
-        let inner_perm = (u.axis == 0 && u.tensor == uses[g].own[0].tensor)
-            .then(|| g.checked_sub(1))
-            .flatten()
-            .and_then(|gb| {
-                uses[gb]
-                    .readers
-                    .iter()
-                    .find(|r| r.tensor == u.tensor)
-                    .map(|r| (r, &perms[gb]))
-            });
-        let tb = match inner_perm {
-            Some((reader, perm)) => {
+        // A weight's input side (its axis 1, for an axis 0 use): the group it reads.
+        let col_perm = (u.axis == 0)
+            .then(|| sides.cols.get(u.tensor.as_str()))
+            .flatten();
+        let tb = match col_perm {
+            Some(&(h, reader)) => {
                 // Put the client's input units where the reference has them.
                 let mut t = Params::new();
                 t.push(reader.tensor.clone(), tb.shape.clone(), tb.data.clone())?;
-                let mut below = uses[g - 1].clone();
+                let mut below = uses[h].clone();
                 below.own.clear();
                 below.readers = vec![reader.clone()];
-                permute_units(&mut t, &below, perm)?;
+                permute_units(&mut t, &below, &perms[h])?;
                 t.remove(&reader.tensor).ok_or_else(|| {
                     FuseError::InvalidInput(format!("tensor `{}` vanished", reader.tensor))
                 })?

@@ -21,7 +21,12 @@ enum X {
 
 /// A plain forward pass in eval mode (conv, pools, batch norm on running statistics, ReLU,
 /// dropout as identity, flatten, linear): the reference the invariance tests run.
-fn forward(input: &[usize], layers: &[LayerSpec], p: &Params, sample: &[f64]) -> Vec<f64> {
+pub(crate) fn forward(
+    input: &[usize],
+    layers: &[LayerSpec],
+    p: &Params,
+    sample: &[f64],
+) -> Vec<f64> {
     let t = |name: String| {
         p.get(&name)
             .unwrap_or_else(|| panic!("{name}"))
@@ -47,39 +52,121 @@ fn forward(input: &[usize], layers: &[LayerSpec], p: &Params, sample: &[f64]) ->
                 },
                 X::Image(c, h, w, v),
             ) => {
-                let (oh, ow) = (
-                    (h + 2 * padding - k) / stride + 1,
-                    (w + 2 * padding - k) / stride + 1,
-                );
-                let wt = t(format!("{i}.weight"));
-                let b = if bias {
-                    t(format!("{i}.bias"))
-                } else {
-                    vec![0.0; out]
-                };
-                let mut y = vec![0.0; out * oh * ow];
-                for o in 0..out {
-                    for (yy, xx) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
-                        let mut s = b[o];
-                        for ci in 0..c {
-                            for (dy, dx) in (0..k).flat_map(|a| (0..k).map(move |b| (a, b))) {
-                                let (sy, sx) = (yy * stride + dy, xx * stride + dx);
-                                if sy < padding || sx < padding {
-                                    continue;
-                                }
-                                let (sy, sx) = (sy - padding, sx - padding);
-                                if sy >= h || sx >= w {
-                                    continue;
-                                }
-                                s += wt[((o * c + ci) * k + dy) * k + dx]
-                                    * v[(ci * h + sy) * w + sx];
-                            }
-                        }
-                        y[(o * oh + yy) * ow + xx] = s;
-                    }
-                }
-                X::Image(out, oh, ow, y)
+                let b = bias.then(|| t(format!("{i}.bias")));
+                conv2d(
+                    (c, h, w, &v),
+                    &t(format!("{i}.weight")),
+                    b.as_deref(),
+                    out,
+                    k,
+                    stride,
+                    padding,
+                )
             }
+            (
+                &LayerSpec::Residual {
+                    out,
+                    stride,
+                    norm,
+                    groups,
+                },
+                X::Image(c, h, w, v),
+            ) => {
+                let bias =
+                    |name: &str| (norm == BlockNorm::None).then(|| t(format!("{i}.{name}.bias")));
+                let normed = |x: X, name: &str| match norm {
+                    BlockNorm::None => x,
+                    BlockNorm::Batch => batch_norm(
+                        x,
+                        &t(format!("{i}.{name}.weight")),
+                        &t(format!("{i}.{name}.bias")),
+                        &t(format!("{i}.{name}.running_mean")),
+                        &t(format!("{i}.{name}.running_var")),
+                        1e-5,
+                    ),
+                    BlockNorm::Group => group_norm(
+                        x,
+                        groups,
+                        &t(format!("{i}.{name}.weight")),
+                        &t(format!("{i}.{name}.bias")),
+                        1e-5,
+                    ),
+                };
+                let y = conv2d(
+                    (c, h, w, &v),
+                    &t(format!("{i}.conv1.weight")),
+                    bias("conv1").as_deref(),
+                    out,
+                    3,
+                    stride,
+                    1,
+                );
+                let y = relu(normed(y, "bn1"));
+                let X::Image(_, oh, ow, y) = y else {
+                    unreachable!()
+                };
+                let y = normed(
+                    conv2d(
+                        (out, oh, ow, &y),
+                        &t(format!("{i}.conv2.weight")),
+                        bias("conv2").as_deref(),
+                        out,
+                        3,
+                        1,
+                        1,
+                    ),
+                    "bn2",
+                );
+                let short = if layers::has_projection(c, out, stride) {
+                    normed(
+                        conv2d(
+                            (c, h, w, &v),
+                            &t(format!("{i}.shortcut.0.weight")),
+                            bias("shortcut.0").as_deref(),
+                            out,
+                            1,
+                            stride,
+                            0,
+                        ),
+                        "shortcut.1",
+                    )
+                } else {
+                    X::Image(c, h, w, v)
+                };
+                match (y, short) {
+                    (X::Image(c, h, w, a), X::Image(_, _, _, b)) => relu(X::Image(
+                        c,
+                        h,
+                        w,
+                        a.iter().zip(&b).map(|(x, y)| x + y).collect(),
+                    )),
+                    _ => unreachable!(),
+                }
+            }
+            (&LayerSpec::LayerNorm { eps }, x) => {
+                let (scale, shift) = (t(format!("{i}.weight")), t(format!("{i}.bias")));
+                let v = match &x {
+                    X::Image(_, _, _, v) | X::Flat(v) => v.clone(),
+                };
+                let mean = v.iter().sum::<f64>() / v.len() as f64;
+                let var = v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / v.len() as f64;
+                let y: Vec<f64> = v
+                    .iter()
+                    .enumerate()
+                    .map(|(q, a)| (a - mean) / (var + eps).sqrt() * scale[q] + shift[q])
+                    .collect();
+                match x {
+                    X::Image(c, h, w, _) => X::Image(c, h, w, y),
+                    X::Flat(_) => X::Flat(y),
+                }
+            }
+            (&LayerSpec::GroupNorm { groups, eps }, x) => group_norm(
+                x,
+                groups,
+                &t(format!("{i}.weight")),
+                &t(format!("{i}.bias")),
+                eps,
+            ),
             (
                 &(LayerSpec::MaxPool2d { kernel, stride }
                 | LayerSpec::AvgPool2d { kernel, stride }),
@@ -113,25 +200,14 @@ fn forward(input: &[usize], layers: &[LayerSpec], p: &Params, sample: &[f64]) ->
                     .collect(),
             ),
             (&(LayerSpec::BatchNorm2d { eps, .. } | LayerSpec::BatchNorm1d { eps, .. }), x) => {
-                let (scale, shift, mean, var) = (
-                    t(format!("{i}.weight")),
-                    t(format!("{i}.bias")),
-                    t(format!("{i}.running_mean")),
-                    t(format!("{i}.running_var")),
-                );
-                let norm = |v: Vec<f64>, per: usize| -> Vec<f64> {
-                    v.iter()
-                        .enumerate()
-                        .map(|(q, &a)| {
-                            let ch = q / per;
-                            (a - mean[ch]) / (var[ch] + eps).sqrt() * scale[ch] + shift[ch]
-                        })
-                        .collect()
-                };
-                match x {
-                    X::Image(c, h, w, v) => X::Image(c, h, w, norm(v, h * w)),
-                    X::Flat(v) => X::Flat(norm(v, 1)),
-                }
+                batch_norm(
+                    x,
+                    &t(format!("{i}.weight")),
+                    &t(format!("{i}.bias")),
+                    &t(format!("{i}.running_mean")),
+                    &t(format!("{i}.running_var")),
+                    eps,
+                )
             }
             (LayerSpec::Relu, X::Image(c, h, w, v)) => {
                 X::Image(c, h, w, v.into_iter().map(|a| a.max(0.0)).collect())
@@ -166,9 +242,90 @@ fn forward(input: &[usize], layers: &[LayerSpec], p: &Params, sample: &[f64]) ->
     }
 }
 
+/// A convolution of one sample `[c, h, w]` (groups 1, zero padding).
+fn conv2d(
+    (c, h, w, v): (usize, usize, usize, &[f64]),
+    wt: &[f64],
+    b: Option<&[f64]>,
+    out: usize,
+    k: usize,
+    stride: usize,
+    padding: usize,
+) -> X {
+    let (oh, ow) = (
+        (h + 2 * padding - k) / stride + 1,
+        (w + 2 * padding - k) / stride + 1,
+    );
+    let mut y = vec![0.0; out * oh * ow];
+    for o in 0..out {
+        for (yy, xx) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+            let mut s = b.map_or(0.0, |b| b[o]);
+            for ci in 0..c {
+                for (dy, dx) in (0..k).flat_map(|a| (0..k).map(move |b| (a, b))) {
+                    let (sy, sx) = (yy * stride + dy, xx * stride + dx);
+                    if sy < padding || sx < padding {
+                        continue;
+                    }
+                    let (sy, sx) = (sy - padding, sx - padding);
+                    if sy >= h || sx >= w {
+                        continue;
+                    }
+                    s += wt[((o * c + ci) * k + dy) * k + dx] * v[(ci * h + sy) * w + sx];
+                }
+            }
+            y[(o * oh + yy) * ow + xx] = s;
+        }
+    }
+    X::Image(out, oh, ow, y)
+}
+
+/// Batch norm on running statistics.
+fn batch_norm(x: X, scale: &[f64], shift: &[f64], mean: &[f64], var: &[f64], eps: f64) -> X {
+    let norm = |v: Vec<f64>, per: usize| -> Vec<f64> {
+        v.iter()
+            .enumerate()
+            .map(|(q, &a)| {
+                let ch = q / per;
+                (a - mean[ch]) / (var[ch] + eps).sqrt() * scale[ch] + shift[ch]
+            })
+            .collect()
+    };
+    match x {
+        X::Image(c, h, w, v) => X::Image(c, h, w, norm(v, h * w)),
+        X::Flat(v) => X::Flat(norm(v, 1)),
+    }
+}
+
+/// Group norm of one sample: each group of channels to mean 0 and variance 1 (biased), then
+/// the channel's scale and shift.
+fn group_norm(x: X, groups: usize, scale: &[f64], shift: &[f64], eps: f64) -> X {
+    let X::Image(c, h, w, v) = x else {
+        panic!("group norm of flat features")
+    };
+    let per = c / groups * h * w;
+    let mut y = v.clone();
+    for g in 0..groups {
+        let part = &v[g * per..(g + 1) * per];
+        let mean = part.iter().sum::<f64>() / per as f64;
+        let var = part.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / per as f64;
+        for (q, out) in y[g * per..(g + 1) * per].iter_mut().enumerate() {
+            let ch = (g * per + q) / (h * w);
+            *out = (*out - mean) / (var + eps).sqrt() * scale[ch] + shift[ch];
+        }
+    }
+    X::Image(c, h, w, y)
+}
+
+fn relu(x: X) -> X {
+    match x {
+        X::Image(c, h, w, v) => X::Image(c, h, w, v.into_iter().map(|a| a.max(0.0)).collect()),
+        X::Flat(v) => X::Flat(v.into_iter().map(|a| a.max(0.0)).collect()),
+    }
+}
+
 /// Random tensors for `layers`: weights in (-1, 1), norm scales in (0.5, 1.5), running
 /// variances in (0.5, 2), counters 7.
-fn random_params(input: &[usize], layers: &[LayerSpec], rng: &mut StdRng) -> Params {
+pub(crate) fn random_params(input: &[usize], layers: &[LayerSpec], rng: &mut StdRng) -> Params {
     let (_, layout) = layers::chain(FeatureShape::of(input).unwrap(), layers).unwrap();
     let affine = layers::norm_affine_names(input, layers).unwrap();
     let mut p = Params::new();
@@ -244,7 +401,7 @@ fn logits(layers: &[LayerSpec], p: &Params, xs: &[Vec<f64>]) -> Vec<f64> {
         .collect()
 }
 
-fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+pub(crate) fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
     let scale = b.iter().fold(1.0f64, |m, v| m.max(v.abs()));
     for (q, (x, y)) in a.iter().zip(b).enumerate() {
         assert!((x - y).abs() <= tol * scale, "{what}[{q}]: {x} vs {y}");
@@ -306,7 +463,7 @@ fn copies(
 }
 
 /// Client `j`'s unit `perm[u]` is unit `u` of the model: matched to fused unit `u`.
-fn assert_recovered(assignments: &[Vec<Vec<usize>>], perms: &[Vec<Vec<usize>>]) {
+pub(crate) fn assert_recovered(assignments: &[Vec<Vec<usize>>], perms: &[Vec<Vec<usize>>]) {
     for (g, per_client) in assignments.iter().enumerate() {
         for (j, asg) in per_client.iter().enumerate() {
             for (u, &local) in perms[j][g].iter().enumerate() {
@@ -337,12 +494,7 @@ proptest! {
             vec![1.0, 0.0, 9.0],
         ];
         for eps in [0.0, 0.5] {
-            let cfg = PfnmConfig {
-                sigma: 1e-4,
-                eps,
-                order: MatchOrder::BottomUp,
-                ..PfnmConfig::default()
-            };
+            let cfg = PfnmConfig { prior: fedfuse_fuse::MatchPrior { sigma: 1e-4, ..fedfuse_fuse::MatchPrior::default() }, eps, order: MatchOrder::BottomUp, ..PfnmConfig::default() };
             let mut rng = StdRng::seed_from_u64(seed);
             let fused =
                 pfnm_fuse_layers(&INPUT, &layers, &refs, Some(&counts), &cfg, &mut rng).unwrap();
@@ -448,9 +600,12 @@ fn pfnm_posteriors_on_a_hand_computed_case() {
     b.get_mut("1.weight").unwrap().data = vec![2.0, 1.0];
     b.get_mut("1.bias").unwrap().data = vec![0.5, 0.0];
     let cfg = PfnmConfig {
-        sigma: 1.0,
-        sigma0: 1.0,
-        gamma: 1.0,
+        prior: fedfuse_fuse::MatchPrior {
+            sigma: 1.0,
+            sigma0: 1.0,
+            gamma: 1.0,
+            ..fedfuse_fuse::MatchPrior::default()
+        },
         order: MatchOrder::BottomUp,
         ..PfnmConfig::default()
     };
@@ -523,7 +678,10 @@ fn pfnm_matches_clients_of_other_widths() {
         q.push(name, shape, data).unwrap();
     }
     let cfg = PfnmConfig {
-        sigma: 1e-4,
+        prior: fedfuse_fuse::MatchPrior {
+            sigma: 1e-4,
+            ..fedfuse_fuse::MatchPrior::default()
+        },
         order: MatchOrder::BottomUp,
         ..PfnmConfig::default()
     };
@@ -760,11 +918,7 @@ proptest! {
             clients.push(q);
         }
         let refs: Vec<&Params> = clients.iter().collect();
-        let cfg = PfnmConfig {
-            sigma: 1e-4,
-            order: MatchOrder::BottomUp,
-            ..PfnmConfig::default()
-        };
+        let cfg = PfnmConfig { prior: fedfuse_fuse::MatchPrior { sigma: 1e-4, ..fedfuse_fuse::MatchPrior::default() }, order: MatchOrder::BottomUp, ..PfnmConfig::default() };
         let mut orders = fedfuse_fuse::RngOrder(&mut rng);
         let m = fedfuse_fuse::pfnm_match_layer(&INPUT, &layers, &refs, g, None, &cfg, &mut orders)
             .unwrap();

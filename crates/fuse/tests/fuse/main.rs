@@ -8,4 +8,5 @@ mod gems;
 mod graph;
 mod matching;
 mod mixture;
+mod residual;
 mod serveropt;

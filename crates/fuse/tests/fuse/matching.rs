@@ -98,10 +98,13 @@ fn load_fixture(name: &str) -> Fixture {
         })
         .collect();
     let cfg = PfnmConfig {
-        sigma: f["sigma"].as_f64().unwrap(),
-        sigma0: f["sigma0"].as_f64().unwrap(),
-        gamma: f["gamma"].as_f64().unwrap(),
-        iters: f["it"].as_u64().unwrap() as usize,
+        prior: fedfuse_fuse::MatchPrior {
+            sigma: f["sigma"].as_f64().unwrap(),
+            sigma0: f["sigma0"].as_f64().unwrap(),
+            gamma: f["gamma"].as_f64().unwrap(),
+            iters: f["it"].as_u64().unwrap() as usize,
+            ..fedfuse_fuse::MatchPrior::default()
+        },
         ..PfnmConfig::default()
     };
     Fixture {
@@ -294,7 +297,7 @@ mod invariance {
             rand::seq::SliceRandom::shuffle(perm.as_mut_slice(), &mut rng);
             let mut permuted = nets.clone();
             permuted[client] = permute_hidden(&nets[client], &perm);
-            let cfg = PfnmConfig { sigma, iters: 3, ..PfnmConfig::default() };
+            let cfg = PfnmConfig { prior: fedfuse_fuse::MatchPrior { sigma, iters: 3, ..fedfuse_fuse::MatchPrior::default() }, ..PfnmConfig::default() };
             let orders: Vec<Vec<usize>> = (0..3).map(|i| vec![(i + 1) % 3, i % 3, (i + 2) % 3]).collect();
             let a = pfnm_fuse_mlp(&nets, None, &cfg, &mut ReplayOrder::new(orders.clone())).unwrap();
             let b = pfnm_fuse_mlp(&permuted, None, &cfg, &mut ReplayOrder::new(orders)).unwrap();
@@ -358,7 +361,10 @@ mod recovery {
         let params: Vec<Params> = nets.iter().map(|n| n.to_params().unwrap()).collect();
         let refs: Vec<&Params> = params.iter().collect();
         let cfg = PfnmConfig {
-            sigma: 0.01,
+            prior: fedfuse_fuse::MatchPrior {
+                sigma: 0.01,
+                ..fedfuse_fuse::MatchPrior::default()
+            },
             ..PfnmConfig::default()
         };
         let fused = pfnm_fuse(&refs, None, &cfg, &mut StdRng::seed_from_u64(3)).unwrap();
@@ -470,7 +476,10 @@ mod order {
 
     fn fuse_in_order(nets: &[MlpWeights], sigma: f64, order: MatchOrder) -> FusedMlp {
         let cfg = PfnmConfig {
-            sigma,
+            prior: fedfuse_fuse::MatchPrior {
+                sigma,
+                ..fedfuse_fuse::MatchPrior::default()
+            },
             order,
             ..PfnmConfig::default()
         };
@@ -560,7 +569,10 @@ mod errors {
         assert!(err.to_string().contains("client 1") && err.to_string().contains("layers.0.bias"));
 
         let bad = PfnmConfig {
-            sigma: 0.0,
+            prior: fedfuse_fuse::MatchPrior {
+                sigma: 0.0,
+                ..fedfuse_fuse::MatchPrior::default()
+            },
             ..PfnmConfig::default()
         };
         assert!(pfnm_fuse(&[&a], None, &bad, &mut rng).is_err());
@@ -626,8 +638,11 @@ mod errors {
             .collect();
         let refs: Vec<&Params> = nets.iter().collect();
         let cfg = PfnmConfig {
-            sigma: 0.1,
-            iters: 2,
+            prior: fedfuse_fuse::MatchPrior {
+                sigma: 0.1,
+                iters: 2,
+                ..fedfuse_fuse::MatchPrior::default()
+            },
             ..PfnmConfig::default()
         };
         let fused = pfnm_fuse(
@@ -731,9 +746,12 @@ mod gpi {
             let sigma = [0.02, 0.1, 1.0][seed as usize % 3];
             let run = |eps: f64| {
                 let cfg = PfnmConfig {
-                    sigma,
+                    prior: fedfuse_fuse::MatchPrior {
+                        sigma,
+                        iters: 3,
+                        ..fedfuse_fuse::MatchPrior::default()
+                    },
                     eps,
-                    iters: 3,
                     ..PfnmConfig::default()
                 };
                 let mut orders = StdRng::seed_from_u64(seed + 100);
@@ -780,7 +798,10 @@ mod gpi {
         let nets = [unit.clone(), unit];
         let width = |eps: f64| {
             let cfg = PfnmConfig {
-                sigma: 0.01,
+                prior: fedfuse_fuse::MatchPrior {
+                    sigma: 0.01,
+                    ..fedfuse_fuse::MatchPrior::default()
+                },
                 bias_mean: 0.0,
                 eps,
                 ..PfnmConfig::default()
@@ -808,7 +829,10 @@ mod gpi {
         let (planted, nets) = planted_clients(&mut rng, [d, h, k], keep, clients);
         let fuse = |eps: f64| {
             let cfg = PfnmConfig {
-                sigma: 0.01,
+                prior: fedfuse_fuse::MatchPrior {
+                    sigma: 0.01,
+                    ..fedfuse_fuse::MatchPrior::default()
+                },
                 eps,
                 ..PfnmConfig::default()
             };

@@ -12,12 +12,13 @@ pub use sections::{
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Context, Result, bail};
+use crate::error::{Context, Result, bail_setting};
 use fedfuse_core::Params;
 use fedfuse_data::PartitionSpec;
 use fedfuse_fed::{
-    BuildContext, ClientsPerRound, DpSampling, FedNgmConfig, FedNgrConfig, LocalNorm, Method,
-    MethodConfig, PrivacySettings, ReplyBounds, Sampling, ServerStepConfig, SimConfig,
+    BatchNormSettings, BuildContext, ClientsPerRound, DpSampling, FedNgmConfig, FedNgrConfig,
+    LocalNorm, Method, MethodConfig, PrivacySettings, ReplyBounds, Sampling, ServerStepConfig,
+    SimConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +87,10 @@ pub struct Config {
     /// default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub privacy: Option<PrivacySettings>,
+    /// A statistics round after every round of the method, re-estimating the global model's
+    /// batch norm statistics on the clients' data; none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_norm: Option<BatchNormSettings>,
     /// The network (classifier methods; FedNGM's networks are set in `[method.local]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelSection>,
@@ -138,33 +143,40 @@ impl Config {
     /// Range checks that serde cannot express; everything after trusts them.
     pub fn check(&self) -> Result<()> {
         if self.rounds == 0 {
-            bail!("`rounds` must be at least 1");
+            bail_setting!("rounds", "`rounds` must be at least 1");
         }
         if self.rounds > MAX_ROUNDS {
-            bail!(
+            bail_setting!(
+                "rounds",
                 "`rounds` = {} is above the limit of {MAX_ROUNDS}; split a longer study into \
                  runs",
                 self.rounds
             );
         }
         if self.clients == 0 {
-            bail!("`clients` must be at least 1");
+            bail_setting!("clients", "`clients` must be at least 1");
         }
         if self.clients > MAX_CLIENTS {
-            bail!(
+            bail_setting!(
+                "clients",
                 "`clients` = {} is above the limit of {MAX_CLIENTS}",
                 self.clients
             );
         }
         match self.clients_per_round {
-            ClientsPerRound::Count(0) => bail!("`clients_per_round` must be at least 1"),
-            ClientsPerRound::Count(c) if c > self.clients => bail!(
+            ClientsPerRound::Count(0) => bail_setting!(
+                "clients_per_round",
+                "`clients_per_round` must be at least 1"
+            ),
+            ClientsPerRound::Count(c) if c > self.clients => bail_setting!(
+                "clients_per_round",
                 "`clients_per_round` = {c} is more than the {} clients; use at most {} (or a \
                  fraction such as 0.1)",
                 self.clients,
                 self.clients
             ),
-            ClientsPerRound::Fraction(f) if !(f > 0.0 && f <= 1.0) => bail!(
+            ClientsPerRound::Fraction(f) if !(f > 0.0 && f <= 1.0) => bail_setting!(
+                "clients_per_round",
                 "`clients_per_round` = {f} is neither a count (an integer) nor a fraction in (0, 1]"
             ),
             _ => {}
@@ -181,7 +193,8 @@ impl Config {
                         | MethodConfig::FedNgr(_)
                 ))
         {
-            bail!(
+            bail_setting!(
+                "replies.max_update_norm",
                 "`replies.max_update_norm` measures a reply against the global model, and \
                  `{}`'s replies are not models of its layout (own-init, sparse or sub-models, \
                  statistics); remove it",
@@ -192,14 +205,16 @@ impl Config {
             && let Some(d) = &self.dataset
             && d.name != "cifar100"
         {
-            bail!(
+            bail_setting!(
+                "partition.kind",
                 "`partition.kind = \"pachinko\"` splits CIFAR-100 by its superclasses, then its \
                  classes: set `dataset.name = \"cifar100\"` (dataset `{}` has no superclasses)",
                 d.name
             );
         }
         if let Some(column) = self.partition.column() {
-            bail!(
+            bail_setting!(
+                "partition.kind",
                 "`partition.kind` = \"{}\" splits by the column `{column}`, and the datasets \
                  of `fedfuse run` (digits, mnist, fashion-mnist, cifar10, cifar100) have no per-sample \
                  columns; use it through the library (`partition_with` on a CSV table's column) \
@@ -214,7 +229,7 @@ impl Config {
         {
             match e {
                 fedfuse_data::DataError::InvalidArgument { field, msg } => {
-                    bail!("`partition.{field}`: {msg}")
+                    bail_setting!(format!("partition.{field}"), "`partition.{field}`: {msg}")
                 }
                 other => return Err(other.into()),
             }
@@ -223,14 +238,16 @@ impl Config {
             return self.check_tabular(fedngm);
         }
         if self.table.is_some() {
-            bail!(
+            bail_setting!(
+                "method.name",
                 "method `{}` trains classifiers on labelled samples; [table] is for `fedngm` and \
                  `fedngr`: give [dataset] and [model] instead",
                 self.method.name()
             );
         }
         let (Some(dataset), Some(model)) = (&self.dataset, &self.model) else {
-            bail!(
+            bail_setting!(
+                "method.name",
                 "method `{}` needs a [dataset] and a [model] section",
                 self.method.name()
             );
@@ -241,10 +258,14 @@ impl Config {
             .enumerate()
             .find(|&(_, &w)| w > MAX_WIDTH)
         {
-            bail!("`model.hidden[{i}]` = {w} is above the limit of {MAX_WIDTH} units per layer");
+            bail_setting!(
+                "model.hidden",
+                "`model.hidden[{i}]` = {w} is above the limit of {MAX_WIDTH} units per layer"
+            );
         }
         if dataset.permuted_clients > self.clients {
-            bail!(
+            bail_setting!(
+                "dataset.permuted_clients",
                 "`dataset.permuted_clients` = {} is more than the {} clients: give at most {} \
                  (the last clients see permuted features), or 0 for none",
                 dataset.permuted_clients,
@@ -253,7 +274,8 @@ impl Config {
             );
         }
         if !(0.0..1.0).contains(&dataset.local_test_fraction) {
-            bail!(
+            bail_setting!(
+                "dataset.local_test_fraction",
                 "`dataset.local_test_fraction` = {} must lie in [0, 1)",
                 dataset.local_test_fraction
             );
@@ -263,47 +285,42 @@ impl Config {
             .check()
             .map_err(crate::LabError::from)?;
         if self.train.max_memory_mb == 0 {
-            bail!("`train.max_memory_mb` must be at least 1 (MiB per thread)");
+            bail_setting!(
+                "train.max_memory_mb",
+                "`train.max_memory_mb` must be at least 1 (MiB per thread)"
+            );
         }
         if self.train.epochs == 0 {
             // Zero epochs trains nothing, and every method's reply then lacks the training
             // metrics it reports: refused here rather than as a rejected reply per client.
-            bail!("`train.epochs` must be at least 1");
+            bail_setting!("train.epochs", "`train.epochs` must be at least 1");
         }
         if let Some(f) = dataset.validation_fraction
             && !(0.0..1.0).contains(&f)
         {
-            bail!("`dataset.validation_fraction` = {f} must lie in [0, 1)");
+            bail_setting!(
+                "dataset.validation_fraction",
+                "`dataset.validation_fraction` = {f} must lie in [0, 1)"
+            );
         }
         if dataset.score == Score::Validation && self.validation_fraction() == 0.0 {
-            bail!(
+            bail_setting!(
+                "dataset.score",
                 "`dataset.score = \"validation\"` scores on the server's validation split: set \
                  `dataset.validation_fraction` above 0 (e.g. 0.1)"
             );
         }
         if self.method.needs_validation() && self.validation_fraction() == 0.0 {
-            bail!(
+            bail_setting!(
+                "method.name",
                 "method `{}` chooses eps on a server validation split: set \
                  `dataset.validation_fraction` above 0 (e.g. 0.1), or a single `method.eps`",
                 self.method.name()
             );
         }
-        if matches!(self.method, MethodConfig::FedMa(_)) {
-            let all = match self.clients_per_round {
-                ClientsPerRound::Count(c) => c == self.clients,
-                ClientsPerRound::Fraction(f) => f >= 1.0,
-            };
-            if !all {
-                bail!(
-                    "FedMA matches each layer over the clients that trained the layers below \
-                     it, so every client takes part in every round: set `clients_per_round` = \
-                     {} (or 1.0)",
-                    self.clients
-                );
-            }
-        }
         if self.method.mlp_only() && model.kind != ModelKind::Mlp {
-            bail!(
+            bail_setting!(
+                "method.name",
                 "method `{}` matches the hidden units of MLPs: set `model.kind = \"mlp\"`",
                 self.method.name()
             );
@@ -324,7 +341,8 @@ impl Config {
         let kind = model.kind.name();
         let name = self.method.name();
         if !model.has_norm() {
-            bail!(
+            bail_setting!(
+                "model.local_norm",
                 "`model.local_norm` keeps every normalisation layer's tensors on the clients \
                  (FedBN), and `{kind}` has no normalisation layer: add batchnorm1d, \
                  batchnorm2d, groupnorm or layernorm layers to a layer list (or use resnet20 \
@@ -332,14 +350,16 @@ impl Config {
             );
         }
         if !self.local_eval {
-            bail!(
+            bail_setting!(
+                "model.local_norm",
                 "`model.local_norm` is scored as FedBN reports it, each client's model (the \
                  global weights with its own norms) on its own test split: set \
                  `local_eval = true` (the global model alone keeps the initial norms)"
             );
         }
         if dataset.local_test_fraction == 0.0 {
-            bail!(
+            bail_setting!(
+                "model.local_norm",
                 "`model.local_norm` is scored on the clients' own test splits, and \
                  `dataset.local_test_fraction` = 0 leaves them none: set it above 0 (e.g. 0.2)"
             );
@@ -349,7 +369,8 @@ impl Config {
             MethodConfig::FedSparse(_) | MethodConfig::FedL1(_)
         );
         if grouped {
-            bail!(
+            bail_setting!(
+                "model.local_norm",
                 "`model.local_norm` with method `{name}`: its groups are a filter or unit \
                  together with the norm channel after it, and under local_norm that channel's \
                  scale and shift stay on the clients, so the server could neither measure nor \
@@ -359,7 +380,8 @@ impl Config {
             );
         }
         if matches!(self.method, MethodConfig::FedDrop(_)) {
-            bail!(
+            bail_setting!(
+                "model.local_norm",
                 "`model.local_norm` with method `feddrop`: it drops a filter or unit together \
                  with the norm channel after it, and under local_norm that channel's scale, \
                  shift and statistics stay on the clients, where the dropped channel's would \
@@ -368,14 +390,16 @@ impl Config {
             );
         }
         if matches!(&self.method, MethodConfig::FedMix(s) if s.mixture_term) {
-            bail!(
+            bail_setting!(
+                "model.local_norm",
                 "`model.local_norm` with `method.mixture_term = true`: the prior would pull the \
                  clients' own norms towards the server's centres, which FedBN leaves \
                  unaggregated; set mixture_term = false or remove model.local_norm"
             );
         }
         if matches!(self.privacy, Some(PrivacySettings::Local { .. })) {
-            bail!(
+            bail_setting!(
+                "model.local_norm",
                 "`model.local_norm` with local DP: the clients would clip and noise their own \
                  norms too, which never leave them; use central DP (kind = \"central-fixed\" or \
                  \"central-adaptive\") or remove model.local_norm"
@@ -387,7 +411,8 @@ impl Config {
     /// What layer lists cannot do yet, or cannot do by design, refused by name.
     fn check_list_model(&self, model: &ModelSection) -> Result<()> {
         if self.train.dropout > 0.0 {
-            bail!(
+            bail_setting!(
+                "train.dropout",
                 "`train.dropout` acts on the hidden layers of `mlp` and `lenet5`; a layer list \
                  has its own: add {{ type = \"dropout\", p = {} }} layers to model.layers (or \
                  remove train.dropout)",
@@ -397,8 +422,26 @@ impl Config {
         // GEMS was refused above: it fuses MLPs. PFNM, GPI-FNM, weight matching and FedMA
         // refuse, at build, the layers they cannot match (naming the layer). FedDrop refuses, at
         // build, the norms it cannot drop a unit from (it names the layer).
+        if let Some(bn) = &self.batch_norm {
+            if model.local_norm {
+                bail_setting!(
+                    "batch_norm",
+                    "[batch_norm] re-estimates the global model's batch norm statistics, which \
+                     `model.local_norm` keeps on each client; remove one of them"
+                );
+            }
+            if bn.reestimate && self.replies.max_update_norm.is_some() {
+                bail_setting!(
+                    "replies.max_update_norm",
+                    "`replies.max_update_norm` measures a reply against the global model, and \
+                     [batch_norm]'s statistics replies hold only the batch norms' statistics; \
+                     remove it"
+                );
+            }
+        }
         if self.privacy.is_some() && model.has_batch_norm() {
-            bail!(
+            bail_setting!(
+                "privacy",
                 "[privacy] clips and noises the model's parameters, but batch norm's running \
                  statistics are statistics of the clients' data that it would not cover: use \
                  group norm (`model.norm = \"group\"` for resnet20, `groupnorm` layers) or none"
@@ -444,9 +487,21 @@ impl Config {
         if let Some(server) = &self.server {
             method = server.wrap(method)?;
         }
+        if let Some(bn) = &self.batch_norm {
+            let Some(spec) = &spec else {
+                bail_setting!(
+                    "batch_norm",
+                    "[batch_norm] needs the model's architecture to find its batch norms"
+                );
+            };
+            method = bn.wrap(method, spec)?;
+        }
         if self.model.as_ref().is_some_and(|m| m.local_norm) {
             let Some(spec) = spec else {
-                bail!("`model.local_norm` needs the model's architecture to find its norms");
+                bail_setting!(
+                    "model.local_norm",
+                    "`model.local_norm` needs the model's architecture to find its norms"
+                );
             };
             method = Box::new(LocalNorm::new(method, &spec, init)?);
         }
@@ -465,7 +520,8 @@ impl Config {
     fn check_tabular(&self, fedngm: &FedNgmConfig) -> Result<()> {
         let name = self.method.name();
         let Some(table) = &self.table else {
-            bail!(
+            bail_setting!(
+                "method.name",
                 "method `{name}` federates tables: give a [table] section (kind = \"synthetic\" \
                  or \"cdc\") instead of [dataset]"
             );
@@ -475,7 +531,8 @@ impl Config {
             || self.server.is_some()
             || self.privacy.is_some()
         {
-            bail!(
+            bail_setting!(
+                "method.name",
                 "method `{name}` takes its data from [table] and its networks from \
                  [method.local], and has its own server step: remove [dataset], [model], \
                  [server] and [privacy]"
@@ -485,7 +542,8 @@ impl Config {
         // Settings for classifiers would silently do nothing (their defaults are harmless: a
         // resolved config writes them out).
         if self.partition != iid() || self.train != TrainSection::default() {
-            bail!(
+            bail_setting!(
+                "partition",
                 "[partition] and [train] do nothing for method `{name}`: the clients' tables come \
                  from [table] and its training settings are [method.local]; remove them"
             );
@@ -497,10 +555,14 @@ impl Config {
             ClientsPerRound::Fraction(f) => f == 1.0,
         };
         if !all {
-            bail!("method `{name}` needs every client in every round: set clients_per_round = 1.0");
+            bail_setting!(
+                "method.name",
+                "method `{name}` needs every client in every round: set clients_per_round = 1.0"
+            );
         }
         if self.rounds < fedngm.stages() {
-            bail!(
+            bail_setting!(
+                "method.name",
                 "method `{name}` needs {} rounds (statistics, graphs, then {} model round(s) of \
                  `method.rounds`); `rounds` = {}",
                 fedngm.stages(),
@@ -510,7 +572,8 @@ impl Config {
         }
         self.method.check()?;
         if fedngm.gamma.is_some() {
-            bail!(
+            bail_setting!(
+                "method.gamma",
                 "`method.gamma` weighs the distillation's loss on public rows, and a run has \
                  none; remove it"
             );
@@ -534,6 +597,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::LabError;
 
     const BASE: &str = r#"
 seed = 1
@@ -581,6 +645,27 @@ hidden = [16]
         assert!(format!("{err:#}").contains("mu"), "{err:#}");
         let err = Config::parse(&format!("{BASE}\nbogus = 1\n"), &[]).unwrap_err();
         assert!(format!("{err:#}").contains("bogus"), "{err:#}");
+    }
+
+    #[test]
+    fn a_bad_setting_carries_its_key_and_reason() {
+        let key_of = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            match Config::parse(BASE, &sets).unwrap_err() {
+                LabError::Setting { key, reason } => {
+                    assert!(reason.contains(&key), "{key}: {reason}");
+                    key
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(key_of(&["train.epochs=0"]), "train.epochs");
+        assert_eq!(key_of(&["clients_per_round=9"]), "clients_per_round");
+        assert_eq!(
+            key_of(&["dataset.local_test_fraction=1.5"]),
+            "dataset.local_test_fraction"
+        );
+        assert_eq!(key_of(&["model.local_norm=true"]), "model.local_norm");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! and `[train]`, each with its defaults and its own checks.
 
 use super::MAX_PARAMS;
-use crate::error::{Context, Result, bail};
+use crate::error::{Context, Result, bail_setting};
 use crate::pipeline::SyntheticTables;
 use std::path::PathBuf;
 
@@ -87,7 +87,8 @@ impl DatasetSection {
         ] {
             let Some(n) = want else { continue };
             if n == 0 || n > set.len() {
-                bail!(
+                bail_setting!(
+                    format!("dataset.{key}"),
                     "`dataset.{key}` = {n}, but `{}` has {} such samples: give 1 to {}, or \
                      remove the key to use them all",
                     self.name,
@@ -146,10 +147,16 @@ impl TableSection {
                 ..
             }) => {
                 if *features < 2 || *rows_per_client < 2 || *test_rows == 0 {
-                    bail!("[table]: need features >= 2, rows_per_client >= 2 and test_rows >= 1");
+                    bail_setting!(
+                        "table",
+                        "[table]: need features >= 2, rows_per_client >= 2 and test_rows >= 1"
+                    );
                 }
                 if !(0.0..=1.0).contains(edge_prob) {
-                    bail!("`table.edge_prob` = {edge_prob} is not a probability");
+                    bail_setting!(
+                        "table.edge_prob",
+                        "`table.edge_prob` = {edge_prob} is not a probability"
+                    );
                 }
             }
             TableSection::Cdc {
@@ -157,10 +164,16 @@ impl TableSection {
             } => {
                 let n = cdc_split(split).context("[table]")?.clients().len();
                 if clients != n {
-                    bail!("the CDC file split by {split} has {n} clients; set `clients = {n}`");
+                    bail_setting!(
+                        "clients",
+                        "the CDC file split by {split} has {n} clients; set `clients = {n}`"
+                    );
                 }
                 if *test_every < 2 {
-                    bail!("`table.test_every` = {test_every}: use 2 or more");
+                    bail_setting!(
+                        "table.test_every",
+                        "`table.test_every` = {test_every}: use 2 or more"
+                    );
                 }
             }
         }
@@ -174,7 +187,10 @@ pub fn cdc_split(name: &str) -> Result<CdcSplit> {
         "residence_status" => Ok(CdcSplit::ResidenceStatus),
         "birth_quarter" => Ok(CdcSplit::BirthQuarter),
         other => {
-            bail!("split = {other:?}: use \"residence_status\" or \"birth_quarter\"")
+            bail_setting!(
+                "table.split",
+                "split = {other:?}: use \"residence_status\" or \"birth_quarter\""
+            )
         }
     }
 }
@@ -370,7 +386,8 @@ impl TrainSection {
             .iter()
             .find(|(k, v, d)| given.contains_key(*k) && v != d)
         {
-            bail!(
+            bail_setting!(
+                format!("train.{key}"),
                 "`train.{key}` does nothing with `train.optimizer = \"{}\"`; remove it or choose \
                  an optimizer that uses it",
                 match self.optimizer {
@@ -396,7 +413,8 @@ impl TrainSection {
                 true => format!("layer {i} of the network ({kind}"),
                 false => format!("model.layers[{i}] ({kind}"),
             };
-            bail!(
+            bail_setting!(
+                "train.max_memory_mb",
                 "the model needs about {} MiB per thread to train a batch of {} ({} MiB) or to \
                  score {} samples at a time ({} MiB), above `train.max_memory_mb` = {}; its \
                  heaviest layer is {layer}, about {} MiB): lower \
@@ -444,16 +462,21 @@ impl ModelSection {
     pub(super) fn check_keys(&self) -> Result<()> {
         let kind = self.kind.name();
         if !self.hidden.is_empty() && self.kind != ModelKind::Mlp {
-            bail!("model.hidden applies to `mlp` only; remove it for `{kind}`");
+            bail_setting!(
+                "model.hidden",
+                "model.hidden applies to `mlp` only; remove it for `{kind}`"
+            );
         }
         if !self.layers.is_empty() && !self.kind.is_list() {
-            bail!(
+            bail_setting!(
+                "model.layers",
                 "model.layers applies to `sequential` (and lists a zoo network's expansion); \
                  remove it for `{kind}`, or set model.kind = \"sequential\""
             );
         }
         if self.kind == ModelKind::Sequential && self.layers.is_empty() {
-            bail!(
+            bail_setting!(
+                "model.kind",
                 "model.kind = \"sequential\" needs model.layers, e.g. [{{ type = \"flatten\" }}, \
                  {{ type = \"linear\", out = 10 }}]"
             );
@@ -464,17 +487,26 @@ impl ModelSection {
                 ("width", self.width.is_some()),
             ] {
                 if given {
-                    bail!("model.{key} applies to `resnet20` only; remove it for `{kind}`");
+                    bail_setting!(
+                        format!("model.{key}"),
+                        "model.{key} applies to `resnet20` only; remove it for `{kind}`"
+                    );
                 }
             }
         }
         if let Some(w) = self.width
             && !(1..=1024).contains(&w)
         {
-            bail!("model.width = {w} must lie in 1..=1024 (16 in the paper)");
+            bail_setting!(
+                "model.width",
+                "model.width = {w} must lie in 1..=1024 (16 in the paper)"
+            );
         }
         if self.init_from.is_some() && self.init != Init::Default {
-            bail!("model.init_from gives the weights; remove model.init");
+            bail_setting!(
+                "model.init",
+                "model.init_from gives the weights; remove model.init"
+            );
         }
         Ok(())
     }
@@ -538,7 +570,10 @@ impl ModelSection {
             ModelKind::Lenet5 => {
                 let [c, h, w] = image()?;
                 if h != w {
-                    bail!("model.kind = \"lenet5\" needs square images, got {h}x{w}");
+                    bail_setting!(
+                        "model.kind",
+                        "model.kind = \"lenet5\" needs square images, got {h}x{w}"
+                    );
                 }
                 ModelSpec::LeNet5 {
                     channels: c,
@@ -556,7 +591,8 @@ impl ModelSection {
                     self.width.unwrap_or(RESNET_WIDTH),
                 );
                 if !self.layers.is_empty() && self.layers != layers {
-                    bail!(
+                    bail_setting!(
+                        "model.layers",
                         "model.layers differs from `{kind}`'s layers for this data; remove \
                          model.layers, or set model.kind = \"sequential\" to change them"
                     );
@@ -566,7 +602,8 @@ impl ModelSection {
         };
         spec.validate().context("model")?;
         if spec.classes() < classes {
-            bail!(
+            bail_setting!(
+                "model.layers",
                 "the model gives {} outputs but the data has {classes} classes: make the last \
                  layer's `out` {classes}",
                 spec.classes()
@@ -598,7 +635,8 @@ impl ModelSection {
                 }
                 (None, _) => String::new(),
             };
-            bail!(
+            bail_setting!(
+                "model",
                 "the model has {} parameters, above the limit of {MAX_PARAMS}; {what}",
                 spec.num_params()
             );

@@ -428,8 +428,15 @@ fn read_as_list(
 ) -> Result<ListClient> {
     let mut own_layers = list.to_vec();
     for (i, layer) in own_layers.iter_mut().enumerate() {
-        if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer
-            && let Some(t) = map.get(&format!("{i}.weight")).and_then(|n| file.get(n))
+        // A layer's width is its weight's rows (a residual block's, its `conv1`'s).
+        let (out, weight) = match layer {
+            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => {
+                (out, format!("{i}.weight"))
+            }
+            LayerSpec::Residual { out, .. } => (out, format!("{i}.conv1.weight")),
+            _ => continue,
+        };
+        if let Some(t) = map.get(&weight).and_then(|n| file.get(n))
             && let Some(&rows) = t.shape.first()
         {
             *out = rows;

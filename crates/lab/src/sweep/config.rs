@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Context, Result, bail};
+use crate::error::{Context, Result, bail_setting};
 use fedfuse_data::PartitionSpec;
 use fedfuse_fed::{FedAvgSettings, MethodConfig, PfnmSettings, default_eps_grid};
 use fedfuse_fuse::MatchOrder;
@@ -124,20 +124,24 @@ impl SweepConfig {
             ("methods", self.methods.is_empty()),
         ] {
             if empty {
-                bail!("`{field}` must list at least one value");
+                bail_setting!(field, "`{field}` must list at least one value");
             }
         }
         if self.clients.contains(&0) {
-            bail!("`clients` must be at least 1");
+            bail_setting!("clients", "`clients` must be at least 1");
         }
         if self.hidden.iter().any(|h| h.is_empty() || h.contains(&0)) {
-            bail!("`hidden`: every architecture needs at least one hidden layer of width >= 1");
+            bail_setting!(
+                "hidden",
+                "`hidden`: every architecture needs at least one hidden layer of width >= 1"
+            );
         }
         if self.rounds == 0 {
-            bail!("`rounds` must be at least 1");
+            bail_setting!("rounds", "`rounds` must be at least 1");
         }
         if !(self.validation_fraction > 0.0 && self.validation_fraction < 1.0) {
-            bail!(
+            bail_setting!(
+                "validation_fraction",
                 "`validation_fraction` = {} must lie in (0, 1): GPI-FNM chooses eps on it",
                 self.validation_fraction
             );
@@ -150,14 +154,16 @@ impl SweepConfig {
                 )
             })
         {
-            bail!(
+            bail_setting!(
+                "methods",
                 "`methods`: `{}` is a one-round reference; with rounds > 1 use pfnm, gpi-fnm, \
                  pfnm-bottom-up, gpi-fnm-bottom-up, fedavg-separate, fedavg-common",
                 method_key(*m)
             );
         }
         if self.matching.order != MatchOrder::TopDown {
-            bail!(
+            bail_setting!(
+                "matching.order",
                 "`matching.order`: each method sets its own order; list `pfnm-bottom-up` or \
                  `gpi-fnm-bottom-up` in `methods` instead"
             );

@@ -41,7 +41,7 @@ const EXAMPLES: &[&str] = &[
     include_str!("../../../../examples/ngm-synthetic-run.toml"),
 ];
 
-/// Keys of the config (README's table), for overrides.
+/// Keys of the config (docs/CONFIG.md's tables), for overrides.
 const KEYS: &[&str] = &[
     "seed",
     "rounds",

@@ -426,3 +426,30 @@ fn a_local_accuracy_nobody_measured_is_null_with_the_reason() {
         .unwrap_or_default();
     assert!(why.contains("local_test_fraction"), "{json}");
 }
+
+/// `[batch_norm]`: a batch size of zero, a negative or huge one, an unknown key, a model
+/// without batch norm and FedBN's local norms are refused at load, naming the key.
+#[test]
+fn batch_norm_rounds_refuse_bad_settings_at_load() {
+    let on = |rest: &str| format!("batch_norm={{reestimate=true{rest}}}");
+    for (sets, want) in [
+        (vec![on(", batch_size=0")], "batch_norm.batch_size"),
+        (vec![on(", batch_size=1000000000000")], "1 to 65536"),
+        (vec![on(", batch_size=-4")], "batch_size"),
+        (vec![on(", batch=4")], "unknown field `batch`"),
+        (
+            vec![on(""), "model.local_norm=true".into()],
+            "model.local_norm",
+        ),
+        (
+            vec![on(""), "replies.max_update_norm=1.0".into()],
+            "replies.max_update_norm",
+        ),
+    ] {
+        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        let e = refused(LAYERS, &sets);
+        assert!(e.contains(want), "{sets:?}: {e}");
+    }
+    let e = refused(QUICKSTART, &[&on("")]);
+    assert!(e.contains("no batch norm"), "{e}");
+}

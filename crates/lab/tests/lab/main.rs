@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod architecture;
+mod docs;
 mod federation;
 mod fedmix;
 mod fuzz;
@@ -13,5 +14,6 @@ mod matching;
 mod naming;
 mod ngm;
 mod privacy;
+mod residual;
 mod shipped;
 mod zoo;

@@ -89,10 +89,13 @@ fn accuracy(p: &Params, data: &Dataset) -> f64 {
 
 fn gpi(eps: Option<f64>, eps_grid: Vec<f64>) -> MethodConfig {
     MethodConfig::GpiFnm(fedfuse_fed::PfnmSettings {
-        sigma: 1.0,
-        sigma0: 1.0,
-        gamma: 1.0,
-        iters: 5,
+        prior: fedfuse_fed::MatchPrior {
+            sigma: 1.0,
+            sigma0: 1.0,
+            gamma: 1.0,
+            iters: 5,
+            ..fedfuse_fed::MatchPrior::default()
+        },
         eps,
         eps_grid: Some(eps_grid),
         sigma_grid: None,
@@ -114,10 +117,13 @@ fn gpi_fnm_chooses_eps_on_validation_and_eps_zero_is_pfnm() {
     .unwrap();
     let sent = replies(&locals);
     let pfnm = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
-        sigma: 1.0,
-        sigma0: 1.0,
-        gamma: 1.0,
-        iters: 5,
+        prior: fedfuse_fed::MatchPrior {
+            sigma: 1.0,
+            sigma0: 1.0,
+            gamma: 1.0,
+            iters: 5,
+            ..fedfuse_fed::MatchPrior::default()
+        },
         ..Default::default()
     });
     let (p_pfnm, _) = fused(&pfnm, &s, &sent);
@@ -171,10 +177,13 @@ fn extra_matching_rounds_improve_on_one_shot() {
     // sigma 0.3: PFNM opens a few units beyond one client's 32 (at sigma 1 it merges all of
     // them, as a matcher that always merges would).
     let pfnm = MethodConfig::Pfnm(fedfuse_fed::PfnmSettings {
-        sigma: 0.3,
-        sigma0: 1.0,
-        gamma: 1.0,
-        iters: 5,
+        prior: fedfuse_fed::MatchPrior {
+            sigma: 0.3,
+            sigma0: 1.0,
+            gamma: 1.0,
+            iters: 5,
+            ..fedfuse_fed::MatchPrior::default()
+        },
         ..Default::default()
     });
     let mut method = pfnm.build_with(ctx(&s, 3)).unwrap();
@@ -358,15 +367,20 @@ fn the_run_config_and_the_sweep_share_pfnms_settings_and_defaults() {
     let defaults = fedfuse_fuse::PfnmConfig::default();
     let table: fedfuse_fed::PfnmSettings = toml::from_str("").unwrap();
     assert_eq!(
-        (table.sigma, table.sigma0, table.gamma, table.iters),
         (
-            defaults.sigma,
-            defaults.sigma0,
-            defaults.gamma,
-            defaults.iters
+            table.prior.sigma,
+            table.prior.sigma0,
+            table.prior.gamma,
+            table.prior.iters
+        ),
+        (
+            defaults.prior.sigma,
+            defaults.prior.sigma0,
+            defaults.prior.gamma,
+            defaults.prior.iters
         )
     );
-    assert_eq!(table.max_global, defaults.max_global);
+    assert_eq!(table.prior.max_global, defaults.prior.max_global);
     assert_eq!(table.order, defaults.order);
 
     let smoke = std::fs::read_to_string(
@@ -386,8 +400,8 @@ fn the_run_config_and_the_sweep_share_pfnms_settings_and_defaults() {
     };
     // A key of the method table that the old `[matching]` lacked is read alike.
     let cfg = load("max_global = 50").unwrap();
-    assert_eq!(cfg.matching.max_global, 50);
-    assert_eq!(cfg.matching.sigma0, defaults.sigma0);
+    assert_eq!(cfg.matching.prior.max_global, 50);
+    assert_eq!(cfg.matching.prior.sigma0, defaults.prior.sigma0);
     // The grid the file gives is kept; the order is each method's own.
     assert_eq!(cfg.matching.eps_grid, Some(vec![0.0, 0.01, 0.1, 1.0]));
     let err = load("order = \"bottom_up\"").unwrap_err();

@@ -245,8 +245,9 @@ fn what_a_list_cannot_do_is_refused_by_name() {
         "{e}"
     );
     assert!(err(&["method={name=\"gems\"}"]).contains("model.kind = \"mlp\""));
-    // Matching methods refuse, naming the layer, a norm that mixes the units they permute.
-    for method in ["pfnm", "weight-matching", "fedma"] {
+    // Matchers that widen layers refuse, naming the layer, a norm whose statistics mix the
+    // units they grow (weight matching, at fixed widths, permutes through a layer norm).
+    for method in ["pfnm", "fedma"] {
         let e = err(&[
             &format!("method={{name=\"{method}\"}}"),
             "rounds=4",

@@ -19,7 +19,7 @@ use fedfuse_core::BlockKind;
 
 use super::{CategoricalLoss, Ngm, check_matrix};
 use crate::net::Net;
-use crate::{Result, TrainError, params};
+use crate::{Result, TrainError, convert};
 
 /// How the penalty weight `lambda` evolves in phase 2 of Algorithm 1.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -457,7 +457,7 @@ impl Ngm {
         let sq_w = tensor2(layout.sq_units.clone(), [1, u], &device);
         let sq_w_plain = tensor2(layout.sq_units.clone(), [1, u], &plain);
 
-        let mut net = params::build(&spec, &start, &device)?;
+        let mut net = convert::build(&spec, &start, &device)?;
         let mut optim = adam();
         let bs = if cfg.batch_size == 0 || cfg.batch_size >= n_tr {
             n_tr
@@ -588,7 +588,7 @@ impl Ngm {
             .get(best_epoch.saturating_sub(1))
             .copied()
             .ok_or_else(|| TrainError::Backend("empty training history".into()))?;
-        let params = params::read(&best_net, &spec)?;
+        let params = convert::read(&best_net, &spec)?;
         let p_best = self.path_values(&best_net, cfg.path)?;
         Ok(NgmFit {
             params,
@@ -614,7 +614,7 @@ impl Ngm {
         let n = self.check_matrix(x, "x")?;
         let spec = self.spec_of(params)?;
         let device = Device::flex();
-        let net = params::build(&spec, params, &device)?;
+        let net = convert::build(&spec, params, &device)?;
         let out = net.forward(tensor2(x.to_vec(), [n, self.units], &device));
         values(read_out(out, &self.loss_layout()))
     }
@@ -657,7 +657,7 @@ impl Ngm {
         }
         let spec = self.spec_of(params)?;
         let device = Device::flex();
-        let net = params::build(&spec, params, &device)?;
+        let net = convert::build(&spec, params, &device)?;
         let layout = self.loss_layout();
         let sq_w = tensor2(layout.sq_units.clone(), [1, self.units], &device);
         let out = net.forward(tensor2(inputs.to_vec(), [n, self.units], &device));

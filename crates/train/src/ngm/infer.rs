@@ -11,7 +11,7 @@ use fedfuse_core::BlockKind;
 
 use super::{CategoricalLoss, Ngm};
 use crate::net::Net;
-use crate::{Result, TrainError, params};
+use crate::{Result, TrainError, convert};
 
 /// Which inference procedure of Algorithm 2.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,7 +234,7 @@ impl Ngm {
         }
         let spec = self.spec_of(params)?;
         let plain = Device::flex();
-        let net = params::build(&spec, params, &plain)?;
+        let net = convert::build(&spec, params, &plain)?;
         let layout = self.loss_layout();
         let segs = segments(self);
         let x0: Vec<f32> = x

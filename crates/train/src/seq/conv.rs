@@ -28,9 +28,11 @@ use burn::backend::{Autodiff, Flex};
 use burn::nn::PaddingConfig2d;
 use burn::nn::conv::Conv2d;
 use burn::tensor::Tensor;
+use fedfuse_core::linalg::{Mat, matmul};
 use rayon::prelude::*;
 
 use super::affine::{self, AdTensor, AffineState, Grads, contiguous_f32, flex, values};
+use super::kernels::with_kept;
 use super::winograd;
 
 /// `conv.forward(x)` for fedfuse's layers, with the custom op where it applies.
@@ -286,138 +288,6 @@ fn forward_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, g: Geom) -> O
     let y = conv_forward(values(&x, g.x_len())?, values(&w, g.w_len())?, bias, &g);
     let y = flex(y, &[g.batch, g.c_out, g.ho, g.wo]);
     Some(nodes.record(ConvState { x, w, geom: g }, y))
-}
-
-/// A strided read-only matrix.
-#[derive(Clone, Copy)]
-pub(super) struct Mat<'a> {
-    data: &'a [f32],
-    rows: usize,
-    cols: usize,
-    /// Row and column strides.
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a> Mat<'a> {
-    /// A row-major matrix with row stride `rs`.
-    pub(super) fn rows(data: &'a [f32], rows: usize, cols: usize, rs: usize) -> Self {
-        Self {
-            data,
-            rows,
-            cols,
-            rs,
-            cs: 1,
-        }
-    }
-
-    pub(super) fn t(self) -> Self {
-        Self {
-            data: self.data,
-            rows: self.cols,
-            cols: self.rows,
-            rs: self.cs,
-            cs: self.rs,
-        }
-    }
-
-    /// Elements spanned from the first to the last entry, inclusive.
-    fn span(&self) -> usize {
-        span(self.rows, self.cols, self.rs, self.cs)
-    }
-}
-
-fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
-    match rows == 0 || cols == 0 {
-        true => 0,
-        false => (rows - 1) * rs + (cols - 1) * cs + 1,
-    }
-}
-
-/// `dst = lhs·rhs`, or `dst += lhs·rhs` with `accumulate`; `dst` has row and column strides
-/// `(rs, cs)`.
-///
-/// gemm packs a left operand that is not column-major, so callers choose the layout that
-/// leaves the smaller operand to pack.
-///
-/// # Panics
-///
-/// If the shapes disagree or a matrix runs past its slice (a bug in this module).
-pub(super) fn matmul(
-    dst: &mut [f32],
-    dst_strides: (usize, usize),
-    lhs: Mat,
-    rhs: Mat,
-    accumulate: bool,
-) {
-    matmul_on(
-        dst,
-        dst_strides,
-        lhs,
-        rhs,
-        accumulate,
-        gemm::Parallelism::None,
-    );
-}
-
-/// [`matmul`] with gemm's threads: `Parallelism::Rayon` splits the output into tiles, each
-/// summed over the inner dimension in the same order, so the bits do not depend on the
-/// thread count.
-pub(super) fn matmul_on(
-    dst: &mut [f32],
-    (dst_rs, dst_cs): (usize, usize),
-    lhs: Mat,
-    rhs: Mat,
-    accumulate: bool,
-    parallelism: gemm::Parallelism,
-) {
-    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    assert!(
-        rhs.rows == k
-            && lhs.span() <= lhs.data.len()
-            && rhs.span() <= rhs.data.len()
-            && span(m, n, dst_rs, dst_cs) <= dst.len(),
-        "conv2d: GEMM operands out of bounds"
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                for c in 0..n {
-                    dst[r * dst_rs + c * dst_cs] = 0.0;
-                }
-            }
-        }
-        return;
-    }
-    // SAFETY: the assertion keeps every access in bounds: dst (r, c) at r·rs + c·cs,
-    // lhs (r, q) at r·rs + q·cs and rhs (q, c) likewise, each below its slice's length; dst
-    // does not alias the operands (it is borrowed mutably).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            dst_cs as isize,
-            dst_rs as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.data.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
 }
 
 /// im2col of one sample's group `x` (`[cg, h, w]`) into `col` (`[taps, pixels]`, row-major).
@@ -761,22 +631,6 @@ thread_local! {
 /// another task of this module (no rayon calls inside), which would borrow it again.
 fn with_col<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     with_kept(&COL, len, f)
-}
-
-/// Runs `f` on `len` values of the calling thread's buffer `key`, grown as needed and kept
-/// between calls; its contents are stale.
-pub(super) fn with_kept<R>(
-    key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<f32>>>,
-    len: usize,
-    f: impl FnOnce(&mut [f32]) -> R,
-) -> R {
-    key.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
-        f(&mut buf[..len])
-    })
 }
 
 /// Per-channel sums of `dy` (`[batch, c_out, pixels]`).

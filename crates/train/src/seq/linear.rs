@@ -19,7 +19,7 @@ use burn::nn::Linear;
 use burn::tensor::Tensor;
 
 use super::affine::{self, AdTensor, AffineState, Grads, contiguous_f32, flex, values};
-use super::conv::{Mat, matmul_on};
+use fedfuse_core::linalg::{Mat, Parallelism, matmul_on};
 
 /// `lin.forward(x)` for fedfuse's layers, with the custom op where it applies.
 pub(crate) fn forward(lin: &Linear, x: Tensor<2>) -> Tensor<2> {
@@ -98,10 +98,10 @@ impl Dims {
 
     /// gemm's threads for a product of this layer's size: one thread below the size where
     /// burn-flex starts splitting (its `PARALLEL_THRESHOLD`, 2^18 multiply-adds).
-    fn parallelism(&self) -> gemm::Parallelism {
+    fn parallelism(&self) -> Parallelism {
         match self.batch * self.d_in * self.d_out >= 1 << 18 {
-            true => gemm::Parallelism::Rayon(0),
-            false => gemm::Parallelism::None,
+            true => Parallelism::Rayon(0),
+            false => Parallelism::None,
         }
     }
 }

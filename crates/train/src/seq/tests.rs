@@ -8,8 +8,8 @@ use burn::tensor::{Device, Tensor, TensorData};
 use fedfuse_core::{BlockNorm, LayerSpec, ModelSpec, Params, TensorRole, ZooModel};
 use serde::Deserialize;
 
+use crate::convert;
 use crate::net::Net;
-use crate::params;
 
 /// Deterministic values in [-1, 1) (xorshift), so failures reproduce; shared by the ops' tests.
 pub(super) fn noise(n: usize, seed: u64) -> Vec<f32> {
@@ -153,7 +153,7 @@ fn the_zoo_and_layer_lists_match_pytorch() {
                 &device,
             )
         };
-        let net = params::build(&spec, &params, &device).unwrap();
+        let net = convert::build(&spec, &params, &device).unwrap();
         let logits: Vec<f32> = net.forward(input()).into_data().try_into_vec().unwrap();
         close(
             &format!("{} eval", case.name),
@@ -170,7 +170,7 @@ fn the_zoo_and_layer_lists_match_pytorch() {
                 .try_into_vec()
                 .unwrap();
             close(&format!("{} train", case.name), &out, train, 1e-4);
-            let after = params::read(&net, &spec).unwrap();
+            let after = convert::read(&net, &spec).unwrap();
             for (name, want) in case.after_train.as_ref().unwrap() {
                 let got = &after.get(name).unwrap().data;
                 let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();

@@ -20,7 +20,9 @@
 //! `V` and `dV` `[16][c_in][n]`, `M` and `Z` `[16][c_out][n]`, their blocks `BLOCK_PAD` floats
 //! apart, with a chunk's `n` tiles numbered sample by sample, then row-major over the grid.
 
-use super::conv::{Mat, matmul};
+use fedfuse_core::linalg::{Mat, matmul};
+
+use super::kernels::with_kept;
 
 /// Input and output channels below which im2col stays: the GEMMs' inner dimension is the
 /// channel count here (9× the channels with im2col), and the transforms cost per channel.
@@ -133,7 +135,7 @@ thread_local! {
 }
 
 fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    super::conv::with_kept(&SCRATCH, len, f)
+    with_kept(&SCRATCH, len, f)
 }
 
 /// Tiles transformed at a time: enough for long GEMMs, few enough that `V` and `M` stay in
@@ -170,7 +172,7 @@ impl Chunk {
     }
 
     /// `V[e]` (or `dV[e]`) as a matrix `[c_in, n]`.
-    fn v<'a>(&self, v: &'a [f32], e: usize, s: &Shape) -> Mat<'a> {
+    fn v<'a>(&self, v: &'a [f32], e: usize, s: &Shape) -> Mat<'a, f32> {
         Mat::rows(
             &v[e * self.v_stride..][..s.c_in * self.n],
             s.c_in,
@@ -180,7 +182,7 @@ impl Chunk {
     }
 
     /// `M[e]` (or `Z[e]`) as a matrix `[c_out, n]`.
-    fn m<'a>(&self, m: &'a [f32], e: usize, s: &Shape) -> Mat<'a> {
+    fn m<'a>(&self, m: &'a [f32], e: usize, s: &Shape) -> Mat<'a, f32> {
         Mat::rows(
             &m[e * self.m_stride..][..s.c_out * self.n],
             s.c_out,
@@ -191,7 +193,7 @@ impl Chunk {
 }
 
 /// `U[e]` as a matrix `[c_out, c_in]`.
-fn u_block<'a>(u: &'a [f32], e: usize, s: &Shape) -> Mat<'a> {
+fn u_block<'a>(u: &'a [f32], e: usize, s: &Shape) -> Mat<'a, f32> {
     let len = s.c_out * s.c_in;
     Mat::rows(&u[e * len..][..len], s.c_out, s.c_in, s.c_in)
 }

@@ -503,3 +503,67 @@ fn frozen_tensors_stay_as_they_were() {
         assert!(err.contains("`nope`"), "{err}");
     }
 }
+
+/// Re-estimated batch norm statistics against a hand computation: linear(3) on two features
+/// (`z = (x0, x1 + 1, x0 + x1 - 1)`), batch norm, ReLU, linear(2), four samples. In batches of
+/// two the batch means are (2, 4, 4) and (6, 8, 12), the unbiased variances (2, 2, 8) twice:
+/// each batch weighs the same, so the running statistics are their averages and the counter
+/// is 2, whatever they were before. In one batch of four: the means (4, 6, 8), the variances
+/// 20/3, 20/3, 80/3.
+#[test]
+fn reestimated_batch_norm_statistics_average_the_batches() {
+    use fedfuse_core::LayerSpec;
+    let spec = fedfuse_core::ModelSpec::sequential(
+        &[2],
+        vec![
+            LayerSpec::linear(3),
+            LayerSpec::BatchNorm1d {
+                eps: 1e-5,
+                momentum: 0.1,
+            },
+            LayerSpec::Relu,
+            LayerSpec::linear(2),
+        ],
+    );
+    let trainer = Trainer::new(spec.clone()).unwrap();
+    let mut p = init_params(&spec, Init::Default, 0);
+    let set = |p: &mut fedfuse_core::Params, name: &str, v: &[f32]| {
+        p.get_mut(name).unwrap().data = v.to_vec();
+    };
+    set(&mut p, "0.weight", &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+    set(&mut p, "0.bias", &[0.0, 1.0, -1.0]);
+    set(&mut p, "1.running_mean", &[100.0; 3]);
+    set(&mut p, "1.num_batches_tracked", &[57.0]);
+    let data = Dataset::new(
+        vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+        vec![0, 1, 0, 1],
+        vec![2],
+        2,
+    )
+    .unwrap();
+    let close = |got: &[f32], want: &[f32]| {
+        assert!(
+            got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-4) && got.len() == want.len(),
+            "{got:?} vs {want:?}"
+        );
+    };
+    let two = trainer.reestimate_batch_norm(&p, &data, 2).unwrap();
+    close(&two.get("1.running_mean").unwrap().data, &[4.0, 6.0, 8.0]);
+    close(&two.get("1.running_var").unwrap().data, &[2.0, 2.0, 8.0]);
+    close(&two.get("1.num_batches_tracked").unwrap().data, &[2.0]);
+    let one = trainer.reestimate_batch_norm(&p, &data, 4).unwrap();
+    close(&one.get("1.running_mean").unwrap().data, &[4.0, 6.0, 8.0]);
+    let third = 20.0 / 3.0;
+    close(
+        &one.get("1.running_var").unwrap().data,
+        &[third, third, 4.0 * third],
+    );
+    close(&one.get("1.num_batches_tracked").unwrap().data, &[1.0]);
+    // Nothing else moved.
+    for (name, t) in p
+        .iter()
+        .filter(|(n, _)| !n.starts_with("1.running") && !n.ends_with("tracked"))
+    {
+        assert_eq!(&two.get(name).unwrap().data, &t.data, "{name}");
+    }
+}

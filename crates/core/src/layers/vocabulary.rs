@@ -1,0 +1,268 @@
+//! The layers a list may hold, with serde's names and PyTorch's defaults, and their builders.
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Normalisation inside a residual block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockNorm {
+    /// `nn.BatchNorm2d` after each convolution (He et al.).
+    #[default]
+    Batch,
+    /// `nn.GroupNorm(groups, channels)` after each convolution (Hsieh et al. 2020, the usual
+    /// choice under non-IID data).
+    Group,
+    /// None; the convolutions then carry biases.
+    None,
+}
+
+/// One entry of a layer list. Widths are outputs; inputs follow from the layer before.
+///
+/// Read through [`Deserialize`] below, which refuses keys on the layers that take none.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LayerSpec {
+    /// `nn.Conv2d(in, out, kernel, stride, padding, groups=groups, bias=bias)`, square kernel.
+    Conv2d {
+        /// Output channels.
+        out: usize,
+        /// Kernel side.
+        kernel: usize,
+        /// Stride.
+        #[serde(default = "one")]
+        stride: usize,
+        /// Zero padding on every side.
+        #[serde(default)]
+        padding: usize,
+        /// Channel groups (1: dense; `in`: depthwise).
+        #[serde(default = "one")]
+        groups: usize,
+        /// Whether the layer adds a bias.
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    /// `nn.MaxPool2d(kernel, stride)`; the stride defaults to the kernel.
+    #[serde(rename = "maxpool2d")]
+    MaxPool2d {
+        /// Window side.
+        kernel: usize,
+        /// Stride.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<usize>,
+    },
+    /// `nn.AvgPool2d(kernel, stride)`; the stride defaults to the kernel.
+    #[serde(rename = "avgpool2d")]
+    AvgPool2d {
+        /// Window side.
+        kernel: usize,
+        /// Stride.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<usize>,
+    },
+    /// `nn.AdaptiveAvgPool2d(1)`: `[c, h, w]` to `[c, 1, 1]`.
+    GlobalAvgpool,
+    /// `nn.BatchNorm2d(channels)` (affine, with running statistics).
+    #[serde(rename = "batchnorm2d")]
+    BatchNorm2d {
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+        /// Weight of the newest batch in the running statistics.
+        #[serde(default = "bn_momentum")]
+        momentum: f64,
+    },
+    /// `nn.BatchNorm1d(features)` on flat features.
+    #[serde(rename = "batchnorm1d")]
+    BatchNorm1d {
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+        /// Weight of the newest batch in the running statistics.
+        #[serde(default = "bn_momentum")]
+        momentum: f64,
+    },
+    /// `nn.GroupNorm(groups, channels)` (affine).
+    #[serde(rename = "groupnorm")]
+    GroupNorm {
+        /// Channel groups; must divide the channels.
+        groups: usize,
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+    },
+    /// `nn.LayerNorm(shape)` over every axis of one sample (affine).
+    #[serde(rename = "layernorm")]
+    LayerNorm {
+        /// Added to the variance.
+        #[serde(default = "norm_eps")]
+        eps: f64,
+    },
+    /// `nn.ReLU()`.
+    Relu,
+    /// `nn.Dropout(p)`: every value dropped with probability `p` in training.
+    Dropout {
+        /// Drop probability in `[0, 1)`.
+        p: f64,
+    },
+    /// `nn.Flatten()`: `[c, h, w]` to `[c * h * w]`.
+    Flatten,
+    /// `nn.Linear(in, out, bias=bias)` on flat features.
+    Linear {
+        /// Output features.
+        out: usize,
+        /// Whether the layer adds a bias.
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    /// He et al.'s basic block: `relu(norm2(conv2(relu(norm1(conv1(x))))) + shortcut(x))`, 3x3
+    /// convolutions, the first with `stride`; the shortcut is the identity, or a 1x1
+    /// convolution with `stride` and a norm when the width or the stride changes.
+    Residual {
+        /// Output channels.
+        out: usize,
+        /// Stride of the first convolution and of the projection.
+        #[serde(default = "one")]
+        stride: usize,
+        /// Normalisation after each convolution.
+        #[serde(default)]
+        norm: BlockNorm,
+        /// Groups of `norm = "group"`.
+        #[serde(default = "two")]
+        groups: usize,
+    },
+}
+
+fn one() -> usize {
+    1
+}
+fn two() -> usize {
+    2
+}
+fn yes() -> bool {
+    true
+}
+fn norm_eps() -> f64 {
+    1e-5
+}
+fn bn_momentum() -> f64 {
+    0.1
+}
+
+impl LayerSpec {
+    /// `nn.Conv2d(_, out, kernel)`: stride 1, no padding, bias.
+    pub fn conv2d(out: usize, kernel: usize) -> Self {
+        Self::Conv2d {
+            out,
+            kernel,
+            stride: 1,
+            padding: 0,
+            groups: 1,
+            bias: true,
+        }
+    }
+
+    /// This convolution with `padding` (other layers are returned as they are).
+    pub fn with_padding(mut self, p: usize) -> Self {
+        if let Self::Conv2d { padding, .. } = &mut self {
+            *padding = p;
+        }
+        self
+    }
+
+    /// This convolution without a bias (other layers are returned as they are).
+    pub fn without_bias(mut self) -> Self {
+        if let Self::Conv2d { bias, .. } | Self::Linear { bias, .. } = &mut self {
+            *bias = false;
+        }
+        self
+    }
+
+    /// `nn.MaxPool2d(kernel)`.
+    pub fn max_pool(kernel: usize) -> Self {
+        Self::MaxPool2d {
+            kernel,
+            stride: None,
+        }
+    }
+
+    /// `nn.Linear(_, out)` with a bias.
+    pub fn linear(out: usize) -> Self {
+        Self::Linear { out, bias: true }
+    }
+
+    /// `nn.BatchNorm2d` with PyTorch's defaults.
+    pub fn batch_norm2d() -> Self {
+        Self::BatchNorm2d {
+            eps: norm_eps(),
+            momentum: bn_momentum(),
+        }
+    }
+
+    /// A residual block of `out` channels.
+    pub fn residual(out: usize, stride: usize, norm: BlockNorm) -> Self {
+        Self::Residual {
+            out,
+            stride,
+            norm,
+            groups: 2,
+        }
+    }
+
+    /// The name of this layer's type in a layer list (`conv2d`, `residual`, ...).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::Conv2d { .. } => "conv2d",
+            Self::MaxPool2d { .. } => "maxpool2d",
+            Self::AvgPool2d { .. } => "avgpool2d",
+            Self::GlobalAvgpool => "global_avgpool",
+            Self::BatchNorm2d { .. } => "batchnorm2d",
+            Self::BatchNorm1d { .. } => "batchnorm1d",
+            Self::GroupNorm { .. } => "groupnorm",
+            Self::LayerNorm { .. } => "layernorm",
+            Self::Relu => "relu",
+            Self::Dropout { .. } => "dropout",
+            Self::Flatten => "flatten",
+            Self::Linear { .. } => "linear",
+            Self::Residual { .. } => "residual",
+        }
+    }
+
+    /// Whether the layer is a normalisation whose tensors FedBN keeps on the clients.
+    pub fn is_norm(&self) -> bool {
+        matches!(
+            self,
+            Self::BatchNorm2d { .. }
+                | Self::BatchNorm1d { .. }
+                | Self::GroupNorm { .. }
+                | Self::LayerNorm { .. }
+        )
+    }
+}
+
+/// The layers without settings: serde's tagged enums let any key through on a variant without
+/// fields, so the reader below refuses them itself.
+const WITHOUT_KEYS: [&str; 3] = ["relu", "flatten", "global_avgpool"];
+
+impl Serialize for LayerSpec {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        LayerSpec::serialize(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for LayerSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        if let Some(map) = value.as_object()
+            && map
+                .get("type")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|t| WITHOUT_KEYS.contains(&t))
+            && let Some(key) = map.keys().find(|k| *k != "type")
+        {
+            return Err(D::Error::unknown_field(key, &[]));
+        }
+        LayerSpec::deserialize(value).map_err(D::Error::custom)
+    }
+}

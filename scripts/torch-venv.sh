@@ -6,5 +6,9 @@ cd "$(dirname "$0")/.."
 venv=target/torch-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    torch==2.15.0 numpy safetensors
+    torch==2.15.0 numpy safetensors pillow
+# torchvision for its ResNet modules only (pure Python); the registry's newest pairs with an
+# older torch, so its own pin on torch is left out.
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    torchvision==0.29.2
 "$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'

@@ -7,12 +7,17 @@ batch). The weights and inputs come from `value(role, ...)` below, which the Rus
 computes the same way, so the fixture holds no weights.
 
 The zoo networks are written out here as PyTorch code from their papers, independently of
-fedfuse's lists; the `custom` case is built from its layer list by `from_layers` (which is
-what a `kind = "sequential"` list means in PyTorch).
+fedfuse's lists, except ResNet-18 and 34, which are torchvision's own `resnet18`/`resnet34`
+(their tensor names are the point); the `custom` case is built from its layer list by
+`from_layers` (which is what a `kind = "sequential"` list means in PyTorch).
 
 Run (torch in its own venv, never in CI): bash scripts/torch-venv.sh &&
-    target/torch-venv/bin/python scripts/zoo_reference.py
+    target/torch-venv/bin/python scripts/zoo_reference.py [CASE ...]
+Named cases replace theirs in the fixture (or join it) and leave the others as they are: a
+rerun on another CPU moves logits by float rounding, which is no reason to touch them.
 """
+
+import sys
 
 import json
 import math
@@ -207,7 +212,23 @@ CASES = [
     ("resnet20-group", "resnet20", [3, 32, 32], 10, "group", lambda: resnet20(10, "group")),
     ("resnet20-none", "resnet20", [3, 32, 32], 10, "none", lambda: resnet20(10, "none")),
     ("custom", None, [3, 12, 12], 5, None, lambda: from_layers([3, 12, 12], CUSTOM)),
+    # torchvision's own modules: its names, its stem (7x7/2 convolution, padded 3x3/2 max-pool).
+    # At 64x64 the last stage's batch norm sees 2x2 places per sample: at 32x32 (one place,
+    # three samples) train mode is so ill-conditioned that PyTorch's own float32 and float64
+    # logits differ by 3e-4.
+    ("resnet18", "resnet18", [3, 64, 64], 10, "batch", lambda: torchvision_resnet("resnet18", 10)),
+    ("resnet34", "resnet34", [3, 32, 32], 7, "batch", lambda: torchvision_resnet("resnet34", 7)),
 ]
+
+# Cases checked in eval mode only: ResNet-34's train-mode statistics would add 300 KB for
+# nothing ResNet-18's do not already check.
+EVAL_ONLY = {"resnet34"}
+
+
+def torchvision_resnet(name, classes):
+    import torchvision  # scripts/torch-venv.sh installs it beside torch
+
+    return getattr(torchvision.models, name)(num_classes=classes)
 
 
 def has_dropout(model):
@@ -215,8 +236,11 @@ def has_dropout(model):
 
 
 def main():
+    only = set(sys.argv[1:])
     cases = []
     for name, zoo, shape, classes, norm, make in CASES:
+        if only and name not in only:
+            continue
         model = make()
         sd = model.state_dict()
         tensors = [(k, list(v.shape)) for k, v in sd.items()]
@@ -239,7 +263,7 @@ def main():
         }
         if zoo is None:
             case["layers"] = CUSTOM
-        if not has_dropout(model):
+        if not has_dropout(model) and name not in EVAL_ONLY:
             model.train()
             with torch.no_grad():
                 train_logits = model(x)
@@ -248,6 +272,11 @@ def main():
                                    if k.endswith(("running_mean", "running_var", "num_batches_tracked"))}
         cases.append(case)
         print(f"{name}: {case['num_params']} parameters, {len(tensors)} tensors")
+    if only and os.path.exists(OUT):
+        with open(OUT) as f:
+            kept = json.load(f)["cases"]
+        fresh = {c["name"]: c for c in cases}
+        cases = [fresh.pop(c["name"], c) for c in kept] + list(fresh.values())
     with open(OUT, "w") as f:
         json.dump({"torch": torch.__version__, "batch": BATCH, "cases": cases}, f)
         f.write("\n")

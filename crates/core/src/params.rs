@@ -101,6 +101,22 @@ impl Params {
         Ok(())
     }
 
+    /// The same tensors, in the same order, each under `rename(name)` where that gives a
+    /// name (else its own); the new names must differ from each other.
+    pub fn renamed(self, rename: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let mut out = Self::new();
+        for (name, t) in self.names.into_iter().zip(self.tensors) {
+            let name = rename(&name).unwrap_or(name);
+            if out.index.contains_key(&name) {
+                return Err(CoreError::DuplicateTensor(name));
+            }
+            out.index.insert(name.clone(), out.names.len());
+            out.names.push(name);
+            out.tensors.push(t);
+        }
+        Ok(out)
+    }
+
     /// The tensor called `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.index.get(name).map(|&i| &self.tensors[i])

@@ -26,16 +26,60 @@ pub enum ZooModel {
     /// strides 1, 2, 2), global average pooling, the classifier. Shortcuts that change width
     /// are 1x1 projections (the paper's option B).
     Resnet20,
+    /// torchvision's `resnet18` (He et al. 2016, ImageNet design): a 7x7 convolution with
+    /// stride 2, a 3x3 max-pool with stride 2, four stages of two basic blocks (`width` to
+    /// `8 width` channels, 64 to 512 in torchvision), global average pooling, the classifier.
+    /// Its files carry torchvision's names ([`ZooModel::torchvision_names`]).
+    Resnet18,
+    /// torchvision's `resnet34`: `resnet18` with 3, 4, 6 and 3 blocks per stage.
+    Resnet34,
 }
 
 impl ZooModel {
     /// The zoo's names, as `[model] kind` takes them.
-    pub const NAMES: [&'static str; 3] = ["cnn-leaf", "vgg9", "resnet20"];
+    pub const NAMES: [&'static str; 5] = ["cnn-leaf", "vgg9", "resnet20", "resnet18", "resnet34"];
+
+    /// Whether `model.norm` and `model.width` apply (the residual networks).
+    pub fn is_resnet(self) -> bool {
+        matches!(self, Self::Resnet20 | Self::Resnet18 | Self::Resnet34)
+    }
+
+    /// The first stage's channels when `model.width` is not given: the paper's (16 for
+    /// ResNet-20, torchvision's 64 for ResNet-18 and 34).
+    pub fn default_width(self) -> usize {
+        match self {
+            Self::Resnet18 | Self::Resnet34 => 64,
+            Self::CnnLeaf | Self::Vgg9 | Self::Resnet20 => 16,
+        }
+    }
 
     /// The layer list for samples of shape `input` and `classes` classes; `norm` and `width`
-    /// are ResNet-20's (its first stage's channels, 16 in the paper).
+    /// are the residual networks' (their first stage's channels, see
+    /// [`ZooModel::default_width`]).
     pub fn layers(self, classes: usize, norm: BlockNorm, width: usize) -> Vec<LayerSpec> {
         let conv3 = |out| LayerSpec::conv2d(out, 3).with_padding(1);
+        // A residual network's first convolution (biased only without norms) and its norm.
+        let stem = |conv: LayerSpec| {
+            let mut layers = match norm {
+                BlockNorm::None => vec![conv],
+                _ => vec![conv.without_bias()],
+            };
+            match norm {
+                BlockNorm::Batch => layers.push(LayerSpec::batch_norm2d()),
+                BlockNorm::Group => layers.push(LayerSpec::GroupNorm {
+                    groups: 2,
+                    eps: 1e-5,
+                }),
+                BlockNorm::None => {}
+            }
+            layers.push(LayerSpec::Relu);
+            layers
+        };
+        let head = [
+            LayerSpec::GlobalAvgpool,
+            LayerSpec::Flatten,
+            LayerSpec::linear(classes),
+        ];
         match self {
             Self::CnnLeaf => vec![
                 LayerSpec::conv2d(32, 5).with_padding(2),
@@ -76,33 +120,54 @@ impl ZooModel {
                 LayerSpec::linear(classes),
             ],
             Self::Resnet20 => {
-                let stem = match norm {
-                    BlockNorm::None => conv3(width),
-                    _ => conv3(width).without_bias(),
-                };
-                let mut layers = vec![stem];
-                match norm {
-                    BlockNorm::Batch => layers.push(LayerSpec::batch_norm2d()),
-                    BlockNorm::Group => layers.push(LayerSpec::GroupNorm {
-                        groups: 2,
-                        eps: 1e-5,
-                    }),
-                    BlockNorm::None => {}
-                }
-                layers.push(LayerSpec::Relu);
+                let mut layers = stem(conv3(width));
                 for (stage, stride) in [(1, 1), (2, 2), (4, 2)] {
                     for block in 0..3 {
                         let s = if block == 0 { stride } else { 1 };
                         layers.push(LayerSpec::residual(width * stage, s, norm));
                     }
                 }
-                layers.extend([
-                    LayerSpec::GlobalAvgpool,
-                    LayerSpec::Flatten,
-                    LayerSpec::linear(classes),
-                ]);
+                layers.extend(head);
                 layers
             }
+            Self::Resnet18 | Self::Resnet34 => {
+                let blocks = match self {
+                    Self::Resnet18 => [2, 2, 2, 2],
+                    _ => [3, 4, 6, 3],
+                };
+                let conv7 = LayerSpec::Conv2d {
+                    out: width,
+                    kernel: 7,
+                    stride: 2,
+                    padding: 3,
+                    groups: 1,
+                    bias: true,
+                };
+                let mut layers = stem(conv7);
+                layers.push(LayerSpec::MaxPool2d {
+                    kernel: 3,
+                    stride: Some(2),
+                    padding: 1,
+                });
+                let stages = [(1, 1), (2, 2), (4, 2), (8, 2)];
+                for ((stage, stride), count) in stages.into_iter().zip(blocks) {
+                    for block in 0..count {
+                        let s = if block == 0 { stride } else { 1 };
+                        layers.push(LayerSpec::residual(width * stage, s, norm));
+                    }
+                }
+                layers.extend(head);
+                layers
+            }
+        }
+    }
+
+    /// torchvision's names for this network's tensors (`conv1.weight` for `0.weight`), or
+    /// `None` for the networks that keep the list's names.
+    pub fn torchvision_names(self, layers: &[LayerSpec]) -> Option<TorchvisionNames> {
+        match self {
+            Self::Resnet18 | Self::Resnet34 => Some(TorchvisionNames::of(layers)),
+            Self::CnnLeaf | Self::Vgg9 | Self::Resnet20 => None,
         }
     }
 
@@ -117,5 +182,61 @@ impl ZooModel {
         let spec = ModelSpec::sequential(input, self.layers(classes, norm, width));
         spec.validate()?;
         Ok(spec)
+    }
+}
+
+/// torchvision's module names of a ResNet list: `conv1` and `bn1` for the stem,
+/// `layer{s}.{b}` for the blocks (a block's projection `downsample.0/1`), `fc` for the
+/// classifier. A stage begins at the first block and at each block that strides or changes
+/// width. Tensors of other layers keep the list's names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TorchvisionNames {
+    /// Per layer of the list, its module name.
+    modules: Vec<Option<String>>,
+}
+
+impl TorchvisionNames {
+    /// The names for `layers`.
+    pub fn of(layers: &[LayerSpec]) -> Self {
+        let mut modules: Vec<Option<String>> = vec![None; layers.len()];
+        let (mut stage, mut block, mut width) = (0, 0, 0);
+        let (mut stem_conv, mut stem_norm, mut fc) = (false, false, false);
+        for (module, layer) in modules.iter_mut().zip(layers) {
+            *module = match *layer {
+                LayerSpec::Conv2d { .. } if !stem_conv && stage == 0 => {
+                    stem_conv = true;
+                    Some("conv1".to_string())
+                }
+                _ if layer.is_norm() && !stem_norm && stage == 0 => {
+                    stem_norm = true;
+                    Some("bn1".to_string())
+                }
+                LayerSpec::Residual { out, stride, .. } => {
+                    if stage == 0 || stride != 1 || out != width {
+                        (stage, block) = (stage + 1, 0);
+                    }
+                    width = out;
+                    block += 1;
+                    Some(format!("layer{stage}.{}", block - 1))
+                }
+                LayerSpec::Linear { .. } if !fc && stage > 0 => {
+                    fc = true;
+                    Some("fc".to_string())
+                }
+                _ => None,
+            };
+        }
+        Self { modules }
+    }
+
+    /// torchvision's name for the list's tensor `name` (`4.shortcut.1.running_mean` ->
+    /// `layer2.0.downsample.1.running_mean`), if its layer has one.
+    pub fn torch_name(&self, name: &str) -> Option<String> {
+        let (index, rest) = name.split_once('.')?;
+        let module = self.modules.get(index.parse::<usize>().ok()?)?.as_ref()?;
+        Some(match rest.strip_prefix("shortcut.") {
+            Some(r) => format!("{module}.downsample.{r}"),
+            None => format!("{module}.{rest}"),
+        })
     }
 }

@@ -1,11 +1,12 @@
 //! `fedfuse run`: config -> data -> federation -> output folder.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Context, LabError, Result, bail};
 use fedfuse_core::flower::FlowerContent;
-use fedfuse_core::{ConfigValue, ModelSpec, Params, Record};
+use fedfuse_core::{ConfigValue, ModelSpec, Params, Record, TorchvisionNames};
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset, client_splits, permute_clients, permute_features};
 use fedfuse_fed::{
@@ -111,15 +112,37 @@ pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()>
     if cfg.table.is_none() {
         crate::plot::write_plots(out, &result.rounds)?;
     }
-    let model = fedfuse_core::params_to_safetensors(&result.params, Default::default())?;
+    // torchvision's networks are written under its names, so `load_state_dict` takes them.
+    let names = cfg.model.as_ref().and_then(|m| m.torchvision_names());
+    let model = match names {
+        Some(names) => {
+            let renamed = result.params.clone().renamed(|n| names.torch_name(n))?;
+            fedfuse_core::params_to_safetensors(&renamed, Default::default())?
+        }
+        None => fedfuse_core::params_to_safetensors(&result.params, Default::default())?,
+    };
     crate::table::write_atomic(&out.join("model.safetensors"), &model)
 }
 
 /// The weights of `path` (`model.init_from`: a PyTorch `state_dict` as safetensors, or npz)
-/// in `spec`'s layout, finite.
-fn initial_weights(path: &Path, spec: &ModelSpec) -> Result<Params> {
+/// in `spec`'s layout, finite; torchvision's names are read where the network has them.
+fn initial_weights(
+    path: &Path,
+    spec: &ModelSpec,
+    names: Option<&TorchvisionNames>,
+) -> Result<Params> {
     let what = || format!("model.init_from = {}", path.display());
-    let loaded = fedfuse_core::load_params(path).with_context(what)?;
+    let mut loaded = fedfuse_core::load_params(path).with_context(what)?;
+    if let Some(names) = names {
+        let list_name: HashMap<String, String> = spec
+            .param_shapes()
+            .into_iter()
+            .filter_map(|s| Some((names.torch_name(&s.name)?, s.name)))
+            .collect();
+        loaded = loaded
+            .renamed(|n| list_name.get(n).cloned())
+            .with_context(what)?;
+    }
     let params = loaded.arranged(&spec.param_shapes()).with_context(what)?;
     params.check_values().with_context(what)?;
     Ok(params)
@@ -324,7 +347,7 @@ impl Federation {
         cfg.train.check_memory(&spec)?;
         let trainer = Trainer::new(spec.clone())?;
         let init = match &model.init_from {
-            Some(path) => initial_weights(path, &spec)?,
+            Some(path) => initial_weights(path, &spec, model.torchvision_names().as_ref())?,
             None => init_params(&spec, model.init, derive_seed(cfg.seed, 0, usize::MAX)),
         };
         if let fedfuse_fed::MethodConfig::FedMa(fedma) = &cfg.method {

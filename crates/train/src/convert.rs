@@ -288,11 +288,17 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
             LayerSpec::LayerNorm { eps } => {
                 Layer::Norm(src.norm(NormKind::Layer { eps }, at.len())?)
             }
-            LayerSpec::MaxPool2d { kernel, stride } => {
+            LayerSpec::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+            } => {
                 let s = stride.unwrap_or(kernel);
+                let p = padding;
                 Layer::MaxPool(
                     MaxPool2dConfig::new([kernel, kernel])
                         .with_strides([s, s])
+                        .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
                         .init(),
                 )
             }

@@ -208,7 +208,28 @@ impl LayerSpec {
                     w: ow,
                 }
             }
-            Self::MaxPool2d { kernel, stride } | Self::AvgPool2d { kernel, stride } => {
+            Self::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+            } => {
+                let (c, h, w) = image()?;
+                let stride = stride.unwrap_or(kernel);
+                bounded("kernel", kernel)?;
+                bounded("stride", stride)?;
+                // Every window then holds at least one real value.
+                if padding > kernel / 2 {
+                    return Err(format!(
+                        "padding = {padding} is more than half the {kernel}x{kernel} window"
+                    ));
+                }
+                FeatureShape::Image {
+                    c,
+                    h: window(h, kernel, stride, padding)?,
+                    w: window(w, kernel, stride, padding)?,
+                }
+            }
+            Self::AvgPool2d { kernel, stride } => {
                 let (c, h, w) = image()?;
                 let stride = stride.unwrap_or(kernel);
                 bounded("kernel", kernel)?;

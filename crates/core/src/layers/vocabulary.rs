@@ -43,7 +43,8 @@ pub enum LayerSpec {
         #[serde(default = "yes")]
         bias: bool,
     },
-    /// `nn.MaxPool2d(kernel, stride)`; the stride defaults to the kernel.
+    /// `nn.MaxPool2d(kernel, stride, padding)`; the stride defaults to the kernel, padded
+    /// places never win (PyTorch pads with -inf).
     #[serde(rename = "maxpool2d")]
     MaxPool2d {
         /// Window side.
@@ -51,6 +52,9 @@ pub enum LayerSpec {
         /// Stride.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stride: Option<usize>,
+        /// Padding on every side, at most half the window (PyTorch's rule).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        padding: usize,
     },
     /// `nn.AvgPool2d(kernel, stride)`; the stride defaults to the kernel.
     #[serde(rename = "avgpool2d")]
@@ -134,6 +138,9 @@ pub enum LayerSpec {
     },
 }
 
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
 fn one() -> usize {
     1
 }
@@ -184,6 +191,7 @@ impl LayerSpec {
         Self::MaxPool2d {
             kernel,
             stride: None,
+            padding: 0,
         }
     }
 

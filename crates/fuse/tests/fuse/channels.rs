@@ -168,19 +168,28 @@ pub(crate) fn forward(
                 eps,
             ),
             (
-                &(LayerSpec::MaxPool2d { kernel, stride }
+                &(LayerSpec::MaxPool2d { kernel, stride, .. }
                 | LayerSpec::AvgPool2d { kernel, stride }),
                 X::Image(c, h, w, v),
             ) => {
                 let s = stride.unwrap_or(kernel);
-                let (oh, ow) = ((h - kernel) / s + 1, (w - kernel) / s + 1);
+                let p = match *layer {
+                    LayerSpec::MaxPool2d { padding, .. } => padding,
+                    _ => 0,
+                };
+                let (oh, ow) = ((h + 2 * p - kernel) / s + 1, (w + 2 * p - kernel) / s + 1);
                 let max = matches!(layer, LayerSpec::MaxPool2d { .. });
                 let mut y = Vec::with_capacity(c * oh * ow);
                 for ci in 0..c {
                     for (yy, xx) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+                        // Padded places (max-pool only) are left out: -inf never wins.
                         let window = (0..kernel).flat_map(|dy| {
                             let v = &v;
-                            (0..kernel).map(move |dx| v[(ci * h + yy * s + dy) * w + xx * s + dx])
+                            (0..kernel).filter_map(move |dx| {
+                                let (r, q) =
+                                    ((yy * s + dy).checked_sub(p)?, (xx * s + dx).checked_sub(p)?);
+                                (r < h && q < w).then(|| v[(ci * h + r) * w + q])
+                            })
                         });
                         y.push(if max {
                             window.fold(f64::NEG_INFINITY, f64::max)

@@ -6,7 +6,7 @@ use crate::error::{Context, Result, bail_setting};
 use crate::pipeline::SyntheticTables;
 use std::path::PathBuf;
 
-use fedfuse_core::{BlockNorm, LayerSpec, ModelSpec, ZooModel};
+use fedfuse_core::{BlockNorm, LayerSpec, ModelSpec, TorchvisionNames, ZooModel};
 use fedfuse_data::CdcSplit;
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -217,6 +217,12 @@ pub enum ModelKind {
     /// CIFAR ResNet-20 (`model.norm`, `model.width`).
     #[serde(rename = "resnet20")]
     Resnet20,
+    /// torchvision's ResNet-18, with its tensor names (`model.norm`, `model.width`).
+    #[serde(rename = "resnet18")]
+    Resnet18,
+    /// torchvision's ResNet-34, with its tensor names (`model.norm`, `model.width`).
+    #[serde(rename = "resnet34")]
+    Resnet34,
 }
 
 impl ModelKind {
@@ -226,6 +232,8 @@ impl ModelKind {
             Self::CnnLeaf => Some(ZooModel::CnnLeaf),
             Self::Vgg9 => Some(ZooModel::Vgg9),
             Self::Resnet20 => Some(ZooModel::Resnet20),
+            Self::Resnet18 => Some(ZooModel::Resnet18),
+            Self::Resnet34 => Some(ZooModel::Resnet34),
             Self::Mlp | Self::Lenet5 | Self::Sequential => None,
         }
     }
@@ -239,6 +247,8 @@ impl ModelKind {
             Self::CnnLeaf => "cnn-leaf",
             Self::Vgg9 => "vgg9",
             Self::Resnet20 => "resnet20",
+            Self::Resnet18 => "resnet18",
+            Self::Resnet34 => "resnet34",
         }
     }
 
@@ -247,9 +257,6 @@ impl ModelKind {
         !matches!(self, Self::Mlp | Self::Lenet5)
     }
 }
-
-/// ResNet-20's first stage width in the paper.
-const RESNET_WIDTH: usize = 16;
 
 /// `[model]`
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -264,10 +271,11 @@ pub struct ModelSection {
     /// here, which must then match.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<LayerSpec>,
-    /// ResNet-20's normalisation: `batch` (default), `group` (2 groups) or `none`.
+    /// The residual networks' normalisation: `batch` (default), `group` (2 groups) or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm: Option<BlockNorm>,
-    /// ResNet-20's first-stage width (16 in the paper; the stages have 1, 2 and 4 times it).
+    /// The residual networks' first-stage width (16 for ResNet-20, 64 for ResNet-18 and 34;
+    /// later stages have 2, 4 (and 8) times it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub width: Option<usize>,
     /// Initialisation: `default` (PyTorch's) or `pfnm` (N(0, 0.1) weights, 0.1 biases).
@@ -481,7 +489,7 @@ impl ModelSection {
                  {{ type = \"linear\", out = 10 }}]"
             );
         }
-        if self.kind != ModelKind::Resnet20 {
+        if !self.kind.zoo().is_some_and(ZooModel::is_resnet) {
             for (key, given) in [
                 ("norm", self.norm.is_some()),
                 ("width", self.width.is_some()),
@@ -489,7 +497,8 @@ impl ModelSection {
                 if given {
                     bail_setting!(
                         format!("model.{key}"),
-                        "model.{key} applies to `resnet20` only; remove it for `{kind}`"
+                        "model.{key} applies to the residual networks (resnet20, resnet18, \
+                         resnet34) only; remove it for `{kind}`"
                     );
                 }
             }
@@ -499,7 +508,8 @@ impl ModelSection {
         {
             bail_setting!(
                 "model.width",
-                "model.width = {w} must lie in 1..=1024 (16 in the paper)"
+                "model.width = {w} must lie in 1..=1024 (16 for resnet20, 64 for resnet18 and \
+                 resnet34)"
             );
         }
         if self.init_from.is_some() && self.init != Init::Default {
@@ -514,7 +524,9 @@ impl ModelSection {
     /// Whether the network has batch norms (whose running statistics are data statistics).
     pub fn has_batch_norm(&self) -> bool {
         match self.kind {
-            ModelKind::Resnet20 => self.norm.unwrap_or_default() == BlockNorm::Batch,
+            ModelKind::Resnet20 | ModelKind::Resnet18 | ModelKind::Resnet34 => {
+                self.norm.unwrap_or_default() == BlockNorm::Batch
+            }
             ModelKind::Sequential => self.layers.iter().any(|l| match l {
                 LayerSpec::BatchNorm1d { .. } | LayerSpec::BatchNorm2d { .. } => true,
                 LayerSpec::Residual { norm, .. } => *norm == BlockNorm::Batch,
@@ -535,13 +547,21 @@ impl ModelSection {
         };
         match self.kind.zoo() {
             // The class count does not change which layers a zoo network has.
-            Some(zoo) => has(&zoo.layers(
-                10,
-                self.norm.unwrap_or_default(),
-                self.width.unwrap_or(RESNET_WIDTH),
-            )),
+            Some(zoo) => has(&zoo.layers(10, self.norm.unwrap_or_default(), self.width(zoo))),
             None => has(&self.layers),
         }
+    }
+
+    /// torchvision's tensor names for this network (ResNet-18 and 34), which its files use.
+    pub fn torchvision_names(&self) -> Option<TorchvisionNames> {
+        let zoo = self.kind.zoo()?;
+        // The names follow from the list's structure, which the class count does not change.
+        zoo.torchvision_names(&zoo.layers(1, self.norm.unwrap_or_default(), self.width(zoo)))
+    }
+
+    /// A residual network's first-stage width: `model.width`, else the paper's.
+    fn width(&self, zoo: ZooModel) -> usize {
+        self.width.unwrap_or(zoo.default_width())
     }
 
     /// This section as a run folder's config.toml shows it: a zoo network with the layer list
@@ -582,14 +602,14 @@ impl ModelSection {
                 }
             }
             ModelKind::Sequential => ModelSpec::sequential(sample_shape, self.layers.clone()),
-            ModelKind::CnnLeaf | ModelKind::Vgg9 | ModelKind::Resnet20 => {
+            ModelKind::CnnLeaf
+            | ModelKind::Vgg9
+            | ModelKind::Resnet20
+            | ModelKind::Resnet18
+            | ModelKind::Resnet34 => {
                 image()?;
                 let zoo = self.kind.zoo().unwrap_or(ZooModel::CnnLeaf);
-                let layers = zoo.layers(
-                    classes,
-                    self.norm.unwrap_or_default(),
-                    self.width.unwrap_or(RESNET_WIDTH),
-                );
+                let layers = zoo.layers(classes, self.norm.unwrap_or_default(), self.width(zoo));
                 if !self.layers.is_empty() && self.layers != layers {
                     bail_setting!(
                         "model.layers",

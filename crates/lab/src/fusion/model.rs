@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use fedfuse_core::layers::{self, FeatureShape, LayerSpec};
-use fedfuse_core::{ModelSpec, ParamShape, Params, ZooModel};
+use fedfuse_core::{ModelSpec, ParamShape, Params, TorchvisionNames, ZooModel};
 
 use crate::config::{ModelKind, ModelSection, read_settings_file};
 use crate::error::{Context, LabError, Result, bail};
@@ -59,8 +59,8 @@ fn names_hint() -> String {
 }
 
 impl FuseModel {
-    /// `arg` as `--model` takes it: a network name (`lenet5`, `cnn-leaf`, `vgg9`, `resnet20`)
-    /// or the path of a TOML file holding a `[model]` table.
+    /// `arg` as `--model` takes it: a network name (`lenet5`, `cnn-leaf`, `vgg9`, `resnet20`,
+    /// `resnet18`, `resnet34`) or the path of a TOML file holding a `[model]` table.
     pub fn parse(arg: &str) -> Result<Self> {
         let path = Path::new(arg);
         let looks_like_file = path
@@ -202,7 +202,8 @@ impl FuseModel {
         let Some((first_name, first)) = models.first() else {
             bail!("no client models given");
         };
-        let first_map = map_names(first, &layout, first_name, &self.source)?;
+        let torch = self.section.torchvision_names();
+        let first_map = map_names(first, &layout, torch.as_ref(), first_name, &self.source)?;
         let candidates: Vec<Vec<usize>> = match &self.input {
             Some(input) => vec![input.clone()],
             None => self.inferred_inputs(&template, first, &first_map),
@@ -234,7 +235,7 @@ impl FuseModel {
         };
         let mut clients = vec![client];
         for (name, p) in &models[1..] {
-            let map = map_names(p, &layout, name, &self.source)?;
+            let map = map_names(p, &layout, torch.as_ref(), name, &self.source)?;
             clients.push(read_as_list(p, &map, &input, &list, name, &self.source)?);
         }
         Ok(Resolved { input, clients })
@@ -341,14 +342,28 @@ fn list_layer(prefix: &str) -> String {
 fn map_names(
     file: &Params,
     layout: &[ParamShape],
+    torch: Option<&TorchvisionNames>,
     name: &str,
     model: &str,
 ) -> Result<HashMap<String, String>> {
-    if file.len() == layout.len() && layout.iter().all(|p| file.get(&p.name).is_some()) {
-        return Ok(layout
+    // The list's own names, else torchvision's where the network has them.
+    let exact = |rename: &dyn Fn(&str) -> Option<String>| -> Option<HashMap<String, String>> {
+        if file.len() != layout.len() {
+            return None;
+        }
+        layout
             .iter()
-            .map(|p| (p.name.clone(), p.name.clone()))
-            .collect());
+            .map(|p| {
+                let theirs = rename(&p.name)?;
+                file.get(&theirs).map(|_| (p.name.clone(), theirs))
+            })
+            .collect()
+    };
+    if let Some(map) = exact(&|n| Some(n.to_string())) {
+        return Ok(map);
+    }
+    if let Some(map) = torch.and_then(|names| exact(&|n| names.torch_name(n))) {
+        return Ok(map);
     }
     let want = modules(layout.iter().map(|p| (p.name.as_str(), p.shape.len())));
     let have = modules(file.iter().map(|(n, t)| (n, t.shape.len())));

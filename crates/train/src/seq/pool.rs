@@ -4,8 +4,9 @@
 //! op keeps, per output, the offset of its window's maximum inside the input plane and
 //! scatters the output gradient there. Ties go to the first maximum in row-major window
 //! order and NaN wins, as in PyTorch. Planes are independent, so the parallel cut changes
-//! no bits. Pools this op does not cover (padding, dilation, ceil mode, another backend or
-//! dtype) go through burn's `MaxPool2d::forward`.
+//! no bits. Padding (torchvision's ResNet stem) is -inf, so padded places never win. Pools
+//! this op does not cover (uneven padding, dilation, ceil mode, another backend or dtype) go
+//! through burn's `MaxPool2d::forward`.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
@@ -55,6 +56,9 @@ struct Geom {
     kw: usize,
     sh: usize,
     sw: usize,
+    /// Padding above and below, left and right.
+    ph: usize,
+    pw: usize,
     ho: usize,
     wo: usize,
 }
@@ -63,20 +67,22 @@ impl Geom {
     fn new(pool: &MaxPool2d, [batch, c, h, w]: [usize; 4]) -> Option<Self> {
         let [kh, kw] = pool.kernel_size;
         let [sh, sw] = pool.stride;
-        let no_padding = match pool.padding {
-            PaddingConfig2d::Valid => true,
-            PaddingConfig2d::Explicit(t, l, b, r) => t == 0 && l == 0 && b == 0 && r == 0,
-            PaddingConfig2d::Same => false,
+        let (ph, pw) = match pool.padding {
+            PaddingConfig2d::Valid => (0, 0),
+            PaddingConfig2d::Explicit(t, l, b, r) if t == b && l == r => (t, l),
+            PaddingConfig2d::Explicit(..) | PaddingConfig2d::Same => return None,
         };
-        let supported = no_padding
-            && pool.dilation == [1, 1]
+        let supported = pool.dilation == [1, 1]
             && !pool.ceil_mode
             && kh > 0
             && kw > 0
             && sh > 0
             && sw > 0
-            && h >= kh
-            && w >= kw
+            // Every window holds a real value.
+            && ph <= kh / 2
+            && pw <= kw / 2
+            && h + 2 * ph >= kh
+            && w + 2 * pw >= kw
             // Offsets in a plane are kept as u32.
             && h.checked_mul(w).is_some_and(|n| n <= u32::MAX as usize);
         supported.then(|| Self {
@@ -88,8 +94,10 @@ impl Geom {
             kw,
             sh,
             sw,
-            ho: (h - kh) / sh + 1,
-            wo: (w - kw) / sw + 1,
+            ph,
+            pw,
+            ho: (h + 2 * ph - kh) / sh + 1,
+            wo: (w + 2 * pw - kw) / sw + 1,
         })
     }
 
@@ -121,18 +129,23 @@ fn pool_forward(x: &[f32], g: &Geom) -> (Vec<f32>, Vec<u32>) {
             .zip(y.chunks_exact_mut(plane_out))
             .zip(at.chunks_exact_mut(plane_out));
         for ((x, y), at) in planes {
-            if (g.kh, g.kw, g.sh, g.sw) == (2, 2, 2, 2) {
+            if (g.kh, g.kw, g.sh, g.sw, g.ph, g.pw) == (2, 2, 2, 2, 0, 0) {
                 pool_2x2(x, g, y, at);
                 continue;
             }
             for oy in 0..g.ho {
+                // The window's rows and columns inside the plane (padding is never a maximum).
+                let top = (oy * g.sh).saturating_sub(g.ph);
+                let bottom = (oy * g.sh + g.kh - g.ph).min(g.h);
                 for ox in 0..g.wo {
+                    let left = (ox * g.sw).saturating_sub(g.pw);
+                    let right = (ox * g.sw + g.kw - g.pw).min(g.w);
                     let (mut best, mut best_at) = (f32::NEG_INFINITY, None);
-                    for ky in 0..g.kh {
-                        let row = (oy * g.sh + ky) * g.w + ox * g.sw;
-                        for (kx, &v) in x[row..row + g.kw].iter().enumerate() {
+                    for iy in top..bottom {
+                        let row = iy * g.w;
+                        for (ix, &v) in x[row + left..row + right].iter().enumerate() {
                             if best_at.is_none() || beats(v, best) {
-                                (best, best_at) = (v, Some(row + kx));
+                                (best, best_at) = (v, Some(row + left + ix));
                             }
                         }
                     }
@@ -245,13 +258,17 @@ fn forward_autodiff(x: AdTensor, g: Geom) -> Option<AdTensor> {
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use crate::seq::tests::noise;
+    use burn::nn::PaddingConfig2d;
     use burn::nn::pool::MaxPool2dConfig;
     use burn::tensor::{Device, Tensor, TensorData};
 
     /// Output and input gradient of `Σ pool(x)·r`, by this op or burn's.
-    fn run(shape: [usize; 4], k: usize, s: usize, custom: bool) -> (Vec<f32>, Vec<f32>) {
+    fn run(shape: [usize; 4], k: usize, s: usize, p: usize, custom: bool) -> (Vec<f32>, Vec<f32>) {
         let device = Device::flex().autodiff();
-        let pool = MaxPool2dConfig::new([k, k]).with_strides([s, s]).init();
+        let pool = MaxPool2dConfig::new([k, k])
+            .with_strides([s, s])
+            .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
+            .init();
         let x = Tensor::<4>::from_data(
             TensorData::new(noise(shape.iter().product(), 3), shape),
             &device,
@@ -276,17 +293,40 @@ mod tests {
 
     #[test]
     fn max_pool_matches_burn() {
-        // 2x2/2 (the zoo's), an odd size that drops a border, overlapping 3x3/2 windows, and
-        // more planes than one task holds.
-        for (shape, k, s) in [
-            ([2, 3, 8, 8], 2, 2),
-            ([3, 2, 7, 9], 2, 2),
-            ([2, 2, 9, 9], 3, 2),
-            ([3, 7, 6, 6], 2, 2),
+        // 2x2/2 (the zoo's), an odd size that drops a border, overlapping 3x3/2 windows, more
+        // planes than one task holds, and torchvision's padded 3x3/2 stem pool.
+        for (shape, k, s, p) in [
+            ([2, 3, 8, 8], 2, 2, 0),
+            ([3, 2, 7, 9], 2, 2, 0),
+            ([2, 2, 9, 9], 3, 2, 0),
+            ([3, 7, 6, 6], 2, 2, 0),
+            ([2, 3, 7, 8], 3, 2, 1),
+            ([1, 2, 5, 5], 2, 1, 1),
         ] {
-            let ours = run(shape, k, s, true);
-            assert_eq!(ours, run(shape, k, s, false), "{shape:?} k{k} s{s}");
+            let ours = run(shape, k, s, p, true);
+            assert_eq!(ours, run(shape, k, s, p, false), "{shape:?} k{k} s{s} p{p}");
         }
+    }
+
+    #[test]
+    fn padding_never_wins() {
+        // Negative values all round: zero padding would give 0 at every border output.
+        let g = super::Geom {
+            h: 3,
+            w: 3,
+            kh: 3,
+            kw: 3,
+            ph: 1,
+            pw: 1,
+            ho: 2,
+            wo: 2,
+            ..geom()
+        };
+        let x: Vec<f32> = (1..=9).map(|v| -(v as f32)).collect();
+        let (y, at) = super::pool_forward(&x, &g);
+        // Windows at rows/columns -1..=1 and 1..=3 (clipped to 2): their top-left values.
+        assert_eq!(y, vec![-1.0, -2.0, -4.0, -5.0]);
+        assert_eq!(at, vec![0, 1, 3, 4]);
     }
 
     #[test]
@@ -331,6 +371,8 @@ mod tests {
             kw: 2,
             sh: 2,
             sw: 2,
+            ph: 0,
+            pw: 0,
             ho: 1,
             wo: 1,
         }

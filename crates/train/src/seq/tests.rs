@@ -95,8 +95,14 @@ fn spec_of(case: &Case) -> ModelSpec {
     match case.zoo.as_deref() {
         Some(name) => {
             let zoo: ZooModel = serde_json::from_value(serde_json::json!(name)).unwrap();
-            zoo.spec(&case.input, case.classes, case.norm.unwrap_or_default(), 16)
-                .unwrap()
+            let width = zoo.default_width();
+            zoo.spec(
+                &case.input,
+                case.classes,
+                case.norm.unwrap_or_default(),
+                width,
+            )
+            .unwrap()
         }
         None => {
             let spec = ModelSpec::sequential(&case.input, case.layers.clone().unwrap());
@@ -127,14 +133,23 @@ fn the_zoo_and_layer_lists_match_pytorch() {
     for case in &fx.cases {
         let spec = spec_of(case);
         let shapes = spec.param_shapes();
-        let names: Vec<(&str, &[usize])> = shapes
+        // ResNet-18 and 34 go by torchvision's names.
+        let torch = case.zoo.as_deref().and_then(|name| {
+            let zoo: ZooModel = serde_json::from_value(serde_json::json!(name)).unwrap();
+            zoo.torchvision_names(spec.layer_list())
+        });
+        let torch_name = |n: &str| match &torch {
+            Some(t) => t.torch_name(n).unwrap(),
+            None => n.to_string(),
+        };
+        let names: Vec<(String, &[usize])> = shapes
             .iter()
-            .map(|s| (s.name.as_str(), &s.shape[..]))
+            .map(|s| (torch_name(&s.name), &s.shape[..]))
             .collect();
-        let want: Vec<(&str, &[usize])> = case
+        let want: Vec<(String, &[usize])> = case
             .tensors
             .iter()
-            .map(|t| (t.name.as_str(), &t.shape[..]))
+            .map(|t| (t.name.clone(), &t.shape[..]))
             .collect();
         assert_eq!(names, want, "{}: state_dict", case.name);
         for t in &case.tensors {
@@ -170,7 +185,10 @@ fn the_zoo_and_layer_lists_match_pytorch() {
                 .try_into_vec()
                 .unwrap();
             close(&format!("{} train", case.name), &out, train, 1e-4);
-            let after = convert::read(&net, &spec).unwrap();
+            let after = convert::read(&net, &spec)
+                .unwrap()
+                .renamed(|n| Some(torch_name(n)))
+                .unwrap();
             for (name, want) in case.after_train.as_ref().unwrap() {
                 let got = &after.get(name).unwrap().data;
                 let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();

@@ -359,3 +359,61 @@ def test_weight_matching_fuses_a_residual_list_and_resets_its_batch_norms(tmp_pa
     with pytest.raises(fedfuse.FedfuseError, match="reset_bn"):
         fedfuse.fuse([ordered, ordered], method="weight-matching", model=toml,
                      reset_bn=samples[:, :, :5, :])
+
+
+def _torchvision_resnet18(rng: np.random.Generator, width: int = 4, channels: int = 1,
+                          classes: int = 3) -> dict[str, np.ndarray]:
+    """A ``torchvision.models.resnet18`` state_dict at a smaller width, under torchvision's
+    names and in its order, with random values."""
+    arrays: dict[str, np.ndarray] = {}
+
+    def conv(name: str, out: int, inp: int, k: int) -> None:
+        scale = np.sqrt(2.0 / (inp * k * k))
+        arrays[f"{name}.weight"] = (rng.normal(size=(out, inp, k, k)) * scale).astype(np.float32)
+
+    def bn(name: str, c: int) -> None:
+        arrays[f"{name}.weight"] = (1 + 0.1 * rng.normal(size=c)).astype(np.float32)
+        arrays[f"{name}.bias"] = (0.1 * rng.normal(size=c)).astype(np.float32)
+        arrays[f"{name}.running_mean"] = (0.1 * rng.normal(size=c)).astype(np.float32)
+        arrays[f"{name}.running_var"] = (1 + rng.random(c)).astype(np.float32)
+        arrays[f"{name}.num_batches_tracked"] = np.array(9, dtype=np.int64)
+
+    conv("conv1", width, channels, 7)
+    bn("bn1", width)
+    c = width
+    for stage, mult in enumerate([1, 2, 4, 8], start=1):
+        for block in range(2):
+            out, stride = width * mult, 2 if block == 0 and stage > 1 else 1
+            prefix = f"layer{stage}.{block}"
+            conv(f"{prefix}.conv1", out, c, 3)
+            bn(f"{prefix}.bn1", out)
+            conv(f"{prefix}.conv2", out, out, 3)
+            bn(f"{prefix}.bn2", out)
+            if stride != 1 or c != out:
+                conv(f"{prefix}.downsample.0", out, c, 1)
+                bn(f"{prefix}.downsample.1", out)
+            c = out
+    arrays["fc.weight"] = rng.normal(size=(classes, c)).astype(np.float32)
+    arrays["fc.bias"] = rng.normal(size=classes).astype(np.float32)
+    return arrays
+
+
+def test_torchvision_resnet18_state_dicts_fuse_by_name_and_reset_at_the_samples_side():
+    """``model="resnet18"`` reads torchvision's names (122 tensors at any width), gives them
+    back under the same names, and re-estimates batch norm on 20x20 samples: the network was
+    read at the first side its tensors fit, and the samples' side gives the same tensors."""
+    a = _torchvision_resnet18(np.random.default_rng(3))
+    assert len(a) == 122
+    fused, report = fedfuse.fuse([a, a], method="weight-matching", model="resnet18")
+    assert list(fused) == list(a)
+    for name, value in a.items():
+        np.testing.assert_allclose(fused[name], value, rtol=1e-6, err_msg=name)
+    stem = report["layers"][0]
+    assert "conv1.weight" in stem["holds"] and "layer1.1.conv2.weight" in stem["holds"]
+    assert "layer2.0.downsample.0.weight" in stem["read_by"]
+    samples = np.random.default_rng(4).normal(size=(6, 1, 20, 20)).astype(np.float32)
+    reset, _ = fedfuse.fuse([a, a], method="weight-matching", model="resnet18",
+                            reset_bn=samples, reset_bn_batch=3)
+    assert int(reset["layer4.1.bn2.num_batches_tracked"]) == 2
+    assert not np.allclose(reset["bn1.running_mean"], a["bn1.running_mean"])
+    np.testing.assert_allclose(reset["fc.weight"], a["fc.weight"], rtol=1e-6)

@@ -119,6 +119,10 @@ pub struct Fusion {
     /// when the clients were read as one: what `--model` takes to fuse the result again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelSpec>,
+    /// Whether the model's sample shape was inferred from the files (a network named without
+    /// one) rather than given: the batch-norm samples may then say it.
+    #[serde(skip)]
+    pub input_inferred: bool,
 }
 
 impl Fusion {
@@ -152,16 +156,31 @@ impl Fusion {
             return Ok(0);
         };
         let layout = spec.param_shapes();
-        let ModelSpec::Sequential { input, .. } = spec else {
+        let ModelSpec::Sequential { input, layers } = spec else {
             return Ok(0);
         };
-        let input = input.clone();
-        let per: usize = input.iter().product();
         let n = samples.shape.first().copied().unwrap_or(0);
-        let fits = samples.shape.len() == input.len() + 1
-            && samples.shape[1..] == input[..]
-            && n.checked_mul(per) == Some(samples.data.len());
-        if !fits || n == 0 {
+        let fits = |input: &[usize]| {
+            let per: usize = input.iter().product();
+            samples.shape.len() == input.len() + 1
+                && samples.shape[1..] == input[..]
+                && n.checked_mul(per) == Some(samples.data.len())
+        };
+        // A network named without a sample shape was read at the first side its tensors fit
+        // (28 for a globally pooled ResNet): the samples' side is as good where the list has
+        // the same tensors there, and it is the side the model is used at.
+        let their_input = samples.shape.get(1..).unwrap_or(&[]).to_vec();
+        let theirs = ModelSpec::sequential(&their_input, layers.clone());
+        let (spec, input) = if self.input_inferred
+            && !fits(input)
+            && theirs.validate().is_ok()
+            && theirs.param_shapes() == layout
+        {
+            (theirs, their_input)
+        } else {
+            (spec.clone(), input.clone())
+        };
+        if !fits(&input) || n == 0 {
             bail!(
                 "the samples for batch norm have shape {:?}; the model takes samples of shape \
                  {input:?}: give an array [n, {}] with n >= 1",
@@ -199,6 +218,7 @@ impl Fusion {
         for ((_, slot), (_, t)) in self.params.iter_mut().zip(repaired.iter()) {
             slot.data.clone_from(&t.data);
         }
+        self.model = Some(spec);
         Ok(norms)
     }
 }
@@ -576,6 +596,7 @@ fn fuse_mlps(
         fused_widths,
         layers,
         model: None,
+        input_inferred: false,
     })
 }
 
@@ -733,5 +754,6 @@ fn fuse_list(
         fused_widths: list_widths(input, spec.layer_list()),
         layers,
         model: Some(spec),
+        input_inferred: resolved.input_inferred,
     })
 }

@@ -294,13 +294,13 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
                 padding,
             } => {
                 let s = stride.unwrap_or(kernel);
-                let p = padding;
-                Layer::MaxPool(
-                    MaxPool2dConfig::new([kernel, kernel])
-                        .with_strides([s, s])
+                let config = MaxPool2dConfig::new([kernel, kernel]).with_strides([s, s]);
+                Layer::MaxPool(match padding {
+                    0 => config.init(),
+                    p => config
                         .with_padding(PaddingConfig2d::Explicit(p, p, p, p))
                         .init(),
-                )
+                })
             }
             LayerSpec::AvgPool2d { kernel, stride } => {
                 let s = stride.unwrap_or(kernel);

@@ -652,3 +652,88 @@ fn reset_bn_reestimates_the_fused_batch_norm_and_refuses_bad_samples() {
         assert!(!out.exists(), "{extra:?} wrote the fused file");
     }
 }
+
+/// Two torchvision ResNet-18 files (width 4), the second a copy with every permutation group
+/// shuffled and its names sorted as `safetensors.torch.save_file` writes them: `--model
+/// resnet18` reads them by torchvision's names, weight matching undoes the shuffle, and the
+/// fused file keeps torchvision's names (so `load_state_dict(strict=True)` takes it) and
+/// re-estimates its batch norm from samples.
+#[test]
+fn torchvision_resnet18_files_fuse_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = [3, 16, 16];
+    let spec = ZooModel::Resnet18
+        .spec(&input, 10, BlockNorm::Batch, 4)
+        .unwrap();
+    let layers = spec.layer_list().to_vec();
+    let p = init_params(&spec, Init::Default, 7);
+    let mut q = p.clone();
+    let mut rng = StdRng::seed_from_u64(8);
+    for uses in fedfuse_core::layers::permutation_groups(&input, &layers).unwrap() {
+        let mut perm: Vec<usize> = (0..uses.units).collect();
+        perm.shuffle(&mut rng);
+        permute_units(&mut q, &uses, &perm).unwrap();
+    }
+    let names = ZooModel::Resnet18.torchvision_names(&layers).unwrap();
+    let torch = |p: &Params, sorted: bool| {
+        let p = p.clone().renamed(|n| names.torch_name(n)).unwrap();
+        let mut order: Vec<&str> = p.names().iter().map(String::as_str).collect();
+        if sorted {
+            order.sort_unstable();
+        }
+        let mut out = Params::new();
+        for n in order {
+            let t = p.get(n).unwrap();
+            out.push(n, t.shape.clone(), t.data.clone()).unwrap();
+        }
+        out
+    };
+    let want = torch(&p, false);
+    let a = write(dir.path(), "a.safetensors", &want);
+    let b = write(dir.path(), "b.safetensors", &torch(&q, true));
+    let samples = {
+        let mut x = Params::new();
+        let data = (0..8 * 3 * 16 * 16).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0);
+        x.push("x", vec![8, 3, 16, 16], data.collect()).unwrap();
+        write(dir.path(), "x.safetensors", &x)
+    };
+    let out = dir.path().join("fused.safetensors");
+    let o = fedfuse(&[
+        "fuse",
+        &a,
+        &b,
+        "--model",
+        "resnet18",
+        "--method",
+        "weight-matching",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (fused, _, dtypes) = read_fused(&out);
+    assert_close(&fused, &want, 1e-5);
+    assert_eq!(dtypes["layer4.1.bn2.num_batches_tracked"], "I64");
+    assert_eq!(dtypes["layer2.0.downsample.0.weight"], "F32");
+
+    // With the statistics re-estimated: the same weights, new running statistics.
+    let o = fedfuse(&[
+        "fuse",
+        &a,
+        &b,
+        "--model",
+        "resnet18",
+        "--method",
+        "weight-matching",
+        "--reset-bn",
+        &samples,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (reset, _, _) = read_fused(&out);
+    assert_eq!(reset.get("fc.weight"), fused.get("fc.weight"));
+    assert_ne!(
+        reset.get("layer1.0.bn1.running_mean"),
+        fused.get("layer1.0.bn1.running_mean")
+    );
+}

@@ -250,6 +250,17 @@ fn weight_matching_recovers_planted_permutations_of_resnet20() {
     }
 }
 
+#[test]
+fn weight_matching_recovers_planted_permutations_of_resnet18() {
+    // torchvision's ResNet-18 at width 4 (4 to 32 channels): its 7x7 stem, padded max-pool
+    // and four stages, batch and group norm, with noise.
+    for (norm, seed) in [(BlockNorm::Batch, 7), (BlockNorm::Group, 8)] {
+        let layers = ZooModel::Resnet18.layers(10, norm, 4);
+        permuting_keeps_the_logits(&layers, seed);
+        recovers(&[3, 16, 16], &layers, 0.01, seed);
+    }
+}
+
 /// A layer norm over the whole sample is invariant to a permutation of the channels when its
 /// scale and shift move with them (`h * w` values a channel before a flatten): weight matching
 /// permutes through it and finds planted permutations again.

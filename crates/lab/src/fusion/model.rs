@@ -52,6 +52,8 @@ pub(super) struct Resolved {
     pub(super) input: Vec<usize>,
     /// Per client, in the order given.
     pub(super) clients: Vec<ListClient>,
+    /// Whether `input` was inferred from the files rather than given.
+    pub(super) input_inferred: bool,
 }
 
 fn names_hint() -> String {
@@ -238,7 +240,11 @@ impl FuseModel {
             let map = map_names(p, &layout, torch.as_ref(), name, &self.source)?;
             clients.push(read_as_list(p, &map, &input, &list, name, &self.source)?);
         }
-        Ok(Resolved { input, clients })
+        Ok(Resolved {
+            input,
+            clients,
+            input_inferred: self.input.is_none(),
+        })
     }
 
     fn what(&self) -> String {

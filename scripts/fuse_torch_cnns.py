@@ -166,21 +166,26 @@ def model_toml(layers, input_shape=None):
     return "\n".join(lines) + "\n"
 
 
-def train(seed, x, y):
-    torch.manual_seed(seed)
-    model = from_layers(LAYERS, INPUT)
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+def fit(model, opt, seed, x, y, epochs, batch_size):
+    """`epochs` of cross-entropy steps on batches of `batch_size`, in an order drawn from
+    `seed`; the model in eval mode."""
     order = torch.Generator().manual_seed(seed)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     model.train()
-    for _ in range(EPOCHS):
+    for _ in range(epochs):
         perm = torch.randperm(len(yt), generator=order)
-        for start in range(0, len(perm), BATCH):
-            batch = perm[start:start + BATCH]
+        for start in range(0, len(perm), batch_size):
+            batch = perm[start:start + batch_size]
             opt.zero_grad()
             nn.functional.cross_entropy(model(xt[batch]), yt[batch]).backward()
             opt.step()
     return model.eval()
+
+
+def train(seed, x, y):
+    torch.manual_seed(seed)
+    model = from_layers(LAYERS, INPUT)
+    return fit(model, torch.optim.Adam(model.parameters(), lr=LR), seed, x, y, EPOCHS, BATCH)
 
 
 def torch_accuracy(model, x, y):

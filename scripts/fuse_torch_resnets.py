@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fuse_torch_cnns import import_fedfuse, label_skew, mnist, npy  # noqa: E402
+from fuse_torch_cnns import fit, import_fedfuse, label_skew, mnist, npy  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 OUT = os.path.join(ROOT, "experiments", "matching", "torch-resnet18-mnist.json")
@@ -73,17 +73,7 @@ def train(seed, x, y):
     torch.manual_seed(seed)
     model = resnet18()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    order = torch.Generator().manual_seed(seed)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    model.train()
-    for _ in range(EPOCHS):
-        perm = torch.randperm(len(yt), generator=order)
-        for start in range(0, len(perm), BATCH):
-            batch = perm[start:start + BATCH]
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[batch]), yt[batch]).backward()
-            opt.step()
-    return model.eval()
+    return fit(model, opt, seed, x, y, EPOCHS, BATCH)
 
 
 def accuracy(model, x, y):
@@ -154,7 +144,7 @@ def main():
         "train": {"optimizer": "sgd", "momentum": 0.9, "lr": LR, "epochs": EPOCHS,
                   "batch_size": BATCH},
         "commands": {name: "fedfuse fuse client0.safetensors client1.safetensors --model "
-                           "resnet18 --out FUSED.safetensors " + " ".join(flags)
+                           "resnet18 --seed 0 --out FUSED.safetensors " + " ".join(flags)
                      for name, flags in FUSIONS},
         "seeds": [],
     }

@@ -698,39 +698,26 @@ fn torchvision_resnet18_files_fuse_by_name() {
         write(dir.path(), "x.safetensors", &x)
     };
     let out = dir.path().join("fused.safetensors");
-    let o = fedfuse(&[
-        "fuse",
-        &a,
-        &b,
-        "--model",
-        "resnet18",
-        "--method",
-        "weight-matching",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (fused, _, dtypes) = read_fused(&out);
+    let fuse = |extra: &[&str]| {
+        let mut args = vec!["fuse", &a, &b, "--model", "resnet18"];
+        args.extend([
+            "--method",
+            "weight-matching",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        args.extend(extra);
+        let o = fedfuse(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        read_fused(&out)
+    };
+    let (fused, _, dtypes) = fuse(&[]);
     assert_close(&fused, &want, 1e-5);
     assert_eq!(dtypes["layer4.1.bn2.num_batches_tracked"], "I64");
     assert_eq!(dtypes["layer2.0.downsample.0.weight"], "F32");
 
     // With the statistics re-estimated: the same weights, new running statistics.
-    let o = fedfuse(&[
-        "fuse",
-        &a,
-        &b,
-        "--model",
-        "resnet18",
-        "--method",
-        "weight-matching",
-        "--reset-bn",
-        &samples,
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (reset, _, _) = read_fused(&out);
+    let (reset, _, _) = fuse(&["--reset-bn", &samples]);
     assert_eq!(reset.get("fc.weight"), fused.get("fc.weight"));
     assert_ne!(
         reset.get("layer1.0.bn1.running_mean"),

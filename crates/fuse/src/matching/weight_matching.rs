@@ -14,6 +14,7 @@
 //! `fedfuse_core::layers::unit_uses` that are parameters (weights, biases, norm scales and
 //! shifts), not batch norm's running statistics, which are data statistics.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use fedfuse_core::layers::{LayerSpec, TensorRole, UnitUse, UnitUses};
@@ -256,8 +257,9 @@ fn group_similarity(
         let col_perm = (u.axis == 0)
             .then(|| sides.cols.get(u.tensor.as_str()))
             .flatten();
-        let tb = match col_perm {
-            Some(&(h, reader)) => {
+        // The client's tensor as it is, or a copy with its input units put in order.
+        let tb: Cow<'_, Tensor> = match col_perm {
+            Some(&(h, reader)) => Cow::Owned({
                 // Put the client's input units where the reference has them.
                 let mut t = Params::new();
                 t.push(reader.tensor.clone(), tb.shape.clone(), tb.data.clone())?;
@@ -268,8 +270,8 @@ fn group_similarity(
                 t.remove(&reader.tensor).ok_or_else(|| {
                     FuseError::InvalidInput(format!("tensor `{}` vanished", reader.tensor))
                 })?
-            }
-            None => tb.clone(),
+            }),
+            None => Cow::Borrowed(tb),
         };
         // Units as rows of `rows * span` values, the reference's rows in the client's order:
         // the inner products are one product.

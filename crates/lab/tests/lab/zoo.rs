@@ -129,6 +129,14 @@ fn pytorch_file(params: &Params, path: &Path) {
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
+/// Each tensor of a safetensors file: its shape and dtype (`F32`, `I64`).
+fn shapes_and_dtypes(st: &safetensors::SafeTensors<'_>) -> HashMap<String, (Vec<usize>, String)> {
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.shape().to_vec(), format!("{:?}", v.dtype()))))
+        .collect()
+}
+
 const DIGITS_LIST: &str = r#"
 seed = 4
 rounds = 2
@@ -175,11 +183,7 @@ fn pytorch_weights_start_a_run_whose_model_keeps_pytorchs_names_and_dtypes() {
 
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let names: HashMap<String, (Vec<usize>, String)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.shape().to_vec(), format!("{:?}", v.dtype()))))
-        .collect();
+    let names = shapes_and_dtypes(&st);
     for s in spec.param_shapes() {
         let (shape, dtype) = &names[&s.name];
         assert_eq!(shape, &s.shape, "{}", s.name);
@@ -549,12 +553,7 @@ batch_size = 32
 
     let file = out.join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let names: HashMap<String, (Vec<usize>, String)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.shape().to_vec(), format!("{:?}", v.dtype()))))
-        .collect();
+    let names = shapes_and_dtypes(&safetensors::SafeTensors::deserialize(&bytes).unwrap());
     // torchvision's resnet18 state_dict has 122 tensors; these are some, at width 8.
     assert_eq!(names.len(), 122);
     for (name, shape, dtype) in [

@@ -96,7 +96,8 @@ def fuse(
     named (``fc1.weight``), nested (``net.0.weight``, ``classifier.weight``); the layer order
     is the mapping's, or the one its widths chain in. ``model`` names the network otherwise
     (Conv2d, BatchNorm, Linear and the flatten between): ``"lenet5"``, ``"cnn-leaf"``,
-    ``"vgg9"``, or the path of a TOML file with a ``[model]`` table as in a run config
+    ``"vgg9"``, ``"resnet20"``, torchvision's ``"resnet18"`` and ``"resnet34"`` (read by
+    torchvision's tensor names), or the path of a TOML file with a ``[model]`` table as in a run config
     (``kind = "sequential"``, ``layers = [...]``) plus ``input``, the shape of one sample;
     each model's tensors are read as that layer list in the mapping's order, with its own
     widths, and matched over channels from the input side up.

@@ -106,9 +106,10 @@ enum Command {
         /// Fusion method.
         #[arg(long, value_enum, default_value = "pfnm")]
         method: crate::fuse_cmd::FuseMethod,
-        /// The network the files hold: lenet5, cnn-leaf, vgg9, or a TOML file with [model]
-        /// kind = "sequential", input = [c, h, w] and layers = [...] (needed for anything but
-        /// MLPs; fused files carry theirs).
+        /// The network the files hold: lenet5, cnn-leaf, vgg9, resnet20, resnet18 or resnet34
+        /// (torchvision's, read by its tensor names), or a TOML file with [model] kind =
+        /// "sequential", input = [c, h, w] and layers = [...] (needed for anything but MLPs;
+        /// fused files carry theirs).
         #[arg(long)]
         model: Option<String>,
         /// JSON list of per-client class counts (weights the output layer / the mean).

@@ -225,7 +225,7 @@ impl Fusion {
 
 /// What to do with tensors that are not an MLP's.
 const NEEDS_MODEL: &str = "give the model (`--model`, Python `model=`): a network name \
-     (lenet5, cnn-leaf, vgg9) or a TOML file with [model] kind = \"sequential\", input = \
+     (lenet5, cnn-leaf, vgg9, resnet20, resnet18, resnet34) or a TOML file with [model] kind = \"sequential\", input = \
      [channels, height, width] and layers = [...] as in a run config";
 
 /// A client's own tensor names for each Linear layer of its chain: `(weight, bias)`.

@@ -138,6 +138,22 @@ enum Command {
         #[arg(long, default_value_t = 64, requires = "reset_bn")]
         reset_bn_batch: usize,
     },
+    /// Show a model's permutation groups: the units that weight matching permutes together (a
+    /// layer's units, a residual stage's stream, a block's inner channels), each with every
+    /// tensor that holds them and every tensor that reads them.
+    Groups {
+        /// The network: a zoo name (lenet5, cnn-leaf, vgg9, resnet20, resnet18, resnet34) or
+        /// a TOML file with a [model] table, as `fuse --model` takes it.
+        #[arg(long)]
+        model: String,
+        /// The shape of one sample, e.g. `--input 3,32,32` (default: the model file's, else
+        /// 3x32x32 images).
+        #[arg(long, value_delimiter = ',')]
+        input: Option<Vec<usize>>,
+        /// Print JSON (a list of {units, tied, holds, read_by}) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Join a Flower federation as a SuperNode that trains one client slot of a run config
     /// with fedfuse (docs/FLOWER.md): fedfuse's strategies and Flower's own both work.
     FlowerNode(crate::node_cmd::NodeArgs),
@@ -288,6 +304,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
             seed,
             reset_bn: reset_bn.map(|file| (file, reset_bn_batch)),
         }),
+        Command::Groups { model, input, json } => {
+            crate::fuse_cmd::show_groups(&model, input.as_deref(), json)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::FlowerNode(args) => {
             crate::node_cmd::run_node(args)?;
             Ok(ExitCode::SUCCESS)

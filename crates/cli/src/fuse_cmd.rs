@@ -188,3 +188,32 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
     );
     Ok(ExitCode::SUCCESS)
 }
+
+/// `fedfuse groups`: the permutation groups of `model` on samples of shape `input`, as text
+/// or JSON on stdout.
+pub fn show_groups(model: &str, input: Option<&[usize]>, json: bool) -> Result<()> {
+    let model = FuseModel::parse(model)?;
+    let (input, groups) = model.groups(input)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&groups)?);
+        return Ok(());
+    }
+    println!(
+        "model `{}` on samples of shape {input:?}: {} permutation groups",
+        model.source(),
+        groups.len()
+    );
+    for (g, group) in groups.iter().enumerate() {
+        let tied = match group.tied {
+            1 => String::new(),
+            t => format!(
+                ", moved only within each of {t} group-norm blocks of {}",
+                group.units / t
+            ),
+        };
+        println!("group {g}: {} units{tied}", group.units);
+        println!("  holds:   {}", group.holds.join(", "));
+        println!("  read by: {}", group.read_by.join(", "));
+    }
+    Ok(())
+}

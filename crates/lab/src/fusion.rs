@@ -17,7 +17,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::Serialize;
 
-pub use model::{FuseModel, MODEL_KEY, WIDTHS_KEY};
+pub use model::{FuseModel, GroupView, MODEL_KEY, WIDTHS_KEY};
 
 use crate::error::{Context, LabError, Result, bail};
 

@@ -724,3 +724,41 @@ fn torchvision_resnet18_files_fuse_by_name() {
         fused.get("layer1.0.bn1.running_mean")
     );
 }
+
+/// `fedfuse groups` shows what weight matching moves together, under the names the files
+/// carry: ResNet-18's 4 stage streams and 8 blocks' inner channels, the first stream held by
+/// the stem and both blocks' `conv2` and read by the next stage's projection.
+#[test]
+fn groups_show_what_moves_together_under_the_files_names() {
+    let o = fedfuse(&["groups", "--model", "resnet18", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let groups: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(groups.len(), 12);
+    let names = |g: &serde_json::Value, key: &str| -> Vec<String> {
+        g[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let stream = &groups[0];
+    assert_eq!(stream["units"], 64);
+    let holds = names(stream, "holds");
+    for t in ["conv1.weight", "bn1.running_var", "layer1.1.conv2.weight"] {
+        assert!(holds.contains(&t.to_string()), "{t} in {holds:?}");
+    }
+    assert!(names(stream, "read_by").contains(&"layer2.0.downsample.0.weight".to_string()));
+    assert_eq!(names(&groups[1], "read_by"), ["layer1.0.conv2.weight"]);
+
+    let o = fedfuse(&["groups", "--model", "resnet20", "--input", "1,28,28"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("12 permutation groups"),
+        "{text}"
+    );
+    assert!(text.contains("group 0: 16 units"), "{text}");
+    let o = fedfuse(&["groups", "--model", "resnet18", "--input", "3,2"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--input"), "{err}");
+}

@@ -46,6 +46,21 @@ pub(super) struct ListClient {
     pub(super) own: HashMap<String, String>,
 }
 
+/// One permutation group of a model: units that one permutation must move together for the
+/// network to compute the same function (a layer's units, a residual stage's stream, a block's
+/// inner channels), as `fedfuse groups` shows it, under the names the model's files carry.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GroupView {
+    /// Its units (channels or features).
+    pub units: usize,
+    /// Group-norm blocks a permutation must keep each unit inside (1: none).
+    pub tied: usize,
+    /// Every tensor that holds the units along its first axis.
+    pub holds: Vec<String>,
+    /// Every tensor that reads them as its inputs.
+    pub read_by: Vec<String>,
+}
+
 /// The clients read as one layer list.
 pub(super) struct Resolved {
     /// Shape of one sample.
@@ -245,6 +260,40 @@ impl FuseModel {
             clients,
             input_inferred: self.input.is_none(),
         })
+    }
+
+    /// The permutation groups of this model on samples of shape `input` (else the model's
+    /// own, else 3x32x32 images), under the names its files carry: torchvision's for
+    /// `resnet18` and `resnet34`, the list's (`0.weight`, `4.conv1.weight`) otherwise. Returns
+    /// the sample shape used too.
+    pub fn groups(&self, input: Option<&[usize]>) -> Result<(Vec<usize>, Vec<GroupView>)> {
+        let input = match (input, &self.input) {
+            (Some(given), _) => given.to_vec(),
+            (None, Some(own)) => own.clone(),
+            // Names and groups do not depend on the side; CIFAR's and ImageNet's 3 channels.
+            (None, None) if self.section.kind != ModelKind::Mlp => vec![3, 32, 32],
+            (None, None) => self.provisional_input(),
+        };
+        FeatureShape::of(&input).context("--input")?;
+        let list = self.list_at(&input).with_context(|| self.what())?;
+        let torch = self.section.torchvision_names();
+        let name = |n: &str| {
+            torch
+                .as_ref()
+                .and_then(|t| t.torch_name(n))
+                .unwrap_or_else(|| n.to_string())
+        };
+        let groups = layers::permutation_groups(&input, &list)
+            .with_context(|| self.what())?
+            .into_iter()
+            .map(|g| GroupView {
+                units: g.units,
+                tied: g.tied,
+                holds: g.own.iter().map(|u| name(&u.tensor)).collect(),
+                read_by: g.readers.iter().map(|u| name(&u.tensor)).collect(),
+            })
+            .collect();
+        Ok((input, groups))
     }
 
     fn what(&self) -> String {

@@ -244,13 +244,19 @@ def import_fedfuse():
         import fedfuse  # noqa: F401
 
 
-def main():
+def parse_args(out):
+    """`--data-dir` (MNIST), `--fedfuse` (the binary, made absolute) and `--out`."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--fedfuse", default=os.path.join(ROOT, "target", "release", "fedfuse"))
-    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--out", default=out)
     args = ap.parse_args()
     args.fedfuse = os.path.abspath(args.fedfuse)
+    return args
+
+
+def main():
+    args = parse_args(OUT)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     import_fedfuse()

@@ -24,7 +24,6 @@ a model).
     target/torch-venv/bin/python scripts/fuse_torch_resnets.py --data-dir ../shared/data/mnist
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -39,7 +38,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fuse_torch_cnns import fit, import_fedfuse, label_skew, mnist, npy  # noqa: E402
+from fuse_torch_cnns import (  # noqa: E402
+    fit, import_fedfuse, label_skew, mnist, npy, parse_args,
+)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 OUT = os.path.join(ROOT, "experiments", "matching", "torch-resnet18-mnist.json")
@@ -121,12 +122,7 @@ class FedfuseScorer:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--fedfuse", default=os.path.join(ROOT, "target", "release", "fedfuse"))
-    ap.add_argument("--out", default=OUT)
-    args = ap.parse_args()
-    args.fedfuse = os.path.abspath(args.fedfuse)
+    args = parse_args(OUT)
     torch.set_num_threads(2)
     import_fedfuse()
 

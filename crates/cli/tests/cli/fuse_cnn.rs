@@ -758,7 +758,13 @@ fn groups_show_what_moves_together_under_the_files_names() {
         "{text}"
     );
     assert!(text.contains("group 0: 16 units"), "{text}");
-    let o = fedfuse(&["groups", "--model", "resnet18", "--input", "3,2"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("--input"), "{err}");
+    // A bad shape, a zero and a side past every bound: refused, naming the input.
+    for input in ["3,2", "3,0,32", "3,4294967296,4294967296", "3,-1,4"] {
+        let o = fedfuse(&["groups", "--model", "resnet18", "--input", input]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains("input"),
+            "{input}: {err}"
+        );
+    }
 }

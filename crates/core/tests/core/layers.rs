@@ -482,3 +482,33 @@ fn layers_without_settings_refuse_any_key_and_the_others_unknown_ones() {
         LayerSpec::conv2d(4, 3)
     );
 }
+
+/// `maxpool2d.padding`, the key issue 45 added: more than half the window (PyTorch's rule),
+/// `usize::MAX` (no overflow in the window arithmetic) and a negative number in JSON are
+/// refused by name; torchvision's padded stem pool is taken.
+#[test]
+fn maxpool_padding_past_half_the_window_is_refused() {
+    let pool = |padding: usize| {
+        ModelSpec::sequential(
+            &[1, 8, 8],
+            vec![
+                LayerSpec::MaxPool2d {
+                    kernel: 3,
+                    stride: Some(2),
+                    padding,
+                },
+                LayerSpec::Flatten,
+                LayerSpec::linear(2),
+            ],
+        )
+        .validate()
+    };
+    pool(1).unwrap();
+    for p in [2, usize::MAX] {
+        let err = pool(p).unwrap_err().to_string();
+        assert!(err.contains("maxpool2d") && err.contains("half"), "{err}");
+    }
+    let negative: Result<LayerSpec, _> =
+        serde_json::from_str(r#"{"type": "maxpool2d", "kernel": 3, "padding": -1}"#);
+    assert!(negative.is_err());
+}

@@ -332,6 +332,27 @@ impl Params {
 mod tests {
     use super::*;
 
+    /// A file holding a tensor under both the list's and torchvision's name (`0.weight`
+    /// and `conv1.weight`) is refused on renaming, naming it; order and values are kept
+    /// otherwise.
+    #[test]
+    fn renaming_keeps_order_and_refuses_two_tensors_under_one_name() {
+        let mut p = Params::new();
+        p.push("0.weight", vec![2], vec![1.0, 2.0]).unwrap();
+        p.push("conv1.weight", vec![1], vec![3.0]).unwrap();
+        p.push("fc.bias", vec![1], vec![4.0]).unwrap();
+        let to_list = |n: &str| (n == "conv1.weight").then(|| "0.weight".to_string());
+        match p.clone().renamed(to_list) {
+            Err(CoreError::DuplicateTensor(name)) => assert_eq!(name, "0.weight"),
+            other => panic!("{other:?}"),
+        }
+        let renamed = p
+            .renamed(|n| (n == "fc.bias").then(|| "14.bias".to_string()))
+            .unwrap();
+        assert_eq!(renamed.names(), ["0.weight", "conv1.weight", "14.bias"]);
+        assert_eq!(renamed.get("14.bias").unwrap().data, [4.0]);
+    }
+
     #[test]
     fn batch_norm_buffers_are_checked_for_their_domain() {
         let mut p = Params::new();

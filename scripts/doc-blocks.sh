@@ -15,7 +15,7 @@
 # Each block runs with `bash -euo pipefail` from the root of a fresh copy of the tree (the
 # files git tracks, and untracked ones it does not ignore: no .git, no target, no runs), whose
 # `../shared` is this checkout's, with a folder holding only `fedfuse` first on PATH: the
-# binary $FEDFUSE (default target/release/fedfuse, which the README's command 1 builds).
+# binary $FEDFUSE (default target/debug/fedfuse, which the README's command 1 builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -116,10 +116,10 @@ all)
     ;;
 esac
 
-fedfuse=${FEDFUSE:-$root/target/release/fedfuse}
+fedfuse=${FEDFUSE:-$root/target/debug/fedfuse}
 fedfuse=$(cd "$(dirname "$fedfuse")" && pwd)/$(basename "$fedfuse")
 if [ ! -x "$fedfuse" ]; then
-    echo "no fedfuse binary at $fedfuse: build it (cargo build --release -p fedfuse) or set FEDFUSE" >&2
+    echo "no fedfuse binary at $fedfuse: build it (cargo build --bin fedfuse) or set FEDFUSE" >&2
     exit 1
 fi
 started=$SECONDS

@@ -417,3 +417,23 @@ def test_torchvision_resnet18_state_dicts_fuse_by_name_and_reset_at_the_samples_
     assert int(reset["layer4.1.bn2.num_batches_tracked"]) == 2
     assert not np.allclose(reset["bn1.running_mean"], a["bn1.running_mean"])
     np.testing.assert_allclose(reset["fc.weight"], a["fc.weight"], rtol=1e-6)
+
+
+def test_pfnm_fuses_torchvision_resnet18_state_dicts_and_widens_every_group():
+    """PFNM matches a residual network's permutation groups: two copies of one state dict fuse
+    back to it (up to the sharp prior's shrinkage), and two unrelated ones lie side by side,
+    every group (each stage's stream, each block's inner channels) twice as wide, under
+    torchvision's names and in their order."""
+    a = _torchvision_resnet18(np.random.default_rng(5))
+    same, _ = fedfuse.fuse([a, a], method="pfnm", model="resnet18", sigma=1e-4)
+    assert list(same) == list(a)
+    for name, value in a.items():
+        np.testing.assert_allclose(same[name], value, rtol=1e-3, atol=1e-3, err_msg=name)
+    b = _torchvision_resnet18(np.random.default_rng(6))
+    wide, _ = fedfuse.fuse([a, b], method="pfnm", model="resnet18", sigma=1e-4)
+    assert list(wide) == list(a)
+    assert wide["conv1.weight"].shape == (8, 1, 7, 7)
+    assert wide["layer1.0.conv1.weight"].shape == (8, 8, 3, 3)
+    assert wide["layer2.0.downsample.0.weight"].shape == (16, 8, 1, 1)
+    assert wide["layer4.1.conv2.weight"].shape == (64, 64, 3, 3)
+    assert wide["fc.weight"].shape == (3, 64)

@@ -210,18 +210,12 @@ impl ModelSpec {
         {
             return Ok(spec);
         }
-        let Self::Sequential { input, mut layers } = self.as_sequential() else {
+        let Self::Sequential { input, layers } = self.as_sequential() else {
             return Err(CoreError::InvalidSpec("not a layer list".into()));
         };
-        for (i, layer) in layers.iter_mut().enumerate() {
-            if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer
-                && let Some(&rows) = params
-                    .get(&format!("{i}.weight"))
-                    .and_then(|t| t.shape.first())
-            {
-                *out = rows;
-            }
-        }
+        let layers = crate::layers::at_widths(&layers, |n| {
+            params.get(n).and_then(|t| t.shape.first().copied())
+        });
         let spec = Self::sequential(&input, layers);
         spec.validate()?;
         params.check_layout(&spec.param_shapes())?;
@@ -558,5 +552,43 @@ mod tests {
         let grown = ModelSpec::mlp(4, &[6], 2);
         let p = Params::zeros(&grown.param_shapes());
         assert_eq!(mlp.with_widths_of(&p).unwrap(), grown);
+    }
+
+    /// A residual network whose stream and one block's inside were widened apart (as PFNM
+    /// fuses them) is read back at those widths: the stream from `conv2`, the inside from
+    /// `conv1`. Reading the stream from the stem alone once made an identity block look
+    /// like a projecting one.
+    #[test]
+    fn with_widths_of_reads_a_residual_blocks_inside_apart_from_its_stream() {
+        let block = |out: usize, stride: usize, inner: Option<usize>| LayerSpec::Residual {
+            out,
+            stride,
+            norm: crate::BlockNorm::Batch,
+            groups: 2,
+            inner,
+        };
+        let list = |w: usize, inner: Option<usize>| {
+            ModelSpec::sequential(
+                &[1, 8, 8],
+                vec![
+                    LayerSpec::conv2d(w, 3).with_padding(1),
+                    LayerSpec::Relu,
+                    block(w, 1, inner),
+                    block(2 * w, 2, None),
+                    LayerSpec::GlobalAvgpool,
+                    LayerSpec::Flatten,
+                    LayerSpec::linear(3),
+                ],
+            )
+        };
+        let wider = list(5, Some(7));
+        let p = Params::zeros(&wider.param_shapes());
+        let read = list(4, None).with_widths_of(&p).unwrap();
+        let ModelSpec::Sequential { layers, .. } = &read else {
+            panic!("{read:?}");
+        };
+        assert_eq!(layers[2], block(5, 1, Some(7)));
+        assert_eq!(layers[3], block(10, 2, None));
+        assert_eq!(read, wider);
     }
 }

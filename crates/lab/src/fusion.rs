@@ -601,15 +601,17 @@ fn fuse_mlps(
 }
 
 /// A layer list's widths: a sample's channels (or features), then every convolution's and
-/// linear layer's outputs.
+/// linear layer's outputs (a residual block's inner channels and its outputs).
 fn list_widths(input: &[usize], layers: &[LayerSpec]) -> Vec<usize> {
     input
         .first()
         .copied()
         .into_iter()
-        .chain(layers.iter().filter_map(|l| match l {
-            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => Some(*out),
-            _ => None,
+        .chain(layers.iter().flat_map(|l| match l {
+            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => vec![*out],
+            // A residual block: its inner channels, then its output stream.
+            LayerSpec::Residual { out, .. } => vec![l.block_inner().unwrap_or(*out), *out],
+            _ => Vec::new(),
         }))
         .collect()
 }
@@ -702,12 +704,9 @@ fn fuse_list(
             }
         }
     };
-    // The groups the assignments are of: weight matching permutes the list's permutation
-    // groups (a residual stream is one), the other matchers its layers.
-    let uses = match settings.method {
-        FuseMethod::WeightMatching => layers::permutation_groups(input, &fused.layers)?,
-        _ => layers::unit_uses(input, &fused.layers)?,
-    };
+    // The groups the assignments are of: the list's permutation groups (a plain chain's
+    // layers; a residual stage's stream is one).
+    let uses = layers::permutation_groups(input, &fused.layers)?;
     let own = |list_name: &str| {
         first
             .own

@@ -319,11 +319,13 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
                 stride,
                 norm,
                 groups,
+                inner,
             } => {
                 let bias = norm == BlockNorm::None;
-                let conv1 = src.conv([c, out], 3, stride, 1, 1, bias)?;
-                let norm1 = src.block_norm(norm, groups, out)?;
-                let conv2 = src.conv([out, out], 3, 1, 1, 1, bias)?;
+                let mid = inner.unwrap_or(out);
+                let conv1 = src.conv([c, mid], 3, stride, 1, 1, bias)?;
+                let norm1 = src.block_norm(norm, groups, mid)?;
+                let conv2 = src.conv([mid, out], 3, 1, 1, 1, bias)?;
                 let norm2 = src.block_norm(norm, groups, out)?;
                 let (shortcut, shortcut_norm) = if layers::has_projection(c, out, stride) {
                     let conv = src.conv([c, out], 1, stride, 0, 1, bias)?;

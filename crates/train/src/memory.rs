@@ -96,10 +96,11 @@ fn conv_scratch(layer: &LayerSpec, input: FeatureShape, out: FeatureShape) -> (u
                 c_out * cg * (kernel as u128).pow(2),
             )
         }
-        LayerSpec::Residual { .. } => {
-            let first = one(c_in, 3, c_out, pixels);
-            let second = one(c_out, 3, c_out, pixels);
-            (first.max(second), c_out * c_out.max(c_in) * 9)
+        LayerSpec::Residual { out, inner, .. } => {
+            let mid = inner.unwrap_or(out) as u128;
+            let first = one(c_in, 3, mid, pixels);
+            let second = one(mid, 3, c_out, pixels);
+            (first.max(second), mid * c_in.max(c_out) * 9)
         }
         _ => (0, 0),
     }

@@ -423,10 +423,11 @@ fn files_that_do_not_fit_the_model_are_refused_by_name() {
             vec!["--model", &model, "--method", "fedavg", &good, &narrow],
             vec!["narrow.safetensors", "[1, 3, 6, 8, 3]", "fedavg"],
         ),
-        // Residual networks: the tensors a skip connection ties are named.
+        // FedMA-style one-layer matchers aside, PFNM takes residual networks, but not a
+        // file of another network.
         (
-            vec!["--model", "resnet20", &resnet, &resnet],
-            vec!["residual", "skip connection", "conv2.weight"],
+            vec!["--model", "resnet20", &resnet, &good],
+            vec!["good.safetensors", "resnet20"],
         ),
         (
             vec!["--model", "lenet", &good],
@@ -698,26 +699,25 @@ fn torchvision_resnet18_files_fuse_by_name() {
         write(dir.path(), "x.safetensors", &x)
     };
     let out = dir.path().join("fused.safetensors");
-    let fuse = |extra: &[&str]| {
+    let fuse = |method: &str, extra: &[&str]| {
         let mut args = vec!["fuse", &a, &b, "--model", "resnet18"];
-        args.extend([
-            "--method",
-            "weight-matching",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        args.extend(["--method", method, "--out", out.to_str().unwrap()]);
         args.extend(extra);
         let o = fedfuse(&args);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         read_fused(&out)
     };
-    let (fused, _, dtypes) = fuse(&[]);
+    let (fused, _, dtypes) = fuse("weight-matching", &[]);
     assert_close(&fused, &want, 1e-5);
     assert_eq!(dtypes["layer4.1.bn2.num_batches_tracked"], "I64");
     assert_eq!(dtypes["layer2.0.downsample.0.weight"], "F32");
+    // PFNM at a sharp prior matches every group too: the widths stay, the values come back
+    // up to the prior's shrinkage.
+    let (pfnm, _, _) = fuse("pfnm", &["--sigma", "0.0001"]);
+    assert_close(&pfnm, &want, 1e-3);
 
     // With the statistics re-estimated: the same weights, new running statistics.
-    let (reset, _, _) = fuse(&["--reset-bn", &samples]);
+    let (reset, _, _) = fuse("weight-matching", &["--reset-bn", &samples]);
     assert_eq!(reset.get("fc.weight"), fused.get("fc.weight"));
     assert_ne!(
         reset.get("layer1.0.bn1.running_mean"),

@@ -38,8 +38,8 @@ mod units;
 mod vocabulary;
 
 pub use shapes::{
-    FeatureShape, MAX_LAYERS, MAX_VALUES, TensorRole, bounded_len, chain, has_projection,
-    is_counter, norm_affine_names, norm_tensor_names,
+    FeatureShape, MAX_LAYERS, MAX_VALUES, TensorRole, at_widths, bounded_len, chain,
+    has_projection, is_counter, norm_affine_names, norm_tensor_names,
 };
 pub use units::{GatePoint, UnitUse, UnitUses, gate_points, permutation_groups, unit_uses};
 pub use vocabulary::{BlockNorm, LayerSpec};

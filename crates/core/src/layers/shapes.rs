@@ -304,42 +304,56 @@ impl LayerSpec {
                 stride,
                 norm,
                 groups,
+                inner,
             } => {
                 let (c, h, w) = image()?;
                 if out == 0 {
                     return Err("out = 0: a block needs at least one channel".into());
                 }
+                let mid = inner.unwrap_or(out);
+                if mid == 0 {
+                    return Err("inner = 0: a block needs at least one inner channel".into());
+                }
+                bounded("inner", mid)?;
                 bounded("stride", stride)?;
-                if norm == BlockNorm::Group && (groups == 0 || out % groups != 0) {
-                    return Err(format!("groups = {groups} does not divide {out} channels"));
+                for (key, width) in [("out", out), ("inner", mid)] {
+                    if norm == BlockNorm::Group && (groups == 0 || width % groups != 0) {
+                        return Err(format!(
+                            "groups = {groups} does not divide the {width} channels of {key}"
+                        ));
+                    }
                 }
                 let (oh, ow) = (window(h, 3, stride, 1)?, window(w, 3, stride, 1)?);
                 let conv_bias = norm == BlockNorm::None;
-                let conv = |tensors: &mut Vec<ParamShape>, name: &str, c_in: usize, k: usize| {
-                    push(tensors, &format!("{name}.weight"), &[out, c_in, k, k]);
+                let conv = |tensors: &mut Vec<ParamShape>,
+                            name: &str,
+                            rows: usize,
+                            c_in: usize,
+                            k: usize| {
+                    push(tensors, &format!("{name}.weight"), &[rows, c_in, k, k]);
                     if conv_bias {
-                        push(tensors, &format!("{name}.bias"), &[out]);
+                        push(tensors, &format!("{name}.bias"), &[rows]);
                     }
                 };
-                let norm_tensors = |tensors: &mut Vec<ParamShape>, name: &str| {
+                let norm_tensors = |tensors: &mut Vec<ParamShape>, name: &str, width: usize| {
                     let p = |t: &str| format!("{name}.{t}");
                     if norm != BlockNorm::None {
-                        push(tensors, &p("weight"), &[out]);
-                        push(tensors, &p("bias"), &[out]);
+                        push(tensors, &p("weight"), &[width]);
+                        push(tensors, &p("bias"), &[width]);
                     }
                     if norm == BlockNorm::Batch {
-                        push(tensors, &p("running_mean"), &[out]);
-                        push(tensors, &p("running_var"), &[out]);
+                        push(tensors, &p("running_mean"), &[width]);
+                        push(tensors, &p("running_var"), &[width]);
                         push(tensors, &p("num_batches_tracked"), &[]);
                     }
                 };
-                conv(tensors, "conv1", c, 3);
-                norm_tensors(tensors, "bn1");
-                conv(tensors, "conv2", out, 3);
-                norm_tensors(tensors, "bn2");
+                conv(tensors, "conv1", mid, c, 3);
+                norm_tensors(tensors, "bn1", mid);
+                conv(tensors, "conv2", out, mid, 3);
+                norm_tensors(tensors, "bn2", out);
                 if has_projection(c, out, stride) {
-                    conv(tensors, "shortcut.0", c, 1);
-                    norm_tensors(tensors, "shortcut.1");
+                    conv(tensors, "shortcut.0", out, c, 1);
+                    norm_tensors(tensors, "shortcut.1", out);
                 }
                 FeatureShape::Image {
                     c: out,
@@ -357,6 +371,33 @@ fn check_eps(eps: f64) -> std::result::Result<(), String> {
     } else {
         Err(format!("eps = {eps} is not a positive number"))
     }
+}
+
+/// `layers` at the widths a model's tensors hold: `rows(name)` is the first dimension of the
+/// tensor the list names `name` (`None` when the model lacks it: the list's width stays).
+/// Every convolution's and linear layer's `out` is its weight's rows; a residual block's `out`
+/// is its `conv2`'s and its `inner` its `conv1`'s (`None` when the two agree).
+pub fn at_widths(layers: &[LayerSpec], rows: impl Fn(&str) -> Option<usize>) -> Vec<LayerSpec> {
+    let mut own = layers.to_vec();
+    for (i, layer) in own.iter_mut().enumerate() {
+        let of = |name: &str| rows(&format!("{i}.{name}"));
+        match layer {
+            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => {
+                if let Some(r) = of("weight") {
+                    *out = r;
+                }
+            }
+            LayerSpec::Residual { out, inner, .. } => {
+                let mid = of("conv1.weight").or(*inner).unwrap_or(*out);
+                if let Some(r) = of("conv2.weight") {
+                    *out = r;
+                }
+                *inner = (mid != *out).then_some(mid);
+            }
+            _ => {}
+        }
+    }
+    own
 }
 
 /// Whether a residual block of `out` channels and `stride` on `in_channels` inputs has a

@@ -67,7 +67,9 @@ fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, G
             LayerSpec::Linear { out, bias } => {
                 (format!("{i}.weight"), input.len(), out, bias, true)
             }
-            LayerSpec::Residual { out, norm, .. } => {
+            LayerSpec::Residual {
+                out, norm, inner, ..
+            } => {
                 let mut per_unit = Vec::new();
                 match norm {
                     BlockNorm::None => per_unit.push(format!("{i}.conv1.bias")),
@@ -82,7 +84,7 @@ fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, G
                         group: GroupedLayer {
                             weight: format!("{i}.conv1.weight"),
                             per_unit,
-                            units: out,
+                            units: inner.unwrap_or(out),
                             fan_in: input.channels() * 9,
                         },
                         layer: i,
@@ -371,6 +373,7 @@ pub fn permutation_groups(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<U
             stride,
             norm,
             groups,
+            ..
         } = layers[i]
         {
             out.push(uses);
@@ -466,6 +469,7 @@ fn follow_stream(
                 stride,
                 norm,
                 groups,
+                ..
             } => {
                 stream.readers.push(reader("conv1.weight", 1));
                 if has_projection(at.channels(), out, stride) {

@@ -135,6 +135,11 @@ pub enum LayerSpec {
         /// Groups of `norm = "group"`.
         #[serde(default = "two")]
         groups: usize,
+        /// Channels between the two convolutions (`conv1`'s outputs, `conv2`'s inputs);
+        /// `None` is `out`, as He et al.'s and torchvision's blocks have. Neuron matching
+        /// sets it when a block's inner channels fuse to another width than its stream.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        inner: Option<usize>,
     },
 }
 
@@ -215,6 +220,15 @@ impl LayerSpec {
             stride,
             norm,
             groups: 2,
+            inner: None,
+        }
+    }
+
+    /// A residual block's inner width (`conv1`'s output channels); `None` for other layers.
+    pub fn block_inner(&self) -> Option<usize> {
+        match *self {
+            Self::Residual { out, inner, .. } => Some(inner.unwrap_or(out)),
+            _ => None,
         }
     }
 

@@ -35,6 +35,29 @@ impl ListView {
         Self::checked(spec, matchable)
     }
 
+    /// [`Self::of`] for a matcher that fuses one layer at a time with the layers below fixed
+    /// (FedMA): residual blocks are refused, naming the first, since a stream's writers sit
+    /// above and below its readers.
+    pub(crate) fn chain(spec: &ModelSpec, method: &str) -> Result<Self> {
+        let view = Self::of(spec)?;
+        if let Some(i) = view
+            .layers
+            .iter()
+            .position(|l| matches!(l, LayerSpec::Residual { .. }))
+        {
+            return Err(in_method(fedfuse_fuse::FuseError::UnsupportedLayer {
+                layer: i,
+                kind: "residual",
+                reason: format!(
+                    "{method} fuses one layer at a time over the fused layers below, and a \
+                     residual stream is written both below and above its readers; use pfnm, \
+                     gpi-fnm or weight_matching for residual networks"
+                ),
+            }));
+        }
+        Ok(view)
+    }
+
     /// The view of a matcher that keeps the widths (weight matching): its units are the
     /// list's permutation groups, residual streams included.
     pub(crate) fn fixed(spec: &ModelSpec) -> Result<Self> {
@@ -86,20 +109,13 @@ impl ListView {
         Ok(params.clone())
     }
 
-    /// The list at the widths `params` holds (each convolution's and linear layer's `out`
-    /// from its weight's rows; the clients' where a weight is absent), and its unit map.
+    /// The list at the widths `params` holds ([`layers::at_widths`]; the clients' where a
+    /// weight is absent), and its permutation groups.
     pub(crate) fn at_widths(&self, params: &Params) -> Result<(Vec<LayerSpec>, Vec<UnitUses>)> {
-        let mut layers = self.layers.clone();
-        for (i, layer) in layers.iter_mut().enumerate() {
-            if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer
-                && let Some(&rows) = params
-                    .get(&format!("{i}.weight"))
-                    .and_then(|t| t.shape.first())
-            {
-                *out = rows;
-            }
-        }
-        let uses = layers::unit_uses(&self.input, &layers)?;
+        let layers = layers::at_widths(&self.layers, |n| {
+            params.get(n).and_then(|t| t.shape.first().copied())
+        });
+        let uses = layers::permutation_groups(&self.input, &layers)?;
         Ok((layers, uses))
     }
 
@@ -114,7 +130,7 @@ impl ListView {
     /// first units of each layer, as many as the clients' widths.
     pub(crate) fn part(&self, global: &Params, picks: Option<&[Vec<usize>]>) -> Result<Params> {
         let mut part = self.listed(global)?;
-        let widths: Vec<usize> = layers::unit_uses(&self.input, &self.layers)?
+        let widths: Vec<usize> = layers::permutation_groups(&self.input, &self.layers)?
             .iter()
             .map(|u| u.units)
             .collect();

@@ -6,6 +6,13 @@
 //! client's share of every class, exactly as [`MatchOrder::BottomUp`] does for MLPs; the
 //! output layer is not matched.
 //!
+//! What is matched is a permutation group (`fedfuse_core::layers::permutation_groups`): in a
+//! plain chain a layer's units, in a residual network also a stage's stream, written by the stem
+//! or a projection and by every block's `conv2`. A unit's vector joins its rows in every writer
+//! whose inputs are fused already; a writer that reads a group matched later (an identity
+//! block's `conv2`, whose inner channels read the stream) is fused once every group is, as the
+//! posterior mean of its members' rows under the group's assignment.
+//!
 //! A client's input channel `v` sits at its fused channel; fused channels a client lacks are
 //! observed zeros at full precision (as the MLP code treats absent connections). The
 //! per-channel tensors of the norms after a matched layer (scale, shift, running mean and
@@ -23,7 +30,7 @@ use rayon::prelude::*;
 
 use super::layer::{MatchTimings, OrderSource, RngOrder, match_rows};
 use super::lists::{
-    FusedLayers, ListClients, UnitAxis, assemble, client_weights, mean_tensor, set_width,
+    FusedLayers, ListClients, UnitAxis, assemble, client_weights, mean_tensor, set_group_widths,
 };
 use super::mlp::{MatchOrder, PfnmConfig, class_shares, output_bias};
 use super::score::{self, ClientRows};
@@ -36,9 +43,11 @@ use crate::{FuseError, Result};
 ///
 /// `class_counts[j][k]` is client `j`'s number of training examples of class `k` (it weights
 /// the output layer and the averages); `None` weighs all clients equally. Refused, naming the
-/// layer ([`FuseError::UnsupportedLayer`]): residual blocks, grouped convolutions, group and
-/// layer norms after a matched layer; and `cfg.order = top_down` with two or more matched
-/// layers (layer lists are matched bottom-up).
+/// layer ([`FuseError::UnsupportedLayer`]): grouped convolutions, group and layer norms after a
+/// matched layer, residual blocks with group norm or a width change at stride 1; and
+/// `cfg.order = top_down` with two or more matched groups (layer lists are matched bottom-up).
+/// A residual block's inner channels may fuse to another width than its stream: the fused
+/// list's block then says `inner`.
 ///
 /// ```
 /// use fedfuse_core::{LayerSpec, Params};
@@ -79,8 +88,8 @@ pub fn pfnm_fuse_layers<R: Rng + ?Sized>(
     .map(|(fused, _)| fused)
 }
 
-/// [`pfnm_fuse_layers`] with refinement orders from `orders` (one per matched layer and pass,
-/// input side first), and the time spent on each matched layer.
+/// [`pfnm_fuse_layers`] with refinement orders from `orders` (one per matched group and
+/// pass, input side first), and the time spent on each matched group.
 pub fn pfnm_fuse_list(
     input: &[usize],
     layers: &[LayerSpec],
@@ -102,26 +111,28 @@ pub fn pfnm_fuse_list(
         });
     }
     let (out_weight, shares, weights) = output_shares(&list, class_counts)?;
+    let plan = Plan::of(&list, &out_weight)?;
+    let step = MatchStep {
+        list: &list,
+        plan: &plan,
+        shares: &shares,
+        weights: &weights,
+        cfg,
+    };
     let mut fused: HashMap<String, Tensor> = HashMap::new();
-    let mut new_layers = layers.to_vec();
-    let mut assignments = Vec::with_capacity(n_matched);
+    let mut done: Vec<Option<Fused>> = vec![None; n_matched];
     let mut timings = Vec::with_capacity(n_matched);
-    // Width and assignment of the matched layer below (none under the first).
-    let mut below: Option<(usize, Vec<Vec<usize>>)> = None;
     for g in 0..n_matched {
-        let top = (g + 1 == n_matched).then_some(out_weight.as_str());
-        let step = MatchStep {
-            list: &list,
-            shares: &shares,
-            weights: &weights,
-            cfg,
-        };
-        let (width, assigned, timing) = step.run(g, below.as_ref(), top, orders, &mut fused)?;
-        set_width(&mut new_layers[list.uses[0][g].layer], width);
+        let (matched, timing) = step.run(g, &done, orders, &mut fused)?;
         timings.push(timing);
-        below = Some((width, assigned.clone()));
-        assignments.push(assigned);
+        done[g] = Some(matched);
     }
+    let done: Vec<Fused> = done.into_iter().flatten().collect();
+    step.write_deferred(&done, &mut fused)?;
+    let mut new_layers = layers.to_vec();
+    let widths: Vec<usize> = done.iter().map(|f| f.width).collect();
+    set_group_widths(&mut new_layers, &list.uses[0], &widths);
+    let assignments = done.into_iter().map(|f| f.assignments).collect();
 
     // The output bias, as for MLPs; everything the map does not list, averaged.
     let out_bias = format!("{}.bias", list.output);
@@ -159,7 +170,8 @@ pub fn pfnm_fuse_list(
 /// its width and each client's assignment; the layers above are the clients' to re-lay over
 /// the fused units ([`spread_readers`](crate::spread_readers)).
 ///
-/// Arguments as for [`pfnm_fuse_list`]; an error when the clients' widths below `g` differ.
+/// Arguments as for [`pfnm_fuse_list`]; an error when the clients' widths below `g` differ,
+/// or when a writer of layer `g`'s units reads units above it (a residual stream).
 pub fn pfnm_match_layer(
     input: &[usize],
     layers: &[LayerSpec],
@@ -177,30 +189,40 @@ pub fn pfnm_match_layer(
             "matched layer {g} asked of a list with {n_matched}"
         )));
     }
-    let below = match g.checked_sub(1) {
-        None => None,
-        Some(gb) => {
-            let width = list.uses[0][gb].units;
-            if let Some(j) = (0..list.len()).find(|&j| list.uses[j][gb].units != width) {
-                return Err(FuseError::InvalidInput(format!(
-                    "client {j} has {} units in model.layers[{}] where client 0 has {width}; \
-                     the layers below the one matched must be shared",
-                    list.uses[j][gb].units, list.uses[0][gb].layer
-                )));
-            }
-            Some((width, vec![(0..width).collect(); list.len()]))
+    // The layers below are shared: each one's units sit where they are.
+    let mut done: Vec<Option<Fused>> = vec![None; n_matched];
+    for (gb, slot) in done.iter_mut().enumerate().take(g) {
+        let width = list.uses[0][gb].units;
+        if let Some(j) = (0..list.len()).find(|&j| list.uses[j][gb].units != width) {
+            return Err(FuseError::InvalidInput(format!(
+                "client {j} has {} units in model.layers[{}] where client 0 has {width}; \
+                 the layers below the one matched must be shared",
+                list.uses[j][gb].units, list.uses[0][gb].layer
+            )));
         }
-    };
+        *slot = Some(Fused {
+            width,
+            assignments: vec![(0..width).collect(); list.len()],
+        });
+    }
     let (out_weight, shares, weights) = output_shares(&list, class_counts)?;
+    let plan = Plan::of(&list, &out_weight)?;
     let step = MatchStep {
         list: &list,
+        plan: &plan,
         shares: &shares,
         weights: &weights,
         cfg,
     };
-    let top = (g + 1 == n_matched).then_some(out_weight.as_str());
+    if let Some(w) = plan.groups[g].writers.iter().find(|w| !w.ready(&done)) {
+        return Err(FuseError::InvalidInput(format!(
+            "`{}` writes the units of model.layers[{}] but reads units above them (a residual \
+             stream); FedMA matches plain chains",
+            list.uses[0][g].own[w.own].tensor, list.uses[0][g].layer
+        )));
+    }
     let mut fused = HashMap::new();
-    let (width, assignments, _) = step.run(g, below.as_ref(), top, orders, &mut fused)?;
+    let (matched, _) = step.run(g, &done, orders, &mut fused)?;
     let mut tensors = Params::new();
     for own in &list.uses[0][g].own {
         let t = fused.remove(&own.tensor).ok_or_else(|| {
@@ -210,8 +232,8 @@ pub fn pfnm_match_layer(
     }
     Ok(MatchedLayer {
         tensors,
-        width,
-        assignments,
+        width: matched.width,
+        assignments: matched.assignments,
     })
 }
 
@@ -243,10 +265,110 @@ fn output_shares(
     Ok((out_weight, shares, client_weights(class_counts, list.len())))
 }
 
-/// What matching one layer of a list needs besides the layer.
+/// A matched group: its fused width and each client's assignment (local unit -> fused unit).
+#[derive(Clone, Debug)]
+struct Fused {
+    width: usize,
+    assignments: Vec<Vec<usize>>,
+}
+
+/// One weight whose rows hold a group's units: a convolution's or linear layer's, a block's
+/// `conv1`, `conv2` or projection.
+#[derive(Clone, Debug)]
+struct Writer {
+    /// Its index in the group's `own`.
+    own: usize,
+    /// Its bias's index in `own`, when it has one (a norm follows it otherwise).
+    bias: Option<usize>,
+    /// The group its input columns read, with the use that says where; `None` when it reads
+    /// the input (or channels no permutation moves), taken whole.
+    input: Option<(usize, UnitUse)>,
+}
+
+impl Writer {
+    /// Whether the units it reads are fused already (or never move).
+    fn ready(&self, done: &[Option<Fused>]) -> bool {
+        self.input.as_ref().is_none_or(|(h, _)| done[*h].is_some())
+    }
+}
+
+/// Per permutation group: its writers, and whether the output layer reads it.
+struct GroupPlan {
+    writers: Vec<Writer>,
+    /// Indices in `own` of the per-channel tensors (norm channels): fused as member means.
+    channels: Vec<usize>,
+    /// Whether the output layer reads the units (its outgoing weights join the vectors).
+    top: bool,
+}
+
+/// Who writes and who reads each group of a list, from its unit map.
+struct Plan {
+    groups: Vec<GroupPlan>,
+    out_weight: String,
+}
+
+impl Plan {
+    fn of(list: &ListClients, out_weight: &str) -> Result<Self> {
+        let uses = &list.uses[0];
+        let mut reads: HashMap<&str, (usize, &UnitUse)> = HashMap::new();
+        for (h, u) in uses.iter().enumerate() {
+            for r in &u.readers {
+                reads.insert(r.tensor.as_str(), (h, r));
+            }
+        }
+        let mut groups = Vec::with_capacity(uses.len());
+        for u in uses {
+            let mut writers = Vec::new();
+            let mut channels = Vec::new();
+            for (o, own) in u.own.iter().enumerate() {
+                let dims = list.tensor(0, &own.tensor)?.shape.len();
+                if own.axis == 0 && dims >= 2 {
+                    writers.push(Writer {
+                        own: o,
+                        bias: None,
+                        input: reads.get(own.tensor.as_str()).map(|&(h, r)| (h, r.clone())),
+                    });
+                } else {
+                    channels.push(o);
+                }
+            }
+            // A writer's bias is the own tensor of its name with `bias` for `weight`.
+            for w in &mut writers {
+                let bias = u.own[w.own]
+                    .tensor
+                    .strip_suffix("weight")
+                    .map(|stem| format!("{stem}bias"));
+                if let Some(b) = channels
+                    .iter()
+                    .position(|&o| Some(&u.own[o].tensor) == bias.as_ref())
+                {
+                    w.bias = Some(channels.remove(b));
+                }
+            }
+            if writers.is_empty() {
+                return Err(FuseError::InvalidInput(format!(
+                    "no weight writes the units of model.layers[{}]",
+                    u.layer
+                )));
+            }
+            groups.push(GroupPlan {
+                writers,
+                channels,
+                top: u.readers.iter().any(|r| r.tensor == out_weight),
+            });
+        }
+        Ok(Self {
+            groups,
+            out_weight: out_weight.to_string(),
+        })
+    }
+}
+
+/// What matching one group of a list needs besides the group.
 struct MatchStep<'a> {
     list: &'a ListClients,
-    /// Per client, its share of each class (weights the outgoing side of the top layer).
+    plan: &'a Plan,
+    /// Per client, its share of each class (weights the outgoing side of the top group).
     shares: &'a [Vec<f64>],
     /// Per client, its weight in averages.
     weights: &'a [f64],
@@ -254,17 +376,17 @@ struct MatchStep<'a> {
 }
 
 impl MatchStep<'_> {
-    /// Matches layer `g` over `below` (the fused width under it and each client's assignment
-    /// there; `None` for the first), with the output weight `top` for the top matched layer;
-    /// writes the fused tensors into `fused`. Returns width, assignments and timings.
+    /// Matches group `g` on its writers whose inputs are fused in `done` (those that read
+    /// groups above it wait for [`Self::write_deferred`]), with the output weight when the
+    /// output layer reads it; writes those writers' tensors, the output weight and the norm
+    /// channels into `fused`.
     fn run(
         &self,
         g: usize,
-        below: Option<&(usize, Vec<Vec<usize>>)>,
-        top: Option<&str>,
+        done: &[Option<Fused>],
         orders: &mut dyn OrderSource,
         fused: &mut HashMap<String, Tensor>,
-    ) -> Result<(usize, Vec<Vec<usize>>, MatchTimings)> {
+    ) -> Result<(Fused, MatchTimings)> {
         let (list, cfg) = (self.list, self.cfg);
         let started = Instant::now();
         let (inv_s, inv_s0) = (1.0 / cfg.prior.sigma, 1.0 / cfg.prior.sigma0);
@@ -274,28 +396,34 @@ impl MatchStep<'_> {
             max_global: cfg.prior.max_global,
             eps: cfg.eps,
         };
-        let layer = LayerVectors::new(list, g, below, top)?;
-        let p = layer.len();
+        let plan = &self.plan.groups[g];
+        let ready: Vec<&Writer> = plan.writers.iter().filter(|w| w.ready(done)).collect();
+        if ready.is_empty() {
+            return Err(FuseError::InvalidInput(format!(
+                "every weight that writes the units of model.layers[{}] reads units not \
+                 matched yet",
+                list.uses[0][g].layer
+            )));
+        }
+        let top = plan.top.then_some(self.plan.out_weight.as_str());
+        let vectors = GroupVectors::new(list, g, &ready, done, top)?;
+        let p = vectors.len();
         let precisions: Vec<Vec<f64>> = self
             .shares
             .iter()
             .map(|r| {
                 let mut s = vec![inv_s; p];
                 if top.is_some() {
-                    let out = &mut s[layer.incoming + layer.has_bias..];
-                    for (block, share) in out.chunks_mut(layer.span_out.max(1)).zip(r) {
+                    let out = &mut s[vectors.out_at..];
+                    for (block, share) in out.chunks_mut(vectors.span_out.max(1)).zip(r) {
                         block.fill(share * inv_s);
                     }
                 }
                 s
             })
             .collect();
-        let mut mean = vec![0.0; p];
-        if layer.has_bias == 1 {
-            mean[layer.incoming] = cfg.bias_mean;
-        }
         let prior = LayerPrior {
-            mean,
+            mean: vectors.prior_mean(cfg.bias_mean),
             precision: vec![inv_s0; p],
         };
         let runs = {
@@ -306,8 +434,8 @@ impl MatchStep<'_> {
             .into_par_iter()
             .zip(&precisions)
             .map(|(j, s)| {
-                ClientRows::new(layer.units[j], s, &prior, &runs, cfg.eps, |u, x| {
-                    layer.fill(j, u, x);
+                ClientRows::new(vectors.units[j], s, &prior, &runs, cfg.eps, |u, x| {
+                    vectors.fill(j, u, x);
                     for (xv, sv) in x.iter_mut().zip(s) {
                         *xv *= sv;
                     }
@@ -316,9 +444,63 @@ impl MatchStep<'_> {
             .collect();
         let m = match_rows(&rows, &prior, &runs, &settings, orders, started, true)?;
         let post = m.posterior_mean();
-        let width = m.width();
-        layer.write(list, &post, &m.assignments, self.weights, fused)?;
-        Ok((width, m.assignments, m.timings))
+        vectors.write(&post, fused)?;
+        for &o in &plan.channels {
+            let own = &list.uses[0][g].own[o];
+            let t = list.tensor(0, &own.tensor)?;
+            let shape = UnitAxis::resized(own, &t.shape, post.rows());
+            let data = member_means(list, g, o, &m.assignments, self.weights, post.rows())?;
+            fused.insert(own.tensor.clone(), Tensor::new(&own.tensor, shape, data)?);
+        }
+        Ok((
+            Fused {
+                width: m.width(),
+                assignments: m.assignments,
+            },
+            m.timings,
+        ))
+    }
+
+    /// The writers every group left for later (a residual block's `conv2`, which writes a
+    /// stream matched before the block's inner channels), now that every group is fused: each
+    /// fused unit's row is the posterior mean of its members' rows under the prior, as a
+    /// matched writer's is, with the assignment its group's matching chose.
+    fn write_deferred(&self, done: &[Fused], fused: &mut HashMap<String, Tensor>) -> Result<()> {
+        let (list, cfg) = (self.list, self.cfg);
+        let (inv_s, inv_s0) = (1.0 / cfg.prior.sigma, 1.0 / cfg.prior.sigma0);
+        let all: Vec<Option<Fused>> = done.iter().cloned().map(Some).collect();
+        for (g, plan) in self.plan.groups.iter().enumerate() {
+            let waiting: Vec<&Writer> = plan
+                .writers
+                .iter()
+                .filter(|w| !fused.contains_key(&list.uses[0][g].own[w.own].tensor))
+                .collect();
+            if waiting.is_empty() {
+                continue;
+            }
+            let vectors = GroupVectors::new(list, g, &waiting, &all, None)?;
+            let (p, width) = (vectors.len(), done[g].width);
+            let mean = vectors.prior_mean(cfg.bias_mean);
+            let mut eta: Vec<f64> = (0..width)
+                .flat_map(|_| mean.iter().map(|m| m * inv_s0))
+                .collect();
+            let mut lambda = vec![inv_s0; width];
+            let mut x = vec![0.0; p];
+            for (j, asg) in done[g].assignments.iter().enumerate() {
+                for (u, &i) in asg.iter().enumerate() {
+                    vectors.fill(j, u, &mut x);
+                    for (e, v) in eta[i * p..(i + 1) * p].iter_mut().zip(&x) {
+                        *e += inv_s * v;
+                    }
+                    lambda[i] += inv_s;
+                }
+            }
+            for (i, row) in eta.chunks_mut(p.max(1)).enumerate() {
+                row.iter_mut().for_each(|e| *e /= lambda[i]);
+            }
+            vectors.write(&Matrix::new(width, p, eta)?, fused)?;
+        }
+        Ok(())
     }
 }
 
@@ -340,103 +522,153 @@ pub(super) fn average_rest(
     Ok(())
 }
 
-/// One matched layer's unit vectors `[incoming over the fused units below, bias, outgoing
-/// into the classes]`, read through the unit map.
-struct LayerVectors<'a> {
-    list: &'a ListClients,
-    /// Matched-layer index `g`.
-    g: usize,
-    /// Units per client.
-    units: Vec<usize>,
-    /// Fused units below (1 under the first matched layer: the input, as one block).
+/// One writer's part of a group's unit vectors: its row over the fused units below, then its
+/// bias.
+struct Segment {
+    /// Index in the group's `own` of its weight, and of its bias.
+    weight_own: usize,
+    bias_own: Option<usize>,
+    /// Where its coordinates start.
+    at: usize,
+    /// Fused units below (1 for the input, read whole).
     below_width: usize,
     /// Client -> unit below -> fused unit below.
     below: Vec<Vec<usize>>,
-    /// Values per unit below in one row of this layer's weight.
+    /// Values per unit below in one row.
     span_in: usize,
-    /// `below_width * span_in`.
-    incoming: usize,
-    /// 1 when the layer has a bias.
-    has_bias: usize,
-    /// Values per unit in one class row of the output weight (0 below the top layer).
-    span_out: usize,
-    /// Classes (output rows) when this is the top matched layer, else 0.
-    classes: usize,
-    /// Per client: views of this layer's weight (axis 0), its input side, the output weight.
+    /// The use of the group below that says where its columns are (`None`: the input).
+    reader: Option<UnitUse>,
+    /// Per client: its weight's unit view (axis 0) and its input side.
     weight: Vec<UnitAxis>,
     input: Vec<UnitAxis>,
+}
+
+impl Segment {
+    /// `below_width * span_in`.
+    fn incoming(&self) -> usize {
+        self.below_width * self.span_in
+    }
+
+    /// Its coordinates: the incoming row and the bias.
+    fn len(&self) -> usize {
+        self.incoming() + usize::from(self.bias_own.is_some())
+    }
+}
+
+/// One group's unit vectors: `[writer 1's row over the fused units below, its bias, writer 2's
+/// ..., outgoing into the classes]` (a plain chain's layer has one writer), read through the
+/// unit map.
+struct GroupVectors<'a> {
+    list: &'a ListClients,
+    /// Group index `g`.
+    g: usize,
+    /// Units per client.
+    units: Vec<usize>,
+    segments: Vec<Segment>,
+    /// Where the outgoing coordinates start (the segments' total).
+    out_at: usize,
+    /// Values per unit in one class row of the output weight (0 below the top group).
+    span_out: usize,
+    /// Classes (output rows) when the output layer reads the group, else 0.
+    classes: usize,
+    /// The output weight's name and per client its view, for the top group.
+    out_weight: Option<&'a str>,
     output: Vec<Option<UnitAxis>>,
 }
 
-impl<'a> LayerVectors<'a> {
+impl<'a> GroupVectors<'a> {
     fn new(
         list: &'a ListClients,
         g: usize,
-        below: Option<&(usize, Vec<Vec<usize>>)>,
-        out_weight: Option<&str>,
+        writers: &[&Writer],
+        done: &[Option<Fused>],
+        out_weight: Option<&'a str>,
     ) -> Result<Self> {
-        let first = &list.uses[0][g];
-        let weight_name = &first.own[0].tensor;
-        let has_bias = usize::from(first.own.iter().any(|u| is_bias(first.layer, &u.tensor)));
-        let mut units = Vec::new();
-        let (mut weight, mut input, mut output) = (Vec::new(), Vec::new(), Vec::new());
-        for j in 0..list.len() {
-            let uses = &list.uses[j][g];
-            let w = list.tensor(j, weight_name)?;
-            weight.push(UnitAxis::of(&uses.own[0], &w.shape)?);
-            units.push(uses.units);
-            input.push(match g.checked_sub(1) {
-                None => UnitAxis {
-                    rows: w.shape.first().copied().unwrap_or(0),
-                    units: 1,
-                    span: w.data.len() / w.shape.first().copied().unwrap_or(1).max(1),
-                },
-                Some(gb) => {
-                    let reader = reader_of(&list.uses[j][gb], weight_name)?;
-                    UnitAxis::of(reader, &w.shape)?
+        let own_of = |j: usize, o: usize| &list.uses[j][g].own[o];
+        let mut segments = Vec::with_capacity(writers.len());
+        let mut at = 0;
+        for w in writers {
+            let name = &own_of(0, w.own).tensor;
+            let (mut weight, mut input) = (Vec::new(), Vec::new());
+            for j in 0..list.len() {
+                let t = list.tensor(j, name)?;
+                weight.push(UnitAxis::of(own_of(j, w.own), &t.shape)?);
+                input.push(match &w.input {
+                    None => UnitAxis {
+                        rows: t.shape.first().copied().unwrap_or(0),
+                        units: 1,
+                        span: t.data.len() / t.shape.first().copied().unwrap_or(1).max(1),
+                    },
+                    Some((h, _)) => UnitAxis::of(reader_of(&list.uses[j][*h], name)?, &t.shape)?,
+                });
+            }
+            let span_in = input[0].span;
+            if let Some(j) = input.iter().position(|a| a.span != span_in) {
+                return Err(FuseError::InvalidInput(format!(
+                    "client {j}: `{name}` has {} values per input unit where client 0's has \
+                     {span_in}",
+                    input[j].span
+                )));
+            }
+            let (below_width, below) = match &w.input {
+                Some((h, _)) => {
+                    let f = done[*h].as_ref().ok_or_else(|| {
+                        FuseError::InvalidInput(format!("`{name}` reads units not fused yet"))
+                    })?;
+                    (f.width, f.assignments.clone())
                 }
-            });
+                None => (1, vec![vec![0]; list.len()]),
+            };
+            let seg = Segment {
+                weight_own: w.own,
+                bias_own: w.bias,
+                at,
+                below_width,
+                below,
+                span_in,
+                reader: w.input.as_ref().map(|(_, r)| r.clone()),
+                weight,
+                input,
+            };
+            at += seg.len();
+            segments.push(seg);
+        }
+        let mut output = Vec::with_capacity(list.len());
+        for j in 0..list.len() {
             output.push(match out_weight {
                 Some(name) => {
-                    let reader = reader_of(uses, name)?;
+                    let reader = reader_of(&list.uses[j][g], name)?;
                     Some(UnitAxis::of(reader, &list.tensor(j, name)?.shape)?)
                 }
                 None => None,
             });
         }
-        let span_in = input[0].span;
-        if let Some(j) = input.iter().position(|a| a.span != span_in) {
-            return Err(FuseError::InvalidInput(format!(
-                "client {j}: `{weight_name}` has {} values per input unit where client 0's has \
-                 {span_in}",
-                input[j].span
-            )));
-        }
-        let (below_width, below) = match below {
-            Some((w, a)) => (*w, a.clone()),
-            None => (1, vec![vec![0]; list.len()]),
-        };
         let (span_out, classes) = output[0].map_or((0, 0), |a| (a.span, a.rows));
         Ok(Self {
             list,
             g,
-            units,
-            below_width,
-            below,
-            span_in,
-            incoming: below_width * span_in,
-            has_bias,
+            units: (0..list.len()).map(|j| list.uses[j][g].units).collect(),
+            segments,
+            out_at: at,
             span_out,
             classes,
-            weight,
-            input,
+            out_weight,
             output,
         })
     }
 
     /// Coordinates per unit.
     fn len(&self) -> usize {
-        self.incoming + self.has_bias + self.classes * self.span_out
+        self.out_at + self.classes * self.span_out
+    }
+
+    /// The prior's mean: `bias_mean` at every bias, zero elsewhere.
+    fn prior_mean(&self, bias_mean: f64) -> Vec<f64> {
+        let mut mean = vec![0.0; self.len()];
+        for seg in self.segments.iter().filter(|s| s.bias_own.is_some()) {
+            mean[seg.at + seg.incoming()] = bias_mean;
+        }
+        mean
     }
 
     /// Writes unit `u` of client `j` (not yet times its precisions) into `x`.
@@ -444,31 +676,28 @@ impl<'a> LayerVectors<'a> {
         x.fill(0.0);
         let uses = &self.list.uses[j][self.g];
         let params = &self.list.params[j];
-        // Present: `LayerVectors::new` read these tensors for every client.
-        let Some(w) = params.get(&uses.own[0].tensor) else {
-            return;
-        };
-        let inp = &self.input[j];
-        let row = &w.data[self.weight[j].at(0, u)..][..self.weight[j].span];
-        for (v, &gv) in self.below[j].iter().enumerate() {
-            let src = &row[v * inp.span..(v + 1) * inp.span];
-            for (xv, wv) in x[gv * self.span_in..].iter_mut().zip(src) {
-                *xv = f64::from(*wv);
+        for seg in &self.segments {
+            // Present: `GroupVectors::new` read these tensors for every client.
+            let Some(w) = params.get(&uses.own[seg.weight_own].tensor) else {
+                continue;
+            };
+            let inp = &seg.input[j];
+            let row = &w.data[seg.weight[j].at(0, u)..][..seg.weight[j].span];
+            let x = &mut x[seg.at..];
+            for (v, &gv) in seg.below[j].iter().enumerate() {
+                let src = &row[v * inp.span..(v + 1) * inp.span];
+                for (xv, wv) in x[gv * seg.span_in..].iter_mut().zip(src) {
+                    *xv = f64::from(*wv);
+                }
+            }
+            if let Some(b) = seg.bias_own.and_then(|o| params.get(&uses.own[o].tensor)) {
+                x[seg.incoming()] = f64::from(b.data[u]);
             }
         }
-        if self.has_bias == 1
-            && let Some(b) = uses
-                .own
-                .iter()
-                .find(|o| is_bias(uses.layer, &o.tensor))
-                .and_then(|o| params.get(&o.tensor))
+        if let (Some(out), Some(name)) = (self.output[j], self.out_weight)
+            && let Some(t) = params.get(name)
         {
-            x[self.incoming] = f64::from(b.data[u]);
-        }
-        if let (Some(out), Some(reader)) = (self.output[j], uses.readers.first())
-            && let Some(t) = params.get(&reader.tensor)
-        {
-            let dst = &mut x[self.incoming + self.has_bias..];
+            let dst = &mut x[self.out_at..];
             for (kk, block) in dst.chunks_mut(self.span_out).enumerate().take(out.rows) {
                 let src = &t.data[out.at(kk, u)..][..out.span];
                 for (xv, wv) in block.iter_mut().zip(src) {
@@ -478,66 +707,48 @@ impl<'a> LayerVectors<'a> {
         }
     }
 
-    /// Writes the fused layer: its weight and bias from the posterior means, the output
-    /// weight when it is the top layer, and the mean of every member for the norm channels.
-    fn write(
-        &self,
-        list: &ListClients,
-        post: &Matrix,
-        assignments: &[Vec<usize>],
-        weights: &[f64],
-        fused: &mut HashMap<String, Tensor>,
-    ) -> Result<()> {
+    /// Writes the fused writers' weights and biases and, for the top group, the output weight,
+    /// from `post` (one row per fused unit).
+    fn write(&self, post: &Matrix, fused: &mut HashMap<String, Tensor>) -> Result<()> {
+        let list = self.list;
         let width = post.rows();
         let uses = &list.uses[0][self.g];
         let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
-        for (o, own) in uses.own.iter().enumerate() {
+        for seg in &self.segments {
+            let own = &uses.own[seg.weight_own];
             let t = list.tensor(0, &own.tensor)?;
             let mut shape = UnitAxis::resized(own, &t.shape, width);
-            let data = if o == 0 {
-                // The weight: its input side over the fused units below.
-                if let Some(gb) = self.g.checked_sub(1) {
-                    let reader = reader_of(&list.uses[0][gb], &own.tensor)?;
-                    shape = UnitAxis::resized(reader, &shape, self.below_width);
-                }
-                (0..width)
-                    .flat_map(|i| f32s(&post.row(i)[..self.incoming]))
-                    .collect()
-            } else if is_bias(uses.layer, &own.tensor) {
-                f32s(
-                    &(0..width)
-                        .map(|i| post.get(i, self.incoming))
-                        .collect::<Vec<_>>(),
-                )
-            } else {
-                member_means(list, self.g, o, assignments, weights, width)?
-            };
+            if let Some(reader) = &seg.reader {
+                shape = UnitAxis::resized(reader, &shape, seg.below_width);
+            }
+            let data = (0..width)
+                .flat_map(|i| f32s(&post.row(i)[seg.at..seg.at + seg.incoming()]))
+                .collect();
             fused.insert(own.tensor.clone(), Tensor::new(&own.tensor, shape, data)?);
+            if let Some(o) = seg.bias_own {
+                let bias = &uses.own[o];
+                let t = list.tensor(0, &bias.tensor)?;
+                let shape = UnitAxis::resized(bias, &t.shape, width);
+                let at = seg.at + seg.incoming();
+                let data = f32s(&(0..width).map(|i| post.get(i, at)).collect::<Vec<_>>());
+                fused.insert(bias.tensor.clone(), Tensor::new(&bias.tensor, shape, data)?);
+            }
         }
-        if let (Some(out), Some(reader)) = (self.output[0], uses.readers.first()) {
-            let t = list.tensor(0, &reader.tensor)?;
+        if let (Some(out), Some(name)) = (self.output[0], self.out_weight) {
+            let reader = reader_of(uses, name)?;
+            let t = list.tensor(0, name)?;
             let shape = UnitAxis::resized(reader, &t.shape, width);
-            let off = self.incoming + self.has_bias;
             let mut data = Vec::with_capacity(out.rows * width * out.span);
             for kk in 0..out.rows {
                 for i in 0..width {
-                    let from = off + kk * out.span;
+                    let from = self.out_at + kk * out.span;
                     data.extend(f32s(&post.row(i)[from..from + out.span]));
                 }
             }
-            fused.insert(
-                reader.tensor.clone(),
-                Tensor::new(&reader.tensor, shape, data)?,
-            );
+            fused.insert(name.to_string(), Tensor::new(name, shape, data)?);
         }
         Ok(())
     }
-}
-
-/// Whether `tensor` is the bias of list layer `layer` (the one own tensor matched on besides
-/// the weight; the rest are norm channels).
-fn is_bias(layer: usize, tensor: &str) -> bool {
-    tensor.strip_prefix(&format!("{layer}.")) == Some("bias")
 }
 
 /// The reader of `uses`'s units that is the tensor `name`.

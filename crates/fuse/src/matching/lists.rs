@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use fedfuse_core::layers::{self, FeatureShape, LayerSpec, TensorRole, UnitUse, UnitUses};
+use fedfuse_core::layers::{
+    self, BlockNorm, FeatureShape, LayerSpec, TensorRole, UnitUse, UnitUses,
+};
 use fedfuse_core::{Params, Tensor};
 
 use crate::{FuseError, Result};
@@ -37,32 +39,36 @@ pub(super) struct ListClients {
 
 impl ListClients {
     /// Checks the list for what matching supports and reads each client's widths from its
-    /// tensors (`{i}.weight`'s rows for every matched layer; the output layer keeps the
-    /// list's width).
+    /// tensors ([`layers::at_widths`]). Every client's permutation groups must hold the same
+    /// tensors.
     pub(super) fn new(input: &[usize], layers: &[LayerSpec], clients: &[&Params]) -> Result<Self> {
         if clients.is_empty() {
             return Err(FuseError::Empty);
         }
-        let (uses, output) = matchable(input, layers)?;
-        let matched: Vec<usize> = uses.iter().map(|u| u.layer).collect();
+        let (groups, output) = matchable(input, layers)?;
         let mut params = Vec::with_capacity(clients.len());
         let mut client_uses = Vec::with_capacity(clients.len());
         for (j, p) in clients.iter().enumerate() {
             let bad =
                 |e: &dyn std::fmt::Display| FuseError::InvalidInput(format!("client {j}: {e}"));
-            let mut own = layers.to_vec();
-            for &i in &matched {
-                let name = format!("{i}.weight");
-                let rows = p
-                    .get(&name)
-                    .and_then(|t| t.shape.first().copied())
-                    .ok_or_else(|| bad(&format!("tensor `{name}` is missing or a scalar")))?;
-                set_width(&mut own[i], rows);
-            }
+            let own =
+                layers::at_widths(layers, |n| p.get(n).and_then(|t| t.shape.first().copied()));
             let (_, layout) = layers::chain(FeatureShape::of(input)?, &own).map_err(|e| bad(&e))?;
             let arranged = p.arranged(&layout).map_err(|e| bad(&e))?;
             arranged.check_finite().map_err(|e| bad(&e))?;
-            client_uses.push(layers::unit_uses(input, &own).map_err(|e| bad(&e))?);
+            let uses = layers::permutation_groups(input, &own).map_err(|e| bad(&e))?;
+            let same = uses.len() == groups.len()
+                && uses
+                    .iter()
+                    .zip(&groups)
+                    .all(|(a, b)| a.all().map(|u| &u.tensor).eq(b.all().map(|u| &u.tensor)));
+            if !same {
+                return Err(bad(
+                    &"its widths change which tensors move together (a block's \
+                                shortcut appears or goes); give every client the list's layout",
+                ));
+            }
+            client_uses.push(uses);
             params.push(arranged);
         }
         Ok(Self {
@@ -123,11 +129,12 @@ impl ListClients {
 }
 
 /// Checks that matching can follow every unit of the list (see [`crate::pfnm_fuse_layers`]
-/// for what it refuses, naming the layer); returns the unit map of its matched layers and
-/// the index of the layer that writes the logits.
+/// for what it refuses, naming the layer); returns its permutation groups
+/// ([`layers::permutation_groups`]: a plain chain's are its layers, a residual stage's stream
+/// is one group) and the index of the layer that writes the logits.
 pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>, usize)> {
-    let uses = layers::unit_uses(input, layers)?;
-    refuse_unsupported(input, layers, &uses)?;
+    let groups = layers::permutation_groups(input, layers)?;
+    refuse_unsupported(input, layers, &groups)?;
     let Some(output) = layers
         .iter()
         .rposition(|l| matches!(l, LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. }))
@@ -136,7 +143,7 @@ pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>
             "the layer list has no convolution or linear layer to match".into(),
         ));
     };
-    if uses.is_empty() {
+    if groups.is_empty() {
         return Err(FuseError::UnsupportedLayer {
             layer: output,
             kind: layers[output].type_name(),
@@ -145,7 +152,37 @@ pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>
                 .into(),
         });
     }
-    Ok((uses, output))
+    Ok((groups, output))
+}
+
+/// `layers` with each permutation group's writers at its width (`groups[g]`'s own weights,
+/// `widths[g]`): a convolution's or linear layer's `out`, a residual block's `out` (its `conv2`
+/// and projection) or inner width (its `conv1`).
+pub(super) fn set_group_widths(layers: &mut [LayerSpec], groups: &[UnitUses], widths: &[usize]) {
+    let mut width_of: HashMap<&str, usize> = HashMap::new();
+    for (g, &w) in groups.iter().zip(widths) {
+        for own in g.own.iter().filter(|o| o.axis == 0) {
+            width_of.insert(own.tensor.as_str(), w);
+        }
+    }
+    for (i, layer) in layers.iter_mut().enumerate() {
+        let of = |name: &str| width_of.get(format!("{i}.{name}").as_str()).copied();
+        match layer {
+            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => {
+                if let Some(w) = of("weight") {
+                    *out = w;
+                }
+            }
+            LayerSpec::Residual { out, inner, .. } => {
+                if let Some(w) = of("conv2.weight") {
+                    *out = w;
+                }
+                let mid = of("conv1.weight").or(*inner).unwrap_or(*out);
+                *inner = (mid != *out).then_some(mid);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The permutation groups of a list whose widths stay fixed
@@ -190,14 +227,7 @@ pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses
     Ok((groups, output))
 }
 
-/// `out` of a convolution or linear layer set to `width` (other layers are left as they are).
-pub(super) fn set_width(layer: &mut LayerSpec, width: usize) {
-    if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer {
-        *out = width;
-    }
-}
-
-/// Refuses, naming the layer, what one permutation per matched layer cannot follow.
+/// Refuses, naming the layer, what neuron matching (which widens groups) cannot follow.
 fn refuse_unsupported(input: &[usize], layers: &[LayerSpec], uses: &[UnitUses]) -> Result<()> {
     let first = FeatureShape::of(input)?;
     let (shapes, _) = layers::chain(first, layers)?;
@@ -208,22 +238,31 @@ fn refuse_unsupported(input: &[usize], layers: &[LayerSpec], uses: &[UnitUses]) 
     };
     for (i, layer) in layers.iter().enumerate() {
         match *layer {
-            LayerSpec::Residual { out, stride, .. } => {
-                let c_in = i.checked_sub(1).map_or(first, |b| shapes[b]).channels();
-                let tied = if layers::has_projection(c_in, out, stride) {
-                    format!("`{i}.shortcut.0.weight`'s output channels (with `{i}.shortcut.1`)")
-                } else {
-                    "the block's input channels (its identity path)".to_string()
-                };
+            LayerSpec::Residual {
+                norm: BlockNorm::Group,
+                ..
+            } => {
                 return Err(refuse(
                     i,
-                    format!(
-                        "a skip connection adds `{i}.conv2.weight`'s output channels (with \
-                         `{i}.bn2`) to {tied}; matching would need one permutation shared by \
-                         all of them and by every block of the stage, which is not supported \
-                         yet: match a plain chain of layers"
-                    ),
+                    "norm = \"group\": a group norm's groups would mix channels of different \
+                     clients once matching widens them; use norm = \"batch\" or \"none\" (or \
+                     weight matching, which keeps the widths)"
+                        .into(),
                 ));
+            }
+            LayerSpec::Residual { out, stride, .. } => {
+                let c_in = i.checked_sub(1).map_or(first, |b| shapes[b]).channels();
+                if stride == 1 && layers::has_projection(c_in, out, stride) {
+                    return Err(refuse(
+                        i,
+                        format!(
+                            "its projection shortcut exists only because its {c_in} input and \
+                             {out} output channels differ; fused widths could come out equal \
+                             and the block would lose it. Give a block that changes the width \
+                             stride 2, as torchvision's ResNets do (or use weight matching)"
+                        ),
+                    ));
+                }
             }
             LayerSpec::Conv2d { groups, .. } if groups > 1 => {
                 return Err(refuse(

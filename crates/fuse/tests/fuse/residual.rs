@@ -1,11 +1,15 @@
 //! Residual networks as permutation groups: a stage's stream (the layer that writes it, every
 //! block's `conv2` and `bn2`, every reader) moves under one permutation, each block's inner
-//! channels under another; permuting every group keeps the logits, and weight matching finds
-//! planted permutations again, with batch norm, group norm (within its groups) or none.
+//! channels under another; permuting every group keeps the logits, and weight matching and
+//! PFNM find planted permutations again (weight matching with batch norm, group norm within its
+//! groups, or none; PFNM, which widens groups, with batch norm or none).
 
 use fedfuse_core::layers::{LayerSpec, UnitUses, permutation_groups};
 use fedfuse_core::{BlockNorm, Params, ZooModel};
-use fedfuse_fuse::{WeightMatchingConfig, permute_units, weight_matching_fuse};
+use fedfuse_fuse::{
+    FusedLayers, MatchOrder, MatchPrior, PfnmConfig, WeightMatchingConfig, permute_units,
+    pfnm_fuse_layers, weight_matching_fuse,
+};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -181,10 +185,56 @@ proptest! {
     }
 }
 
-/// Weight matching of a network and a copy with every group permuted (and, with `noise`,
-/// every value moved by up to that much): the planted permutations, and the fused model
-/// equal to the network.
-fn recovers(input: &[usize], layers: &[LayerSpec], noise: f32, seed: u64) {
+/// How two networks are fused in these tests.
+#[derive(Clone, Copy, Debug)]
+enum Matcher {
+    Weights,
+    /// PFNM (GPI-FNM when `eps > 0`) at a sharp prior: `sigma` 1e-4.
+    Pfnm {
+        eps: f64,
+    },
+}
+
+impl Matcher {
+    fn fuse(
+        self,
+        input: &[usize],
+        layers: &[LayerSpec],
+        nets: &[&Params],
+        seed: u64,
+    ) -> FusedLayers {
+        let mut rng = StdRng::seed_from_u64(seed);
+        match self {
+            Self::Weights => weight_matching_fuse(
+                input,
+                layers,
+                nets,
+                None,
+                &WeightMatchingConfig::default(),
+                &mut rng,
+            ),
+            Self::Pfnm { eps } => {
+                let cfg = PfnmConfig {
+                    prior: MatchPrior {
+                        sigma: 1e-4,
+                        ..MatchPrior::default()
+                    },
+                    eps,
+                    order: MatchOrder::BottomUp,
+                    ..PfnmConfig::default()
+                };
+                pfnm_fuse_layers(input, layers, nets, None, &cfg, &mut rng)
+            }
+        }
+        .unwrap()
+    }
+}
+
+/// `matcher` on a network and a copy with every group permuted (and, with `noise`, every
+/// value moved by up to that much): the planted permutations, the widths kept, and the fused
+/// model equal to the network (the mean of a value and its copy; PFNM's shrinks it towards the
+/// prior by a factor near `1 / (1 + sigma / 2)`).
+fn recovers(input: &[usize], layers: &[LayerSpec], noise: f32, seed: u64, matcher: Matcher) {
     let mut rng = StdRng::seed_from_u64(seed);
     let p = random_params(input, layers, &mut rng);
     let (mut q, perm) = permuted(input, layers, &p, &mut rng);
@@ -196,15 +246,8 @@ fn recovers(input: &[usize], layers: &[LayerSpec], noise: f32, seed: u64) {
         }
     }
     let ident = perm.iter().map(|g| (0..g.len()).collect()).collect();
-    let fused = weight_matching_fuse(
-        input,
-        layers,
-        &[&p, &q],
-        None,
-        &WeightMatchingConfig::default(),
-        &mut rng,
-    )
-    .unwrap();
+    let fused = matcher.fuse(input, layers, &[&p, &q], seed);
+    assert_eq!(fused.layers, layers, "{matcher:?} noise {noise}: widths");
     assert_recovered(&fused.assignments, &[ident, perm]);
     for (name, t) in p.iter() {
         let got: Vec<f64> = fused
@@ -216,14 +259,13 @@ fn recovers(input: &[usize], layers: &[LayerSpec], noise: f32, seed: u64) {
             .map(|&v| f64::from(v))
             .collect();
         let want: Vec<f64> = t.data.iter().map(|&v| f64::from(v)).collect();
-        // The mean of the value and its copy moved by at most `noise`.
         let tol = if name.ends_with("num_batches_tracked") {
             0.5
         } else {
-            f64::from(noise) / 2.0 + 1e-6
+            f64::from(noise) / 2.0 + 1e-3
         };
         for (a, b) in got.iter().zip(&want) {
-            assert!((a - b).abs() <= tol, "{name}: {a} vs {b}");
+            assert!((a - b).abs() <= tol, "{matcher:?} {name}: {a} vs {b}");
         }
     }
 }
@@ -236,8 +278,8 @@ fn weight_matching_recovers_planted_permutations_of_small_resnets() {
         (BlockNorm::None, 3),
     ] {
         let layers = resnet(4, &[(4, 1, 2), (6, 2, 2)], norm);
-        recovers(&INPUT, &layers, 0.0, seed);
-        recovers(&INPUT, &layers, 0.01, seed + 10);
+        recovers(&INPUT, &layers, 0.0, seed, Matcher::Weights);
+        recovers(&INPUT, &layers, 0.01, seed + 10, Matcher::Weights);
     }
 }
 
@@ -246,7 +288,7 @@ fn weight_matching_recovers_planted_permutations_of_resnet20() {
     // ResNet-20 at width 8 (8, 16, 32 channels), batch and group norm, with noise.
     for (norm, seed) in [(BlockNorm::Batch, 5), (BlockNorm::Group, 6)] {
         let layers = ZooModel::Resnet20.layers(10, norm, 8);
-        recovers(&[3, 8, 8], &layers, 0.01, seed);
+        recovers(&[3, 8, 8], &layers, 0.01, seed, Matcher::Weights);
     }
 }
 
@@ -257,7 +299,7 @@ fn weight_matching_recovers_planted_permutations_of_resnet18() {
     for (norm, seed) in [(BlockNorm::Batch, 7), (BlockNorm::Group, 8)] {
         let layers = ZooModel::Resnet18.layers(10, norm, 4);
         permuting_keeps_the_logits(&layers, seed);
-        recovers(&[3, 16, 16], &layers, 0.01, seed);
+        recovers(&[3, 16, 16], &layers, 0.01, seed, Matcher::Weights);
     }
 }
 
@@ -277,5 +319,100 @@ fn weight_matching_permutes_through_layer_norms() {
         LayerSpec::linear(3),
     ];
     permuting_keeps_the_logits(&layers, 9);
-    recovers(&INPUT, &layers, 0.0, 9);
+    recovers(&INPUT, &layers, 0.0, 9, Matcher::Weights);
+}
+
+#[test]
+fn pfnm_and_gpi_fnm_recover_planted_permutations_of_resnets() {
+    // A small two-stage network, ResNet-20 at width 8 and ResNet-18 at width 4, batch norm
+    // and none (a group norm's groups would mix once PFNM widens them: refused below). PFNM
+    // with noise; GPI-FNM on exact copies only: at eps 0.5 its cost opens new units for
+    // copies moved by 0.01, on plain chains as here.
+    let gpi = Matcher::Pfnm { eps: 0.5 };
+    let pfnm = Matcher::Pfnm { eps: 0.0 };
+    for (norm, seed) in [(BlockNorm::Batch, 21), (BlockNorm::None, 22)] {
+        let small = resnet(4, &[(4, 1, 2), (6, 2, 2)], norm);
+        recovers(&INPUT, &small, 0.0, seed, pfnm);
+        recovers(&INPUT, &small, 0.01, seed + 10, pfnm);
+        recovers(&INPUT, &small, 0.0, seed, gpi);
+    }
+    let r20 = ZooModel::Resnet20.layers(10, BlockNorm::Batch, 8);
+    recovers(&[3, 8, 8], &r20, 0.01, 23, pfnm);
+    recovers(&[3, 8, 8], &r20, 0.0, 23, gpi);
+    let r18 = ZooModel::Resnet18.layers(10, BlockNorm::Batch, 4);
+    recovers(&[3, 16, 16], &r18, 0.01, 24, pfnm);
+}
+
+/// Two unrelated networks share no unit: at a sharp prior PFNM opens a fused unit for every
+/// unit of both, so every group doubles and each fused tensor lays the two networks side by
+/// side (a block's `conv2`, which writes a stream matched before the block's inner channels,
+/// included). The fused network's logits are then the two networks' logits added, less their
+/// output biases, plus the fused output bias.
+#[test]
+fn pfnm_lays_unrelated_resnets_side_by_side() {
+    for (norm, seed) in [(BlockNorm::Batch, 31), (BlockNorm::None, 32)] {
+        let layers = resnet(4, &[(4, 1, 2), (6, 2, 1)], norm);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let a = random_params(&INPUT, &layers, &mut rng);
+        let b = random_params(&INPUT, &layers, &mut rng);
+        let fused = Matcher::Pfnm { eps: 0.0 }.fuse(&INPUT, &layers, &[&a, &b], seed);
+        let doubled = resnet(8, &[(8, 1, 2), (12, 2, 1)], norm);
+        assert_eq!(fused.layers, doubled, "{norm:?}: every group doubles");
+        let xs = samples(&INPUT, &mut rng, 3);
+        let out = layers.len() - 1;
+        let bias = |p: &Params| p.get(&format!("{out}.bias")).unwrap().data.clone();
+        let (ba, bb, bf) = (bias(&a), bias(&b), bias(&fused.params));
+        let (la, lb) = (
+            logits(&INPUT, &layers, &a, &xs),
+            logits(&INPUT, &layers, &b, &xs),
+        );
+        let want: Vec<f64> = (0..la.len())
+            .map(|q| {
+                let k = q % 3;
+                la[q] - f64::from(ba[k]) + lb[q] - f64::from(bb[k]) + f64::from(bf[k])
+            })
+            .collect();
+        assert_close(
+            &logits(&INPUT, &fused.layers, &fused.params, &xs),
+            &want,
+            1e-2,
+            &format!("{norm:?}: logits"),
+        );
+    }
+}
+
+/// A block whose inner channels the clients do not share fuses to a wider inside than its
+/// stream: the fused list says so with `inner`, and the fused tensors have its shapes.
+#[test]
+fn pfnm_widens_a_blocks_inside_apart_from_its_stream() {
+    let layers = resnet(4, &[(4, 1, 1)], BlockNorm::Batch);
+    let mut rng = StdRng::seed_from_u64(41);
+    let a = random_params(&INPUT, &layers, &mut rng);
+    let other = random_params(&INPUT, &layers, &mut rng);
+    // b is a, but its block's inner channels (conv1 with bn1, and conv2's columns) are another
+    // network's: only the stream is shared.
+    let mut b = a.clone();
+    for name in [
+        "3.conv1.weight",
+        "3.bn1.weight",
+        "3.bn1.bias",
+        "3.bn1.running_mean",
+        "3.bn1.running_var",
+    ] {
+        *b.get_mut(name).unwrap() = other.get(name).unwrap().clone();
+    }
+    let fused = Matcher::Pfnm { eps: 0.0 }.fuse(&INPUT, &layers, &[&a, &b], 41);
+    let LayerSpec::Residual { out, inner, .. } = fused.layers[3] else {
+        panic!("{:?}", fused.layers[3]);
+    };
+    assert_eq!((out, inner), (4, Some(8)), "{:?}", fused.layers);
+    let shape = |n: &str| fused.params.get(n).unwrap().shape.clone();
+    assert_eq!(shape("3.conv1.weight"), [8, 4, 3, 3]);
+    assert_eq!(shape("3.bn1.running_var"), [8]);
+    assert_eq!(shape("3.conv2.weight"), [4, 8, 3, 3]);
+    // The fused list round-trips through its text form with the new key.
+    let text = serde_json::to_string(&fused.layers[3]).unwrap();
+    assert!(text.contains("\"inner\":8"), "{text}");
+    let back: LayerSpec = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, fused.layers[3]);
 }

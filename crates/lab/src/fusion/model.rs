@@ -496,22 +496,11 @@ fn read_as_list(
     name: &str,
     model: &str,
 ) -> Result<ListClient> {
-    let mut own_layers = list.to_vec();
-    for (i, layer) in own_layers.iter_mut().enumerate() {
-        // A layer's width is its weight's rows (a residual block's, its `conv1`'s).
-        let (out, weight) = match layer {
-            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => {
-                (out, format!("{i}.weight"))
-            }
-            LayerSpec::Residual { out, .. } => (out, format!("{i}.conv1.weight")),
-            _ => continue,
-        };
-        if let Some(t) = map.get(&weight).and_then(|n| file.get(n))
-            && let Some(&rows) = t.shape.first()
-        {
-            *out = rows;
-        }
-    }
+    let own_layers = layers::at_widths(list, |n| {
+        map.get(n)
+            .and_then(|f| file.get(f))
+            .and_then(|t| t.shape.first().copied())
+    });
     let (_, layout) = layers::chain(FeatureShape::of(input)?, &own_layers).map_err(|e| {
         LabError::Invalid(format!(
             "{name}: its tensors do not fit model `{model}` on samples of shape {input:?}: {e}"

@@ -74,7 +74,7 @@ impl FedMa {
     ) -> Result<Self> {
         Ok(Self {
             settings: settings.clone(),
-            view: ListView::of(spec)?,
+            view: ListView::chain(spec, "fedma")?,
             init,
             seed,
             progress: Progress::default(),

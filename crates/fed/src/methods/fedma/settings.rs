@@ -131,6 +131,6 @@ impl FedMaSettings {
 
     /// Federation rounds one pass takes on `spec`: its matched layers plus one.
     pub fn rounds_per_pass(spec: &ModelSpec) -> Result<usize> {
-        Ok(ListView::of(spec)?.matched + 1)
+        Ok(ListView::chain(spec, "fedma")?.matched + 1)
     }
 }

@@ -352,17 +352,22 @@ def make(args):
         else:
             a[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
     groups = permutation_groups(input_shape, layers)
-    # B's unit u is A's unit sigma[u]: moving B's unit u to sigma[u] gives A back.
-    sigmas = [rng.permutation(g["units"]) for g in groups]
-    inverse = [np.argsort(s) for s in sigmas]
-    b = permute_model(a, groups, inverse)
-    for name, t in b.items():
-        if t.dtype == np.float32 and not name.endswith(("running_mean", "running_var")):
-            noise = args.noise * t.std() * rng.standard_normal(t.shape)
-            b[name] = (t + noise).astype(np.float32)
     order = {"fedfuse.order": json.dumps([n for n, _ in tensors])}
     save_file(a, str(out / "a.safetensors"), metadata=order)
-    save_file(b, str(out / "b.safetensors"), metadata=order)
+    # B's unit u is A's unit sigma[u]: moving B's unit u to sigma[u] gives A back. With
+    # --copies N, b2 ... bN are further permuted, noisy copies (PFNM's many-client benchmark).
+    for k in range(1, args.copies + 1):
+        sigmas = [rng.permutation(g["units"]) for g in groups]
+        inverse = [np.argsort(s) for s in sigmas]
+        b = permute_model(a, groups, inverse)
+        for name, t in b.items():
+            if t.dtype == np.float32 and not name.endswith(("running_mean", "running_var")):
+                noise = args.noise * t.std() * rng.standard_normal(t.shape)
+                b[name] = (t + noise).astype(np.float32)
+        save_file(b, str(out / ("b.safetensors" if k == 1 else f"b{k}.safetensors")), metadata=order)
+        if k == 1:
+            planted_sigmas = sigmas
+    sigmas = planted_sigmas
     planted = [
         {"name": g["name"], "units": g["units"], "perm": s.tolist()} for g, s in zip(groups, sigmas)
     ]
@@ -421,6 +426,7 @@ def main():
     m.add_argument("--resnet18", action="store_true")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--noise", type=float, default=0.05)
+    m.add_argument("--copies", type=int, default=1)
     f = sub.add_parser("fuse")
     f.add_argument("a")
     f.add_argument("b")

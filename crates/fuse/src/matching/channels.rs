@@ -110,15 +110,7 @@ pub fn pfnm_fuse_list(
             ),
         });
     }
-    let (out_weight, shares, weights) = output_shares(&list, class_counts)?;
-    let plan = Plan::of(&list, &out_weight)?;
-    let step = MatchStep {
-        list: &list,
-        plan: &plan,
-        shares: &shares,
-        weights: &weights,
-        cfg,
-    };
+    let step = MatchStep::new(&list, class_counts, cfg)?;
     let mut fused: HashMap<String, Tensor> = HashMap::new();
     let mut done: Vec<Option<Fused>> = vec![None; n_matched];
     let mut timings = Vec::with_capacity(n_matched);
@@ -144,12 +136,12 @@ pub fn pfnm_fuse_list(
             })
             .collect::<Result<_>>()?;
         let slices: Vec<&[f64]> = biases.iter().map(Vec::as_slice).collect();
-        let b = output_bias(&slices, &shares, cfg);
+        let b = output_bias(&slices, &step.shares, cfg);
         let shape = list.tensor(0, &out_bias)?.shape.clone();
         let b = Tensor::new(&out_bias, shape, b.into_iter().map(|v| v as f32).collect())?;
         fused.insert(out_bias, b);
     }
-    average_rest(&list, &weights, &mut fused)?;
+    average_rest(&list, &step.weights, &mut fused)?;
     let params = assemble(input, &new_layers, fused)?;
     Ok((
         FusedLayers {
@@ -205,16 +197,8 @@ pub fn pfnm_match_layer(
             assignments: vec![(0..width).collect(); list.len()],
         });
     }
-    let (out_weight, shares, weights) = output_shares(&list, class_counts)?;
-    let plan = Plan::of(&list, &out_weight)?;
-    let step = MatchStep {
-        list: &list,
-        plan: &plan,
-        shares: &shares,
-        weights: &weights,
-        cfg,
-    };
-    if let Some(w) = plan.groups[g].writers.iter().find(|w| !w.ready(&done)) {
+    let step = MatchStep::new(&list, class_counts, cfg)?;
+    if let Some(w) = step.plan.groups[g].writers.iter().find(|w| !w.ready(&done)) {
         return Err(FuseError::InvalidInput(format!(
             "`{}` writes the units of model.layers[{}] but reads units above them (a residual \
              stream); FedMA matches plain chains",
@@ -367,15 +351,30 @@ impl Plan {
 /// What matching one group of a list needs besides the group.
 struct MatchStep<'a> {
     list: &'a ListClients,
-    plan: &'a Plan,
+    plan: Plan,
     /// Per client, its share of each class (weights the outgoing side of the top group).
-    shares: &'a [Vec<f64>],
+    shares: Vec<Vec<f64>>,
     /// Per client, its weight in averages.
-    weights: &'a [f64],
+    weights: Vec<f64>,
     cfg: &'a PfnmConfig,
 }
 
-impl MatchStep<'_> {
+impl<'a> MatchStep<'a> {
+    fn new(
+        list: &'a ListClients,
+        class_counts: Option<&[Vec<f64>]>,
+        cfg: &'a PfnmConfig,
+    ) -> Result<Self> {
+        let (out_weight, shares, weights) = output_shares(list, class_counts)?;
+        Ok(Self {
+            plan: Plan::of(list, &out_weight)?,
+            list,
+            shares,
+            weights,
+            cfg,
+        })
+    }
+
     /// Matches group `g` on its writers whose inputs are fused in `done` (those that read
     /// groups above it wait for [`Self::write_deferred`]), with the output weight when the
     /// output layer reads it; writes those writers' tensors, the output weight and the norm
@@ -449,7 +448,7 @@ impl MatchStep<'_> {
             let own = &list.uses[0][g].own[o];
             let t = list.tensor(0, &own.tensor)?;
             let shape = UnitAxis::resized(own, &t.shape, post.rows());
-            let data = member_means(list, g, o, &m.assignments, self.weights, post.rows())?;
+            let data = member_means(list, g, o, &m.assignments, &self.weights, post.rows())?;
             fused.insert(own.tensor.clone(), Tensor::new(&own.tensor, shape, data)?);
         }
         Ok((

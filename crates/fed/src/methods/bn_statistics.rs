@@ -117,11 +117,22 @@ impl Method for BatchNormRounds {
         if !instruction.config.contains_key(STATISTICS) {
             return self.inner.fit(instruction, ctx);
         }
-        let repaired = ctx.trainer.reestimate_batch_norm(
-            &instruction.params,
-            &ctx.data.train,
-            self.batch_size,
-        )?;
+        // A matcher that widens (PFNM) sends a global model wider than the client's own.
+        let reshaped;
+        let trainer = if instruction
+            .params
+            .check_layout(&ctx.trainer.spec().param_shapes())
+            .is_ok()
+        {
+            ctx.trainer
+        } else {
+            reshaped = fedfuse_train::Trainer::new(
+                ctx.trainer.spec().with_widths_of(&instruction.params)?,
+            )?;
+            &reshaped
+        };
+        let repaired =
+            trainer.reestimate_batch_norm(&instruction.params, &ctx.data.train, self.batch_size)?;
         let mut reply = Params::new();
         for name in &self.stats {
             let t = repaired.require(name)?;
@@ -130,7 +141,7 @@ impl Method for BatchNormRounds {
         let mut record = Record::from_params(reply).with_num_examples(ctx.data.train.len() as u64);
         // What the client runs now: the global model with its own statistics.
         if !ctx.data.test.is_empty() {
-            let own = ctx.trainer.evaluate(&repaired, &ctx.data.test)?;
+            let own = trainer.evaluate(&repaired, &ctx.data.test)?;
             record
                 .metrics
                 .insert(crate::LOCAL_ACCURACY.into(), own.accuracy);

@@ -24,7 +24,10 @@ median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 [ -f target/wm/r20w16x8/b7.safetensors ] ||
     $py scripts/bench_weight_matching.py make target/wm/r20w16x8 --width 16 --copies 7
 for d in target/wm/r18 target/wm/r20w16x8; do
-    files=("$d"/a.safetensors "$d"/b*.safetensors)
+    files=("$d/a.safetensors" "$d/b.safetensors")
+    for f in "$d"/b[0-9]*.safetensors; do
+        [ -e "$f" ] && files+=("$f")
+    done
     cmd=("$bin" fuse "${files[@]}" --model "$d/model.toml" --method pfnm --out "$d/pfnm.safetensors")
     "${cmd[@]}" 2>&1 | grep -o 'widths .* ->.*\] ' | head -n 1
     : >"$d/times-pfnm"

@@ -138,9 +138,9 @@ enum Command {
         #[arg(long, default_value_t = 64, requires = "reset_bn")]
         reset_bn_batch: usize,
     },
-    /// Show a model's permutation groups: the units that weight matching permutes together (a
-    /// layer's units, a residual stage's stream, a block's inner channels), each with every
-    /// tensor that holds them and every tensor that reads them.
+    /// Show a model's permutation groups: the units that weight matching, PFNM and GPI-FNM
+    /// match together (a layer's units, a residual stage's stream, a block's inner channels),
+    /// each with every tensor that holds them and every tensor that reads them.
     Groups {
         /// The network: a zoo name (lenet5, cnn-leaf, vgg9, resnet20, resnet18, resnet34) or
         /// a TOML file with a [model] table, as `fuse --model` takes it.

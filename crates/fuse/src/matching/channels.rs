@@ -305,6 +305,8 @@ impl Plan {
             let mut writers = Vec::new();
             let mut channels = Vec::new();
             for (o, own) in u.own.iter().enumerate() {
+                // Norm channels are vectors; a layer norm's scale has the sample's shape, but
+                // `matchable` refuses layer norms after a matched layer.
                 let dims = list.tensor(0, &own.tensor)?.shape.len();
                 if own.axis == 0 && dims >= 2 {
                     writers.push(Writer {

@@ -512,3 +512,46 @@ fn maxpool_padding_past_half_the_window_is_refused() {
         serde_json::from_str(r#"{"type": "maxpool2d", "kernel": 3, "padding": -1}"#);
     assert!(negative.is_err());
 }
+
+/// `residual.inner`, the key PFNM's widened blocks write: zero, `usize::MAX` (past the width
+/// bound, before anything is sized from it), a group norm it does not divide, and negative,
+/// fractional or NaN-like values in JSON are refused by name; a wider inside is taken.
+#[test]
+fn residual_inner_width_is_checked() {
+    let block = |inner: Option<usize>, norm: BlockNorm| {
+        ModelSpec::sequential(
+            &[2, 6, 6],
+            vec![
+                LayerSpec::Residual {
+                    out: 4,
+                    stride: 1,
+                    norm,
+                    groups: 2,
+                    inner,
+                },
+                LayerSpec::GlobalAvgpool,
+                LayerSpec::Flatten,
+                LayerSpec::linear(2),
+            ],
+        )
+        .validate()
+    };
+    block(Some(6), BlockNorm::Batch).unwrap();
+    block(None, BlockNorm::Batch).unwrap();
+    for (inner, norm, needle) in [
+        (0, BlockNorm::Batch, "inner = 0"),
+        (usize::MAX, BlockNorm::Batch, "inner"),
+        (5, BlockNorm::Group, "inner"),
+    ] {
+        let err = block(Some(inner), norm).unwrap_err().to_string();
+        assert!(err.contains("residual") && err.contains(needle), "{inner}: {err}");
+    }
+    for text in [
+        r#"{"type": "residual", "out": 4, "inner": -1}"#,
+        r#"{"type": "residual", "out": 4, "inner": 2.5}"#,
+        r#"{"type": "residual", "out": 4, "inner": "NaN"}"#,
+    ] {
+        let parsed: Result<LayerSpec, _> = serde_json::from_str(text);
+        assert!(parsed.is_err(), "{text}");
+    }
+}

@@ -544,7 +544,10 @@ fn residual_inner_width_is_checked() {
         (5, BlockNorm::Group, "inner"),
     ] {
         let err = block(Some(inner), norm).unwrap_err().to_string();
-        assert!(err.contains("residual") && err.contains(needle), "{inner}: {err}");
+        assert!(
+            err.contains("residual") && err.contains(needle),
+            "{inner}: {err}"
+        );
     }
     for text in [
         r#"{"type": "residual", "out": 4, "inner": -1}"#,

@@ -30,7 +30,7 @@ use rayon::prelude::*;
 
 use super::layer::{MatchTimings, OrderSource, RngOrder, match_rows};
 use super::lists::{
-    FusedLayers, ListClients, UnitAxis, assemble, client_weights, mean_tensor, set_group_widths,
+    FusedLayers, ListClients, UnitAxis, assemble, at_group_widths, client_weights, mean_tensor,
 };
 use super::mlp::{MatchOrder, PfnmConfig, class_shares, output_bias};
 use super::score::{self, ClientRows};
@@ -121,9 +121,8 @@ pub fn pfnm_fuse_list(
     }
     let done: Vec<Fused> = done.into_iter().flatten().collect();
     step.write_deferred(&done, &mut fused)?;
-    let mut new_layers = layers.to_vec();
     let widths: Vec<usize> = done.iter().map(|f| f.width).collect();
-    set_group_widths(&mut new_layers, &list.uses[0], &widths);
+    let new_layers = at_group_widths(layers, &list.uses[0], &widths);
     let assignments = done.into_iter().map(|f| f.assignments).collect();
 
     // The output bias, as for MLPs; everything the map does not list, averaged.

@@ -158,31 +158,19 @@ pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>
 /// `layers` with each permutation group's writers at its width (`groups[g]`'s own weights,
 /// `widths[g]`): a convolution's or linear layer's `out`, a residual block's `out` (its `conv2`
 /// and projection) or inner width (its `conv1`).
-pub(super) fn set_group_widths(layers: &mut [LayerSpec], groups: &[UnitUses], widths: &[usize]) {
+pub(super) fn at_group_widths(
+    layers: &[LayerSpec],
+    groups: &[UnitUses],
+    widths: &[usize],
+) -> Vec<LayerSpec> {
     let mut width_of: HashMap<&str, usize> = HashMap::new();
     for (g, &w) in groups.iter().zip(widths) {
         for own in g.own.iter().filter(|o| o.axis == 0) {
             width_of.insert(own.tensor.as_str(), w);
         }
     }
-    for (i, layer) in layers.iter_mut().enumerate() {
-        let of = |name: &str| width_of.get(format!("{i}.{name}").as_str()).copied();
-        match layer {
-            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => {
-                if let Some(w) = of("weight") {
-                    *out = w;
-                }
-            }
-            LayerSpec::Residual { out, inner, .. } => {
-                if let Some(w) = of("conv2.weight") {
-                    *out = w;
-                }
-                let mid = of("conv1.weight").or(*inner).unwrap_or(*out);
-                *inner = (mid != *out).then_some(mid);
-            }
-            _ => {}
-        }
-    }
+    // The rows each writer's weight will have: what a model at these widths holds.
+    layers::at_widths(layers, |name| width_of.get(name).copied())
 }
 
 /// The permutation groups of a list whose widths stay fixed

@@ -51,8 +51,10 @@ impl ListClients {
         for (j, p) in clients.iter().enumerate() {
             let bad =
                 |e: &dyn std::fmt::Display| FuseError::InvalidInput(format!("client {j}: {e}"));
-            let own =
+            let mut own =
                 layers::at_widths(layers, |n| p.get(n).and_then(|t| t.shape.first().copied()));
+            // The output layer keeps the list's classes: a client with others is refused below.
+            own[output] = layers[output].clone();
             let (_, layout) = layers::chain(FeatureShape::of(input)?, &own).map_err(|e| bad(&e))?;
             let arranged = p.arranged(&layout).map_err(|e| bad(&e))?;
             arranged.check_finite().map_err(|e| bad(&e))?;

@@ -416,3 +416,26 @@ fn pfnm_widens_a_blocks_inside_apart_from_its_stream() {
     let back: LayerSpec = serde_json::from_str(&text).unwrap();
     assert_eq!(back, fused.layers[3]);
 }
+
+/// A client whose classifier has other classes than the list's is refused by name, not fused
+/// into a mismatched output layer.
+#[test]
+fn pfnm_refuses_a_client_with_other_classes() {
+    let layers = resnet(4, &[(4, 1, 1)], BlockNorm::Batch);
+    let mut rng = StdRng::seed_from_u64(61);
+    let a = random_params(&INPUT, &layers, &mut rng);
+    let mut other = layers.clone();
+    *other.last_mut().unwrap() = LayerSpec::linear(5);
+    let b = random_params(&INPUT, &other, &mut rng);
+    let err = pfnm_fuse_layers(
+        &INPUT,
+        &layers,
+        &[&a, &b],
+        None,
+        &PfnmConfig::default(),
+        &mut rng,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("client 1"), "{err}");
+}

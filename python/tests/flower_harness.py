@@ -162,7 +162,7 @@ class Deployment:
             "flower-superlink", *security, "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-runtime-dependency-installation",
         ])
-        self._wait(lambda: self._healthy(), 60, "the SuperLink to answer /health")
+        self._wait(lambda: self._healthy(), 180, "the SuperLink to answer /health")
 
     def register(self, public_key: Path) -> int:
         """`flwr supernode register`: the SuperLink learns a node's key; returns its node id."""

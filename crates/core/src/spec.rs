@@ -566,6 +566,7 @@ mod tests {
             norm: crate::BlockNorm::Batch,
             groups: 2,
             inner,
+            project: false,
         };
         let list = |w: usize, inner: Option<usize>| {
             ModelSpec::sequential(
@@ -590,5 +591,53 @@ mod tests {
         assert_eq!(layers[2], block(5, 1, Some(7)));
         assert_eq!(layers[3], block(10, 2, None));
         assert_eq!(read, wider);
+    }
+
+    /// A block that widens at stride 1 (ResNet-50's `layer1.0`) has its projection because
+    /// its widths differ; read at fused widths that meet, it keeps the projection its tensors
+    /// hold (`project`), and a bottleneck's inner widths are read from `conv1` and `conv2`.
+    #[test]
+    fn with_widths_of_keeps_a_projection_when_the_widths_meet() {
+        let list = |stem: usize, layers: Vec<LayerSpec>| {
+            let mut all = vec![LayerSpec::conv2d(stem, 3).with_padding(1), LayerSpec::Relu];
+            all.extend(layers);
+            all.extend([
+                LayerSpec::GlobalAvgpool,
+                LayerSpec::Flatten,
+                LayerSpec::linear(3),
+            ]);
+            ModelSpec::sequential(&[1, 6, 6], all)
+        };
+        let narrow = list(
+            4,
+            vec![LayerSpec::bottleneck(8, 1, crate::BlockNorm::Batch)],
+        );
+        assert!(
+            narrow
+                .param_shapes()
+                .iter()
+                .any(|s| s.name == "2.shortcut.0.weight")
+        );
+        // Fused: the stem and the block's output at 12, its inside at 2 and 5.
+        let fused = list(
+            12,
+            vec![LayerSpec::Bottleneck {
+                out: 12,
+                stride: 1,
+                norm: crate::BlockNorm::Batch,
+                groups: 2,
+                inner: Some(2),
+                middle: Some(5),
+                project: true,
+            }],
+        );
+        let p = Params::zeros(&fused.param_shapes());
+        let read = narrow.with_widths_of(&p).unwrap();
+        assert_eq!(read, fused);
+        let names: Vec<String> = read.param_shapes().into_iter().map(|s| s.name).collect();
+        assert!(
+            names.contains(&"2.shortcut.0.weight".to_string()),
+            "{names:?}"
+        );
     }
 }

@@ -33,22 +33,32 @@ pub enum ZooModel {
     Resnet18,
     /// torchvision's `resnet34`: `resnet18` with 3, 4, 6 and 3 blocks per stage.
     Resnet34,
+    /// torchvision's `resnet50`: `resnet34`'s stem and stages of 3, 4, 6 and 3 bottleneck
+    /// blocks ([`LayerSpec::Bottleneck`]), `width` to `8 width` channels inside and four times
+    /// that out (256 to 2048 in torchvision); 25,557,032 parameters with 1000 classes.
+    Resnet50,
 }
 
 impl ZooModel {
     /// The zoo's names, as `[model] kind` takes them.
-    pub const NAMES: [&'static str; 5] = ["cnn-leaf", "vgg9", "resnet20", "resnet18", "resnet34"];
+    pub const NAMES: [&'static str; 6] = [
+        "cnn-leaf", "vgg9", "resnet20", "resnet18", "resnet34", "resnet50",
+    ];
 
     /// Whether `model.norm` and `model.width` apply (the residual networks).
     pub fn is_resnet(self) -> bool {
-        matches!(self, Self::Resnet20 | Self::Resnet18 | Self::Resnet34)
+        matches!(
+            self,
+            Self::Resnet20 | Self::Resnet18 | Self::Resnet34 | Self::Resnet50
+        )
     }
 
     /// The first stage's channels when `model.width` is not given: the paper's (16 for
-    /// ResNet-20, torchvision's 64 for ResNet-18 and 34).
+    /// ResNet-20, torchvision's 64 for ResNet-18, 34 and 50, whose bottlenecks put out four
+    /// times as many).
     pub fn default_width(self) -> usize {
         match self {
-            Self::Resnet18 | Self::Resnet34 => 64,
+            Self::Resnet18 | Self::Resnet34 | Self::Resnet50 => 64,
             Self::CnnLeaf | Self::Vgg9 | Self::Resnet20 => 16,
         }
     }
@@ -130,10 +140,14 @@ impl ZooModel {
                 layers.extend(head);
                 layers
             }
-            Self::Resnet18 | Self::Resnet34 => {
+            Self::Resnet18 | Self::Resnet34 | Self::Resnet50 => {
                 let blocks = match self {
                     Self::Resnet18 => [2, 2, 2, 2],
                     _ => [3, 4, 6, 3],
+                };
+                let make = |planes: usize, stride| match self {
+                    Self::Resnet50 => LayerSpec::bottleneck(planes * 4, stride, norm),
+                    _ => LayerSpec::residual(planes, stride, norm),
                 };
                 let conv7 = LayerSpec::Conv2d {
                     out: width,
@@ -153,7 +167,7 @@ impl ZooModel {
                 for ((stage, stride), count) in stages.into_iter().zip(blocks) {
                     for block in 0..count {
                         let s = if block == 0 { stride } else { 1 };
-                        layers.push(LayerSpec::residual(width * stage, s, norm));
+                        layers.push(make(width * stage, s));
                     }
                 }
                 layers.extend(head);
@@ -166,7 +180,7 @@ impl ZooModel {
     /// `None` for the networks that keep the list's names.
     pub fn torchvision_names(self, layers: &[LayerSpec]) -> Option<TorchvisionNames> {
         match self {
-            Self::Resnet18 | Self::Resnet34 => Some(TorchvisionNames::of(layers)),
+            Self::Resnet18 | Self::Resnet34 | Self::Resnet50 => Some(TorchvisionNames::of(layers)),
             Self::CnnLeaf | Self::Vgg9 | Self::Resnet20 => None,
         }
     }
@@ -211,7 +225,8 @@ impl TorchvisionNames {
                     stem_norm = true;
                     Some("bn1".to_string())
                 }
-                LayerSpec::Residual { out, stride, .. } => {
+                LayerSpec::Residual { out, stride, .. }
+                | LayerSpec::Bottleneck { out, stride, .. } => {
                     if stage == 0 || stride != 1 || out != width {
                         (stage, block) = (stage + 1, 0);
                     }

@@ -607,11 +607,15 @@ fn list_widths(input: &[usize], layers: &[LayerSpec]) -> Vec<usize> {
         .first()
         .copied()
         .into_iter()
-        .chain(layers.iter().flat_map(|l| match l {
-            LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => vec![*out],
-            // A residual block: its inner channels, then its output stream.
-            LayerSpec::Residual { out, .. } => vec![l.block_inner().unwrap_or(*out), *out],
-            _ => Vec::new(),
+        .chain(layers.iter().flat_map(|l| {
+            match l {
+                LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => vec![*out],
+                // A residual block: its inner channels, then its output stream.
+                _ => l
+                    .block()
+                    .map(|b| b.convs.iter().map(|c| c.rows).collect())
+                    .unwrap_or_default(),
+            }
         }))
         .collect()
 }

@@ -314,30 +314,32 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
             LayerSpec::Relu => op(OpKind::Relu),
             LayerSpec::Dropout { p } => op(OpKind::Dropout { p }),
             LayerSpec::Flatten => op(OpKind::Flatten),
-            LayerSpec::Residual {
-                out,
-                stride,
-                norm,
-                groups,
-                inner,
-            } => {
-                let bias = norm == BlockNorm::None;
-                let mid = inner.unwrap_or(out);
-                let conv1 = src.conv([c, mid], 3, stride, 1, 1, bias)?;
-                let norm1 = src.block_norm(norm, groups, mid)?;
-                let conv2 = src.conv([mid, out], 3, 1, 1, 1, bias)?;
-                let norm2 = src.block_norm(norm, groups, out)?;
-                let (shortcut, shortcut_norm) = if layers::has_projection(c, out, stride) {
-                    let conv = src.conv([c, out], 1, stride, 0, 1, bias)?;
-                    (Some(conv), src.block_norm(norm, groups, out)?)
+            LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. } => {
+                let Some(shape) = layer.block() else {
+                    return Err(TrainError::DataMismatch(format!(
+                        "{} is not a block",
+                        layer.type_name()
+                    )));
+                };
+                let bias = shape.norm == BlockNorm::None;
+                let (mut convs, mut norms) = (Vec::new(), Vec::new());
+                let mut c_in = c;
+                for bc in &shape.convs {
+                    let pad = bc.kernel / 2;
+                    convs.push(src.conv([c_in, bc.rows], bc.kernel, bc.stride, pad, 1, bias)?);
+                    norms.push(src.block_norm(shape.norm, shape.groups, bc.rows)?);
+                    c_in = bc.rows;
+                }
+                let out = shape.out;
+                let (shortcut, shortcut_norm) = if shape.has_projection(c) {
+                    let conv = src.conv([c, out], 1, shape.stride, 0, 1, bias)?;
+                    (Some(conv), src.block_norm(shape.norm, shape.groups, out)?)
                 } else {
                     (None, None)
                 };
                 Layer::Block(Block {
-                    conv1,
-                    norm1,
-                    conv2,
-                    norm2,
+                    convs,
+                    norms,
                     shortcut,
                     shortcut_norm,
                 })
@@ -347,9 +349,14 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
     let mut gate_at = vec![None; layers.len()];
     let mut gate_src = Vec::with_capacity(points.len());
     for (slot, p) in points.iter().enumerate() {
-        gate_at[p.layer] = Some(slot);
+        // A block's gates (one per inner convolution) take consecutive slots from its first.
+        let first = *gate_at[p.layer].get_or_insert(slot);
         let norm_follows = matches!(built.get(p.layer), Some(Layer::Norm(_)));
-        gate_src.push(if norm_follows { p.layer - 1 } else { p.layer });
+        gate_src.push(if norm_follows {
+            (p.layer - 1, 0)
+        } else {
+            (p.layer, slot - first)
+        });
     }
     Ok(SeqNet {
         layers: built,
@@ -410,13 +417,11 @@ fn read_seq(net: &SeqNet, spec: &ModelSpec) -> Result<Params> {
             }
             Layer::Norm(n) => sink.norm(n)?,
             Layer::Block(b) => {
-                sink.conv(&b.conv1)?;
-                if let Some(n) = &b.norm1 {
-                    sink.norm(n)?;
-                }
-                sink.conv(&b.conv2)?;
-                if let Some(n) = &b.norm2 {
-                    sink.norm(n)?;
+                for (c, n) in b.convs.iter().zip(&b.norms) {
+                    sink.conv(c)?;
+                    if let Some(n) = n {
+                        sink.norm(n)?;
+                    }
                 }
                 if let Some(c) = &b.shortcut {
                     sink.conv(c)?;

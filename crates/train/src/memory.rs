@@ -14,7 +14,7 @@
 //! thread: a layer's input and output at a time. `tests/` checks the bound against the heap a
 //! real step allocates (within a stated factor).
 
-use fedfuse_core::layers::{FeatureShape, LayerSpec, has_projection};
+use fedfuse_core::layers::{FeatureShape, LayerSpec};
 use fedfuse_core::{ModelSpec, TensorRole};
 
 use crate::Result;
@@ -47,7 +47,7 @@ impl MemoryEstimate {
 }
 
 /// Output-sized tensors a layer keeps for the backward pass, its output included.
-fn kept_per_output(layer: &LayerSpec, input: FeatureShape, out: FeatureShape) -> u128 {
+fn kept_per_output(layer: &LayerSpec, input: FeatureShape) -> u128 {
     match layer {
         // Normalised input and the output; per-channel statistics are small.
         LayerSpec::BatchNorm1d { .. }
@@ -57,11 +57,12 @@ fn kept_per_output(layer: &LayerSpec, input: FeatureShape, out: FeatureShape) ->
         // Output and mask (or indices, up to 8 bytes each).
         LayerSpec::Relu | LayerSpec::Dropout { .. } => 2,
         LayerSpec::MaxPool2d { .. } => 3,
-        // Two convolutions with their norms and ReLUs, the shortcut (projected and normed
-        // when the shape changes), the sum and its ReLU.
-        LayerSpec::Residual { stride, .. } => {
-            let projected = has_projection(input.channels(), out.channels(), *stride);
-            14 + if projected { 4 } else { 0 }
+        // Each convolution with its norm and ReLU (at most the output's size each), the
+        // shortcut (projected and normed when the shape changes), the sum and its ReLU.
+        LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. } => {
+            let Some(block) = layer.block() else { return 1 };
+            let projected = block.has_projection(input.channels());
+            7 * block.convs.len() as u128 + if projected { 4 } else { 0 }
         }
         LayerSpec::Flatten
         | LayerSpec::Conv2d { .. }
@@ -96,11 +97,24 @@ fn conv_scratch(layer: &LayerSpec, input: FeatureShape, out: FeatureShape) -> (u
                 c_out * cg * (kernel as u128).pow(2),
             )
         }
-        LayerSpec::Residual { out, inner, .. } => {
-            let mid = inner.unwrap_or(out) as u128;
-            let first = one(c_in, 3, mid, pixels);
-            let second = one(mid, 3, c_out, pixels);
-            (first.max(second), mid * c_in.max(c_out) * 9)
+        LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. } => {
+            let Some(block) = layer.block() else {
+                return (0, 0);
+            };
+            // The convolutions before the strided one run at the input's size.
+            let mut px = pixels * (block.stride as u128).pow(2);
+            let mut cin = c_in;
+            let (mut scratch, mut weights) = (0u128, 0u128);
+            for conv in &block.convs {
+                if conv.stride > 1 {
+                    px = pixels;
+                }
+                let (rows, k) = (conv.rows as u128, conv.kernel as u128);
+                scratch = scratch.max(one(cin, k, rows, px));
+                weights = weights.max(rows * cin * k * k);
+                cin = rows;
+            }
+            (scratch, weights)
         }
         _ => (0, 0),
     }
@@ -142,7 +156,7 @@ pub fn estimate(spec: &ModelSpec, batch: usize, threads: usize) -> Result<Memory
     let mut at = input;
     for (i, (layer, &out)) in list.layer_list().iter().zip(&shapes).enumerate() {
         let values = out.len() as u128;
-        let layer_kept = kept_per_output(layer, at, out) * values;
+        let layer_kept = kept_per_output(layer, at) * values;
         kept += layer_kept;
         widest = widest.max(values);
         eval_pair = eval_pair.max(at.len() as u128 + values);

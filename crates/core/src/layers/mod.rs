@@ -42,4 +42,4 @@ pub use shapes::{
     has_projection, is_counter, norm_affine_names, norm_tensor_names,
 };
 pub use units::{GatePoint, UnitUse, UnitUses, gate_points, permutation_groups, unit_uses};
-pub use vocabulary::{BlockNorm, LayerSpec};
+pub use vocabulary::{BlockConv, BlockNorm, BlockShape, LayerSpec};

@@ -1,7 +1,7 @@
 //! The shapes a layer list chains and the tensors it holds, named and ordered as PyTorch's
 //! `state_dict`, with the bounds that keep every product over them inside `usize`.
 
-use super::vocabulary::{BlockNorm, LayerSpec};
+use super::vocabulary::{BlockNorm, BlockShape, LayerSpec};
 use crate::{CoreError, ParamShape, Result};
 
 /// Most layers one list may hold (a residual block counts once).
@@ -299,31 +299,42 @@ impl LayerSpec {
                 }
                 FeatureShape::Flat(out)
             }
-            Self::Residual {
-                out,
-                stride,
-                norm,
-                groups,
-                inner,
-            } => {
-                let (c, h, w) = image()?;
+            Self::Residual { .. } | Self::Bottleneck { .. } => {
+                let Some(block) = self.block() else {
+                    return Err("not a block".into());
+                };
+                let (c, mut h, mut w) = image()?;
+                let out = block.out;
                 if out == 0 {
                     return Err("out = 0: a block needs at least one channel".into());
                 }
-                let mid = inner.unwrap_or(out);
-                if mid == 0 {
-                    return Err("inner = 0: a block needs at least one inner channel".into());
+                bounded("stride", block.stride)?;
+                let inner_keys = match self {
+                    Self::Bottleneck { .. } => ["inner (default out / 4)", "middle"].as_slice(),
+                    _ => ["inner"].as_slice(),
+                };
+                for (&key, width) in inner_keys.iter().zip(block.inner_widths()) {
+                    if width == 0 {
+                        return Err(format!(
+                            "{key} = 0: a block needs at least one inner channel"
+                        ));
+                    }
+                    bounded(key, width)?;
                 }
-                bounded("inner", mid)?;
-                bounded("stride", stride)?;
-                for (key, width) in [("out", out), ("inner", mid)] {
+                let norm = block.norm;
+                let groups = block.groups;
+                for (key, width) in inner_keys
+                    .iter()
+                    .copied()
+                    .zip(block.inner_widths())
+                    .chain([("out", out)])
+                {
                     if norm == BlockNorm::Group && (groups == 0 || width % groups != 0) {
                         return Err(format!(
                             "groups = {groups} does not divide the {width} channels of {key}"
                         ));
                     }
                 }
-                let (oh, ow) = (window(h, 3, stride, 1)?, window(w, 3, stride, 1)?);
                 let conv_bias = norm == BlockNorm::None;
                 let conv = |tensors: &mut Vec<ParamShape>,
                             name: &str,
@@ -347,19 +358,21 @@ impl LayerSpec {
                         push(tensors, &p("num_batches_tracked"), &[]);
                     }
                 };
-                conv(tensors, "conv1", mid, c, 3);
-                norm_tensors(tensors, "bn1", mid);
-                conv(tensors, "conv2", out, mid, 3);
-                norm_tensors(tensors, "bn2", out);
-                if has_projection(c, out, stride) {
+                let mut c_in = c;
+                for (k, bc) in block.convs.iter().enumerate() {
+                    (h, w) = (
+                        window(h, bc.kernel, bc.stride, bc.kernel / 2)?,
+                        window(w, bc.kernel, bc.stride, bc.kernel / 2)?,
+                    );
+                    conv(tensors, &BlockShape::conv_name(k), bc.rows, c_in, bc.kernel);
+                    norm_tensors(tensors, &BlockShape::norm_name(k), bc.rows);
+                    c_in = bc.rows;
+                }
+                if block.has_projection(c) {
                     conv(tensors, "shortcut.0", out, c, 1);
                     norm_tensors(tensors, "shortcut.1", out);
                 }
-                FeatureShape::Image {
-                    c: out,
-                    h: oh,
-                    w: ow,
-                }
+                FeatureShape::Image { c: out, h, w }
             }
         })
     }
@@ -376,25 +389,65 @@ fn check_eps(eps: f64) -> std::result::Result<(), String> {
 /// `layers` at the widths a model's tensors hold: `rows(name)` is the first dimension of the
 /// tensor the list names `name` (`None` when the model lacks it: the list's width stays).
 /// Every convolution's and linear layer's `out` is its weight's rows; a residual block's `out`
-/// is its `conv2`'s and its `inner` its `conv1`'s (`None` when the two agree).
+/// is its last convolution's, and its inner widths its other convolutions' (`None` where they
+/// are the default). A block whose model holds a projection keeps it (`project`) where the new
+/// widths alone would not call for one.
 pub fn at_widths(layers: &[LayerSpec], rows: impl Fn(&str) -> Option<usize>) -> Vec<LayerSpec> {
     let mut own = layers.to_vec();
+    // The channels entering each layer, as far as the list says (a list that starts with a
+    // block leaves its input unknown here).
+    let mut channels: Option<usize> = None;
     for (i, layer) in own.iter_mut().enumerate() {
         let of = |name: &str| rows(&format!("{i}.{name}"));
+        let conv_rows = |k: usize| of(&format!("{}.weight", BlockShape::conv_name(k)));
+        let keep_projection = |out: usize, stride: usize, project: &mut bool| {
+            if of("shortcut.0.weight").is_some()
+                && !channels.is_some_and(|c| has_projection(c, out, stride))
+            {
+                *project = true;
+            }
+        };
         match layer {
             LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => {
                 if let Some(r) = of("weight") {
                     *out = r;
                 }
             }
-            LayerSpec::Residual { out, inner, .. } => {
-                let mid = of("conv1.weight").or(*inner).unwrap_or(*out);
-                if let Some(r) = of("conv2.weight") {
+            LayerSpec::Residual {
+                out,
+                inner,
+                stride,
+                project,
+                ..
+            } => {
+                let mid = conv_rows(0).or(*inner).unwrap_or(*out);
+                if let Some(r) = conv_rows(1) {
                     *out = r;
                 }
                 *inner = (mid != *out).then_some(mid);
+                keep_projection(*out, *stride, project);
+            }
+            LayerSpec::Bottleneck {
+                out,
+                inner,
+                middle,
+                stride,
+                project,
+                ..
+            } => {
+                let first = conv_rows(0).or(*inner).unwrap_or(*out / 4);
+                let second = conv_rows(1).or(*middle).unwrap_or(first);
+                if let Some(r) = conv_rows(2) {
+                    *out = r;
+                }
+                *inner = (first != *out / 4).then_some(first);
+                *middle = (second != first).then_some(second);
+                keep_projection(*out, *stride, project);
             }
             _ => {}
+        }
+        if let Some(c) = layer.output_channels() {
+            channels = Some(c);
         }
     }
     own
@@ -475,19 +528,18 @@ pub fn norm_affine_names(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<St
         };
         match *layer {
             _ if layer.is_norm() => norm(i.to_string()),
-            LayerSpec::Residual {
-                out: c,
-                stride,
-                norm: kind,
-                ..
-            } if kind != BlockNorm::None => {
-                norm(format!("{i}.bn1"));
-                norm(format!("{i}.bn2"));
-                if has_projection(c_in, c, stride) {
-                    norm(format!("{i}.shortcut.1"));
+            _ => {
+                if let Some(block) = layer.block()
+                    && block.norm != BlockNorm::None
+                {
+                    for k in 0..block.convs.len() {
+                        norm(format!("{i}.{}", BlockShape::norm_name(k)));
+                    }
+                    if block.has_projection(c_in) {
+                        norm(format!("{i}.shortcut.1"));
+                    }
                 }
             }
-            _ => {}
         }
     }
     Ok(out)

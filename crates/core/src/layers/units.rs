@@ -3,8 +3,8 @@
 
 use std::ops::Range;
 
-use super::shapes::{FeatureShape, chain, has_projection};
-use super::vocabulary::{BlockNorm, LayerSpec};
+use super::shapes::{FeatureShape, chain};
+use super::vocabulary::{BlockNorm, BlockShape, LayerSpec};
 use crate::{GroupedLayer, Result};
 
 /// A grouped layer of a layer list (see [`crate::groups`]) and where its gate acts.
@@ -27,13 +27,14 @@ pub struct GatePoint {
 pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoint>> {
     Ok(grouped_layers(input, layers)?
         .into_iter()
-        .map(|(_, point)| point)
+        .map(|(_, _, point)| point)
         .collect())
 }
 
 /// [`gate_points`], each with the index of the layer whose units it groups (the convolution,
-/// linear layer or residual block, not the norm after it).
-fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, GatePoint)>> {
+/// linear layer or residual block, not the norm after it) and, for a block, which of its
+/// inner convolutions writes them (0 otherwise).
+fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, usize, GatePoint)>> {
     let (shapes, _) = chain(FeatureShape::of(input)?, layers)?;
     let last = layers
         .iter()
@@ -45,6 +46,41 @@ fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, G
         } else {
             shapes[i - 1]
         };
+        if let Some(block) = layer.block() {
+            let mut fan_in = input.channels();
+            for (k, conv) in block.convs.iter().enumerate() {
+                let cols = fan_in * conv.kernel * conv.kernel;
+                fan_in = conv.rows;
+                if k + 1 == block.convs.len() {
+                    break;
+                }
+                let mut per_unit = Vec::new();
+                match block.norm {
+                    BlockNorm::None => {
+                        per_unit.push(format!("{i}.{}.bias", BlockShape::conv_name(k)))
+                    }
+                    BlockNorm::Batch | BlockNorm::Group => {
+                        let bn = BlockShape::norm_name(k);
+                        per_unit.push(format!("{i}.{bn}.weight"));
+                        per_unit.push(format!("{i}.{bn}.bias"));
+                    }
+                }
+                points.push((
+                    i,
+                    k,
+                    GatePoint {
+                        group: GroupedLayer {
+                            weight: format!("{i}.{}.weight", BlockShape::conv_name(k)),
+                            per_unit,
+                            units: conv.rows,
+                            fan_in: cols,
+                        },
+                        layer: i,
+                    },
+                ));
+            }
+            continue;
+        }
         let next_norm = |flat: bool| match layers.get(i + 1) {
             Some(LayerSpec::BatchNorm2d { .. } | LayerSpec::GroupNorm { .. }) if !flat => true,
             Some(LayerSpec::BatchNorm1d { .. }) => flat,
@@ -67,31 +103,6 @@ fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, G
             LayerSpec::Linear { out, bias } => {
                 (format!("{i}.weight"), input.len(), out, bias, true)
             }
-            LayerSpec::Residual {
-                out, norm, inner, ..
-            } => {
-                let mut per_unit = Vec::new();
-                match norm {
-                    BlockNorm::None => per_unit.push(format!("{i}.conv1.bias")),
-                    BlockNorm::Batch | BlockNorm::Group => {
-                        per_unit.push(format!("{i}.bn1.weight"));
-                        per_unit.push(format!("{i}.bn1.bias"));
-                    }
-                }
-                points.push((
-                    i,
-                    GatePoint {
-                        group: GroupedLayer {
-                            weight: format!("{i}.conv1.weight"),
-                            per_unit,
-                            units: inner.unwrap_or(out),
-                            fan_in: input.channels() * 9,
-                        },
-                        layer: i,
-                    },
-                ));
-                continue;
-            }
             _ => continue,
         };
         if Some(i) == last {
@@ -109,6 +120,7 @@ fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, G
         }
         points.push((
             i,
+            0,
             GatePoint {
                 group: GroupedLayer {
                     weight,
@@ -244,7 +256,7 @@ pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>>
     let (shapes, _) = chain(first, layers)?;
     let input_of = |i: usize| if i == 0 { first } else { shapes[i - 1] };
     let mut out = Vec::new();
-    for (i, point) in grouped_layers(input, layers)? {
+    for (i, k, point) in grouped_layers(input, layers)? {
         let units = point.group.units;
         let mut uses = UnitUses {
             layer: i,
@@ -255,23 +267,22 @@ pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>>
             identity: false,
             tied: 1,
         };
-        if let LayerSpec::Residual { norm, .. } = layers[i] {
-            if norm == BlockNorm::None {
-                uses.own.push(UnitUse::new(format!("{i}.conv1.bias"), 0, 1));
+        if let Some(block) = layers[i].block() {
+            let conv = BlockShape::conv_name(k);
+            if block.norm == BlockNorm::None {
+                uses.own
+                    .push(UnitUse::new(format!("{i}.{conv}.bias"), 0, 1));
             }
-            for t in block_norm_tensors(norm) {
-                uses.own.push(UnitUse::new(format!("{i}.bn1.{t}"), 0, 1));
+            for t in block_norm_tensors(block.norm) {
+                let bn = BlockShape::norm_name(k);
+                uses.own.push(UnitUse::new(format!("{i}.{bn}.{t}"), 0, 1));
             }
-            if let LayerSpec::Residual {
-                norm: BlockNorm::Group,
-                groups,
-                ..
-            } = layers[i]
-            {
-                uses.tied = groups;
+            if block.norm == BlockNorm::Group {
+                uses.tied = block.groups;
             }
+            let next = BlockShape::conv_name(k + 1);
             uses.readers
-                .push(UnitUse::new(format!("{i}.conv2.weight"), 1, 1));
+                .push(UnitUse::new(format!("{i}.{next}.weight"), 1, 1));
             out.push(uses);
             continue;
         }
@@ -299,9 +310,12 @@ pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>>
                     uses.readers.push(reader("weight", 1));
                     break;
                 }
-                LayerSpec::Residual { out: c, stride, .. } => {
+                LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. } => {
                     uses.readers.push(reader("conv1.weight", 1));
-                    if has_projection(at.channels(), c, stride) {
+                    if layer
+                        .block()
+                        .is_some_and(|b| b.has_projection(at.channels()))
+                    {
                         uses.readers.push(reader("shortcut.0.weight", 1));
                     } else {
                         uses.identity = true;
@@ -368,31 +382,30 @@ pub fn permutation_groups(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<U
     let mut out = Vec::new();
     for uses in unit_uses(input, layers)? {
         let i = uses.layer;
-        if let LayerSpec::Residual {
-            out: width,
-            stride,
-            norm,
-            groups,
-            ..
-        } = layers[i]
-        {
+        if let Some(b) = layers[i].block() {
+            // A block's inner groups come first; after its last, the stream it projects.
+            let last_inner = uses.own.first().map(|u| u.tensor.as_str())
+                == Some(&format!(
+                    "{i}.{}.weight",
+                    BlockShape::conv_name(b.convs.len() - 2)
+                ));
             out.push(uses);
-            if has_projection(input_of(i).channels(), width, stride) {
+            if last_inner && b.has_projection(input_of(i).channels()) {
                 let mut stream = UnitUses {
                     layer: i,
-                    units: width,
+                    units: b.out,
                     own: Vec::new(),
                     readers: Vec::new(),
                     between: Vec::new(),
                     identity: false,
                     tied: 1,
                 };
-                write_block_output(&mut stream, i, norm, groups);
+                write_block_output(&mut stream, i, &b);
                 write_conv(
                     &mut stream,
                     &format!("{i}.shortcut.0"),
                     &format!("{i}.shortcut.1"),
-                    norm,
+                    b.norm,
                 );
                 if follow_stream(&mut stream, i + 1, layers, &input_of) {
                     out.push(stream);
@@ -432,16 +445,17 @@ fn write_conv(stream: &mut UnitUses, conv: &str, norm_name: &str, norm: BlockNor
     }
 }
 
-/// Adds a residual block's `conv2` output (with its bias or `bn2`) to `stream`.
-fn write_block_output(stream: &mut UnitUses, block: usize, norm: BlockNorm, groups: usize) {
+/// Adds a residual block's last convolution (with its bias or norm) to `stream`.
+fn write_block_output(stream: &mut UnitUses, at: usize, block: &BlockShape) {
+    let last = block.convs.len() - 1;
     write_conv(
         stream,
-        &format!("{block}.conv2"),
-        &format!("{block}.bn2"),
-        norm,
+        &format!("{at}.{}", BlockShape::conv_name(last)),
+        &format!("{at}.{}", BlockShape::norm_name(last)),
+        block.norm,
     );
-    if norm == BlockNorm::Group {
-        stream.tied = tie(stream.tied, groups, stream.units);
+    if block.norm == BlockNorm::Group {
+        stream.tied = tie(stream.tied, block.groups, stream.units);
     }
 }
 
@@ -464,19 +478,14 @@ fn follow_stream(
             groups,
         };
         match *layer {
-            LayerSpec::Residual {
-                out,
-                stride,
-                norm,
-                groups,
-                ..
-            } => {
+            LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. } => {
+                let Some(b) = layer.block() else { continue };
                 stream.readers.push(reader("conv1.weight", 1));
-                if has_projection(at.channels(), out, stride) {
+                if b.has_projection(at.channels()) {
                     stream.readers.push(reader("shortcut.0.weight", 1));
                     return true;
                 }
-                write_block_output(stream, j, norm, groups);
+                write_block_output(stream, j, &b);
                 continue;
             }
             LayerSpec::Conv2d { groups, .. } => {
@@ -533,6 +542,7 @@ fn pass_channelwise(
         | LayerSpec::Dropout { .. }
         | LayerSpec::Conv2d { .. }
         | LayerSpec::Linear { .. }
-        | LayerSpec::Residual { .. } => {}
+        | LayerSpec::Residual { .. }
+        | LayerSpec::Bottleneck { .. } => {}
     }
 }

@@ -140,9 +140,102 @@ pub enum LayerSpec {
         /// sets it when a block's inner channels fuse to another width than its stream.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         inner: Option<usize>,
+        /// A projection shortcut even where the block's widths and stride do not call for one
+        /// (neuron matching sets it when fused widths come out equal).
+        #[serde(default, skip_serializing_if = "is_false")]
+        project: bool,
+    },
+    /// torchvision's bottleneck block (ResNet-50 and deeper, "ResNet v1.5": the stride sits on
+    /// the 3x3 convolution): `relu(norm3(conv3(relu(norm2(conv2(relu(norm1(conv1(x)))))))) +
+    /// shortcut(x))`, `conv1` and `conv3` 1x1, `conv2` 3x3 with `stride`; the shortcut as in
+    /// [`LayerSpec::Residual`].
+    Bottleneck {
+        /// Output channels (torchvision's `planes * 4`).
+        out: usize,
+        /// Stride of `conv2` and of the projection.
+        #[serde(default = "one")]
+        stride: usize,
+        /// Normalisation after each convolution.
+        #[serde(default)]
+        norm: BlockNorm,
+        /// Groups of `norm = "group"`.
+        #[serde(default = "two")]
+        groups: usize,
+        /// `conv1`'s outputs; `None` is `out / 4` (torchvision's `planes`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        inner: Option<usize>,
+        /// `conv2`'s outputs; `None` is the inner width. Neuron matching sets it when the two
+        /// fuse to different widths.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        middle: Option<usize>,
+        /// As [`LayerSpec::Residual`]'s.
+        #[serde(default, skip_serializing_if = "is_false")]
+        project: bool,
     },
 }
 
+/// One convolution of a residual block's main path: `conv{k}` with its norm `bn{k}`
+/// (`k` from 1), reading the convolution before it (the first reads the block's input).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockConv {
+    /// Output channels.
+    pub rows: usize,
+    /// Kernel side (padding `kernel / 2`).
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+}
+
+/// A residual block as every reader of layer lists sees it: its main path's convolutions,
+/// the last of which writes `out`, each followed by `norm` (and a ReLU but the last), and a
+/// shortcut (a 1x1 projection `shortcut.0` with its norm `shortcut.1`, or the identity). A
+/// new block type describes itself here; shapes, training, unit maps and matching follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockShape {
+    /// The main path, in order.
+    pub convs: Vec<BlockConv>,
+    /// Output channels: the last convolution's and the shortcut's.
+    pub out: usize,
+    /// The block's stride (the projection's).
+    pub stride: usize,
+    /// The norm after each convolution.
+    pub norm: BlockNorm,
+    /// Groups of a group norm.
+    pub groups: usize,
+    /// Whether the block keeps its projection whatever its widths.
+    pub project: bool,
+}
+
+impl BlockShape {
+    /// Whether the block on `in_channels` inputs has a projection shortcut (else the
+    /// identity).
+    pub fn has_projection(&self, in_channels: usize) -> bool {
+        self.project || super::shapes::has_projection(in_channels, self.out, self.stride)
+    }
+
+    /// The name of convolution `k` (from 0) of the main path: `conv{k + 1}`.
+    pub fn conv_name(k: usize) -> String {
+        format!("conv{}", k + 1)
+    }
+
+    /// The name of the norm after convolution `k`: `bn{k + 1}`.
+    pub fn norm_name(k: usize) -> String {
+        format!("bn{}", k + 1)
+    }
+
+    /// The main path's inner widths (every convolution's outputs but the last's).
+    pub fn inner_widths(&self) -> Vec<usize> {
+        let n = self.convs.len();
+        self.convs[..n.saturating_sub(1)]
+            .iter()
+            .map(|c| c.rows)
+            .collect()
+    }
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
 fn is_zero(v: &usize) -> bool {
     *v == 0
 }
@@ -221,13 +314,81 @@ impl LayerSpec {
             norm,
             groups: 2,
             inner: None,
+            project: false,
         }
     }
 
-    /// A residual block's inner width (`conv1`'s output channels); `None` for other layers.
-    pub fn block_inner(&self) -> Option<usize> {
+    /// A bottleneck block of `out` channels (`out / 4` inside).
+    pub fn bottleneck(out: usize, stride: usize, norm: BlockNorm) -> Self {
+        Self::Bottleneck {
+            out,
+            stride,
+            norm,
+            groups: 2,
+            inner: None,
+            middle: None,
+            project: false,
+        }
+    }
+
+    /// The channels (or features) of the layer's output when it sets them: a convolution's,
+    /// a linear layer's or a block's `out`; `None` for layers that keep their input's.
+    pub fn output_channels(&self) -> Option<usize> {
         match *self {
-            Self::Residual { out, inner, .. } => Some(inner.unwrap_or(out)),
+            Self::Conv2d { out, .. }
+            | Self::Linear { out, .. }
+            | Self::Residual { out, .. }
+            | Self::Bottleneck { out, .. } => Some(out),
+            _ => None,
+        }
+    }
+
+    /// A residual block's shape; `None` for other layers.
+    pub fn block(&self) -> Option<BlockShape> {
+        let conv = |rows, kernel, stride| BlockConv {
+            rows,
+            kernel,
+            stride,
+        };
+        match *self {
+            Self::Residual {
+                out,
+                stride,
+                norm,
+                groups,
+                inner,
+                project,
+            } => Some(BlockShape {
+                convs: vec![conv(inner.unwrap_or(out), 3, stride), conv(out, 3, 1)],
+                out,
+                stride,
+                norm,
+                groups,
+                project,
+            }),
+            Self::Bottleneck {
+                out,
+                stride,
+                norm,
+                groups,
+                inner,
+                middle,
+                project,
+            } => {
+                let inner = inner.unwrap_or(out / 4);
+                Some(BlockShape {
+                    convs: vec![
+                        conv(inner, 1, 1),
+                        conv(middle.unwrap_or(inner), 3, stride),
+                        conv(out, 1, 1),
+                    ],
+                    out,
+                    stride,
+                    norm,
+                    groups,
+                    project,
+                })
+            }
             _ => None,
         }
     }
@@ -248,6 +409,7 @@ impl LayerSpec {
             Self::Flatten => "flatten",
             Self::Linear { .. } => "linear",
             Self::Residual { .. } => "residual",
+            Self::Bottleneck { .. } => "bottleneck",
         }
     }
 

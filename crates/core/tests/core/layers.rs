@@ -528,6 +528,7 @@ fn residual_inner_width_is_checked() {
                     norm,
                     groups: 2,
                     inner,
+                    project: false,
                 },
                 LayerSpec::GlobalAvgpool,
                 LayerSpec::Flatten,

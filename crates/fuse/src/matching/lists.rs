@@ -196,10 +196,7 @@ pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses
     }
     let groups = layers::permutation_groups(input, layers)?;
     let Some(output) = layers.iter().rposition(|l| {
-        matches!(
-            l,
-            LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. } | LayerSpec::Residual { .. }
-        )
+        matches!(l, LayerSpec::Conv2d { .. } | LayerSpec::Linear { .. }) || l.block().is_some()
     }) else {
         return Err(FuseError::InvalidInput(
             "the layer list has no convolution or linear layer to match".into(),
@@ -219,8 +216,7 @@ pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses
 
 /// Refuses, naming the layer, what neuron matching (which widens groups) cannot follow.
 fn refuse_unsupported(input: &[usize], layers: &[LayerSpec], uses: &[UnitUses]) -> Result<()> {
-    let first = FeatureShape::of(input)?;
-    let (shapes, _) = layers::chain(first, layers)?;
+    layers::chain(FeatureShape::of(input)?, layers)?;
     let refuse = |layer: usize, reason: String| FuseError::UnsupportedLayer {
         layer,
         kind: layers[layer].type_name(),
@@ -228,10 +224,7 @@ fn refuse_unsupported(input: &[usize], layers: &[LayerSpec], uses: &[UnitUses]) 
     };
     for (i, layer) in layers.iter().enumerate() {
         match *layer {
-            LayerSpec::Residual {
-                norm: BlockNorm::Group,
-                ..
-            } => {
+            _ if layer.block().is_some_and(|b| b.norm == BlockNorm::Group) => {
                 return Err(refuse(
                     i,
                     "norm = \"group\": a group norm's groups would mix channels of different \
@@ -239,20 +232,6 @@ fn refuse_unsupported(input: &[usize], layers: &[LayerSpec], uses: &[UnitUses]) 
                      weight matching, which keeps the widths)"
                         .into(),
                 ));
-            }
-            LayerSpec::Residual { out, stride, .. } => {
-                let c_in = i.checked_sub(1).map_or(first, |b| shapes[b]).channels();
-                if stride == 1 && layers::has_projection(c_in, out, stride) {
-                    return Err(refuse(
-                        i,
-                        format!(
-                            "its projection shortcut exists only because its {c_in} input and \
-                             {out} output channels differ; fused widths could come out equal \
-                             and the block would lose it. Give a block that changes the width \
-                             stride 2, as torchvision's ResNets do (or use weight matching)"
-                        ),
-                    ));
-                }
             }
             LayerSpec::Conv2d { groups, .. } if groups > 1 => {
                 return Err(refuse(

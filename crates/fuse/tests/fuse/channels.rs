@@ -64,16 +64,12 @@ pub(crate) fn forward(
                 )
             }
             (
-                &LayerSpec::Residual {
-                    out,
-                    stride,
-                    norm,
-                    groups,
-                    inner,
-                },
+                l @ (LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. }),
                 X::Image(c, h, w, v),
             ) => {
-                let mid = inner.unwrap_or(out);
+                let block = l.block().unwrap();
+                let (out, stride, norm, groups) =
+                    (block.out, block.stride, block.norm, block.groups);
                 let bias =
                     |name: &str| (norm == BlockNorm::None).then(|| t(format!("{i}.{name}.bias")));
                 let normed = |x: X, name: &str| match norm {
@@ -94,32 +90,29 @@ pub(crate) fn forward(
                         1e-5,
                     ),
                 };
-                let y = conv2d(
-                    (c, h, w, &v),
-                    &t(format!("{i}.conv1.weight")),
-                    bias("conv1").as_deref(),
-                    mid,
-                    3,
-                    stride,
-                    1,
-                );
-                let y = relu(normed(y, "bn1"));
-                let X::Image(_, oh, ow, y) = y else {
-                    unreachable!()
-                };
-                let y = normed(
-                    conv2d(
-                        (mid, oh, ow, &y),
-                        &t(format!("{i}.conv2.weight")),
-                        bias("conv2").as_deref(),
-                        out,
-                        3,
-                        1,
-                        1,
-                    ),
-                    "bn2",
-                );
-                let short = if layers::has_projection(c, out, stride) {
+                let mut y = X::Image(c, h, w, v.clone());
+                for (k, conv) in block.convs.iter().enumerate() {
+                    let X::Image(yc, yh, yw, yv) = y else {
+                        unreachable!()
+                    };
+                    let name = format!("conv{}", k + 1);
+                    y = normed(
+                        conv2d(
+                            (yc, yh, yw, &yv),
+                            &t(format!("{i}.{name}.weight")),
+                            bias(&name).as_deref(),
+                            conv.rows,
+                            conv.kernel,
+                            conv.stride,
+                            conv.kernel / 2,
+                        ),
+                        &format!("bn{}", k + 1),
+                    );
+                    if k + 1 < block.convs.len() {
+                        y = relu(y);
+                    }
+                }
+                let short = if block.has_projection(c) {
                     normed(
                         conv2d(
                             (c, h, w, &v),
@@ -759,12 +752,26 @@ fn refused_lists_name_the_layer() {
     let e = fuse(&[2, 6, 6], &l);
     assert_eq!(layer_of(&e), (1, "residual"));
     assert!(e.to_string().contains("norm = \"group\""), "{e}");
-    // A width change at stride 1: the projection would go if the fused widths met.
+    // A width change at stride 1 fuses, keeping its projection (the fused list's `project`
+    // where the fused widths meet: `core::spec` tests that case).
     let mut l = vec![conv.clone(), LayerSpec::residual(8, 1, BlockNorm::Batch)];
     l.extend(head.clone());
-    let e = fuse(&[2, 6, 6], &l);
-    assert_eq!(layer_of(&e), (1, "residual"));
-    assert!(e.to_string().contains("stride 2"), "{e}");
+    let (p, q) = (
+        random_params(&[2, 6, 6], &l, &mut StdRng::seed_from_u64(0)),
+        random_params(&[2, 6, 6], &l, &mut StdRng::seed_from_u64(1)),
+    );
+    let fused = pfnm_fuse_layers(
+        &[2, 6, 6],
+        &l,
+        &[&p, &q],
+        None,
+        &cfg,
+        &mut StdRng::seed_from_u64(0),
+    )
+    .unwrap();
+    let spec = fedfuse_core::ModelSpec::sequential(&[2, 6, 6], fused.layers.clone());
+    fused.params.check_layout(&spec.param_shapes()).unwrap();
+    assert!(fused.params.get("1.shortcut.0.weight").is_some());
 
     // Group norm and layer norm after a matched layer.
     let mut l = vec![

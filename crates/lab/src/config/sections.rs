@@ -223,6 +223,10 @@ pub enum ModelKind {
     /// torchvision's ResNet-34, with its tensor names (`model.norm`, `model.width`).
     #[serde(rename = "resnet34")]
     Resnet34,
+    /// torchvision's ResNet-50 (bottleneck blocks), with its tensor names (`model.norm`,
+    /// `model.width`).
+    #[serde(rename = "resnet50")]
+    Resnet50,
 }
 
 impl ModelKind {
@@ -234,6 +238,7 @@ impl ModelKind {
             Self::Resnet20 => Some(ZooModel::Resnet20),
             Self::Resnet18 => Some(ZooModel::Resnet18),
             Self::Resnet34 => Some(ZooModel::Resnet34),
+            Self::Resnet50 => Some(ZooModel::Resnet50),
             Self::Mlp | Self::Lenet5 | Self::Sequential => None,
         }
     }
@@ -249,6 +254,7 @@ impl ModelKind {
             Self::Resnet20 => "resnet20",
             Self::Resnet18 => "resnet18",
             Self::Resnet34 => "resnet34",
+            Self::Resnet50 => "resnet50",
         }
     }
 
@@ -274,7 +280,7 @@ pub struct ModelSection {
     /// The residual networks' normalisation: `batch` (default), `group` (2 groups) or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm: Option<BlockNorm>,
-    /// The residual networks' first-stage width (16 for ResNet-20, 64 for ResNet-18 and 34;
+    /// The residual networks' first-stage width (16 for ResNet-20, 64 for ResNet-18, 34 and 50;
     /// later stages have 2, 4 (and 8) times it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub width: Option<usize>,
@@ -498,7 +504,7 @@ impl ModelSection {
                     bail_setting!(
                         format!("model.{key}"),
                         "model.{key} applies to the residual networks (resnet20, resnet18, \
-                         resnet34) only; remove it for `{kind}`"
+                         resnet34, resnet50) only; remove it for `{kind}`"
                     );
                 }
             }
@@ -508,8 +514,8 @@ impl ModelSection {
         {
             bail_setting!(
                 "model.width",
-                "model.width = {w} must lie in 1..=1024 (16 for resnet20, 64 for resnet18 and \
-                 resnet34)"
+                "model.width = {w} must lie in 1..=1024 (16 for resnet20, 64 for resnet18, \
+                 resnet34 and resnet50)"
             );
         }
         if self.init_from.is_some() && self.init != Init::Default {
@@ -524,13 +530,13 @@ impl ModelSection {
     /// Whether the network has batch norms (whose running statistics are data statistics).
     pub fn has_batch_norm(&self) -> bool {
         match self.kind {
-            ModelKind::Resnet20 | ModelKind::Resnet18 | ModelKind::Resnet34 => {
-                self.norm.unwrap_or_default() == BlockNorm::Batch
-            }
+            ModelKind::Resnet20
+            | ModelKind::Resnet18
+            | ModelKind::Resnet34
+            | ModelKind::Resnet50 => self.norm.unwrap_or_default() == BlockNorm::Batch,
             ModelKind::Sequential => self.layers.iter().any(|l| match l {
                 LayerSpec::BatchNorm1d { .. } | LayerSpec::BatchNorm2d { .. } => true,
-                LayerSpec::Residual { norm, .. } => *norm == BlockNorm::Batch,
-                _ => false,
+                _ => l.block().is_some_and(|b| b.norm == BlockNorm::Batch),
             }),
             ModelKind::Mlp | ModelKind::Lenet5 | ModelKind::CnnLeaf | ModelKind::Vgg9 => false,
         }
@@ -540,9 +546,9 @@ impl ModelSection {
     /// or inside residual blocks): what `local_norm` keeps on the clients.
     pub fn has_norm(&self) -> bool {
         let has = |layers: &[LayerSpec]| {
-            layers.iter().any(|l| match l {
-                LayerSpec::Residual { norm, .. } => *norm != BlockNorm::None,
-                other => other.is_norm(),
+            layers.iter().any(|l| match l.block() {
+                Some(b) => b.norm != BlockNorm::None,
+                None => l.is_norm(),
             })
         };
         match self.kind.zoo() {
@@ -552,7 +558,7 @@ impl ModelSection {
         }
     }
 
-    /// torchvision's tensor names for this network (ResNet-18 and 34), which its files use.
+    /// torchvision's tensor names for this network (ResNet-18, 34 and 50), which its files use.
     pub fn torchvision_names(&self) -> Option<TorchvisionNames> {
         let zoo = self.kind.zoo()?;
         // The names follow from the list's structure, which the class count does not change.
@@ -606,7 +612,8 @@ impl ModelSection {
             | ModelKind::Vgg9
             | ModelKind::Resnet20
             | ModelKind::Resnet18
-            | ModelKind::Resnet34 => {
+            | ModelKind::Resnet34
+            | ModelKind::Resnet50 => {
                 image()?;
                 let zoo = self.kind.zoo().unwrap_or(ZooModel::CnnLeaf);
                 let layers = zoo.layers(classes, self.norm.unwrap_or_default(), self.width(zoo));

@@ -42,13 +42,11 @@ pub(crate) struct Op {
     pub(crate) kind: OpKind,
 }
 
-/// He et al.'s basic block.
+/// A residual block (basic or bottleneck): its main path's convolutions, each with its norm.
 #[derive(Module, Debug)]
 pub(crate) struct Block {
-    pub(crate) conv1: Conv2d,
-    pub(crate) norm1: Option<Norm>,
-    pub(crate) conv2: Conv2d,
-    pub(crate) norm2: Option<Norm>,
+    pub(crate) convs: Vec<Conv2d>,
+    pub(crate) norms: Vec<Option<Norm>>,
     pub(crate) shortcut: Option<Conv2d>,
     pub(crate) shortcut_norm: Option<Norm>,
 }
@@ -74,12 +72,14 @@ pub(crate) struct SeqNet {
     /// Shape of one sample.
     #[module(skip)]
     pub(crate) input: Vec<usize>,
-    /// Per layer, the gate slot that multiplies its output (for a block: its inner channels).
+    /// Per layer, the gate slot that multiplies its output (for a block: the first of its
+    /// inner convolutions' slots, which follow one another).
     #[module(skip)]
     pub(crate) gate_at: Vec<Option<usize>>,
-    /// Per gate slot, the layer whose filters or units it gates.
+    /// Per gate slot, the layer whose filters or units it gates, and for a block which of its
+    /// inner convolutions (0 otherwise).
     #[module(skip)]
-    pub(crate) gate_src: Vec<usize>,
+    pub(crate) gate_src: Vec<(usize, usize)>,
     /// Values per sample entering each layer.
     #[module(skip)]
     pub(crate) widths_in: Vec<usize>,
@@ -88,10 +88,12 @@ pub(crate) struct SeqNet {
 }
 
 impl Block {
+    /// `gates` (when given) multiply the inner channels after each inner convolution's norm,
+    /// one per inner convolution.
     fn forward(
         &self,
         x: Tensor<4>,
-        gate: Option<&Tensor<1>>,
+        gates: Option<&[Tensor<1>]>,
         mode: Mode,
         s: &SharedStats,
     ) -> Tensor<4> {
@@ -99,11 +101,18 @@ impl Block {
             Some(n) => n.forward(Act::Img(y), mode, s).img(),
             None => y,
         };
-        let mut y = Act::Img(norm(&self.norm1, conv::forward(&self.conv1, x.clone())));
-        if let Some(g) = gate {
-            y = y.scale(g);
+        let last = self.convs.len() - 1;
+        let mut y = x.clone();
+        for (k, (c, n)) in self.convs.iter().zip(&self.norms).enumerate() {
+            y = norm(n, conv::forward(c, y));
+            if k < last {
+                let mut a = Act::Img(y);
+                if let Some(g) = gates.and_then(|g| g.get(k)) {
+                    a = a.scale(g);
+                }
+                y = relu(a.img());
+            }
         }
-        let y = norm(&self.norm2, conv::forward(&self.conv2, relu(y.img())));
         let short = match &self.shortcut {
             Some(conv) => norm(&self.shortcut_norm, conv::forward(conv, x)),
             None => x,
@@ -137,7 +146,10 @@ impl SeqNet {
                 Layer::Norm(n) => n.forward(a, mode, &self.stats),
                 Layer::MaxPool(p) => Act::Img(pool::forward(p, a.img())),
                 Layer::AvgPool(p) => Act::Img(p.forward(a.img())),
-                Layer::Block(block) => Act::Img(block.forward(a.img(), gate, mode, &self.stats)),
+                Layer::Block(block) => {
+                    let own = self.gate_at[i].and_then(|slot| gates.get(slot..));
+                    Act::Img(block.forward(a.img(), own, mode, &self.stats))
+                }
                 Layer::Op(op) => match op.kind {
                     OpKind::Relu => match a {
                         Act::Img(x) => Act::Img(relu(x)),
@@ -243,10 +255,10 @@ impl SeqNet {
                     f(n.bias.id, n.bias.val());
                 }
                 Layer::Block(b) => {
-                    conv(f, &b.conv1);
-                    norm(f, &b.norm1);
-                    conv(f, &b.conv2);
-                    norm(f, &b.norm2);
+                    for (c, n) in b.convs.iter().zip(&b.norms) {
+                        conv(f, c);
+                        norm(f, n);
+                    }
                     if let Some(c) = &b.shortcut {
                         conv(f, c);
                     }
@@ -263,7 +275,7 @@ impl SeqNet {
     pub(crate) fn group_units(&self) -> Vec<(Tensor<2>, Tensor<1>)> {
         self.gate_src
             .iter()
-            .map(|&i| {
+            .map(|&(i, k)| {
                 let norm_after = |n: Option<&Norm>, cols: &mut Vec<Tensor<1>>| {
                     if let Some(n) = n {
                         cols.push(n.weight.val());
@@ -299,11 +311,14 @@ impl SeqNet {
                         norm_after(next_norm, &mut cols);
                         l.weight.val().transpose()
                     }
-                    Layer::Block(b) => {
-                        let w = conv_rows(&b.conv1, &mut cols);
-                        norm_after(b.norm1.as_ref(), &mut cols);
-                        w
-                    }
+                    Layer::Block(b) => match (b.convs.get(k), b.norms.get(k)) {
+                        (Some(c), Some(n)) => {
+                            let w = conv_rows(c, &mut cols);
+                            norm_after(n.as_ref(), &mut cols);
+                            w
+                        }
+                        _ => Tensor::zeros([0, 0], &Device::flex()),
+                    },
                     // Gate sources are convolutions, linear layers and blocks only.
                     _ => Tensor::zeros([0, 0], &Device::flex()),
                 };

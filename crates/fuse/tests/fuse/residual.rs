@@ -343,6 +343,70 @@ fn pfnm_and_gpi_fnm_recover_planted_permutations_of_resnets() {
     recovers(&[3, 16, 16], &r18, 0.01, 24, pfnm);
 }
 
+/// A bottleneck block's two inner convolutions are two groups, and its `conv3` writes the
+/// stream: with a stride-1 projection (ResNet-50's `layer1.0`), the stream starts at the
+/// projection and runs through the identity blocks after it.
+#[test]
+fn a_bottleneck_has_two_inner_groups_and_writes_its_stream_from_conv3() {
+    let layers = [
+        LayerSpec::conv2d(4, 3).with_padding(1).without_bias(),
+        LayerSpec::batch_norm2d(),
+        LayerSpec::Relu,
+        LayerSpec::bottleneck(8, 1, BlockNorm::Batch),
+        LayerSpec::bottleneck(8, 1, BlockNorm::Batch),
+        LayerSpec::GlobalAvgpool,
+        LayerSpec::Flatten,
+        LayerSpec::linear(3),
+    ];
+    let groups = permutation_groups(&INPUT, &layers).unwrap();
+    let own = |g: &UnitUses| -> Vec<String> {
+        g.own
+            .iter()
+            .filter(|u| !u.tensor.contains("running") && !u.tensor.ends_with(".bias"))
+            .map(|u| u.tensor.clone())
+            .collect()
+    };
+    let readers = |g: &UnitUses| -> Vec<String> {
+        g.readers.iter().map(|u| u.tensor.clone()).collect()
+    };
+    assert_eq!(groups.len(), 6);
+    assert_eq!(readers(&groups[0]), ["3.conv1.weight", "3.shortcut.0.weight"]);
+    assert_eq!(own(&groups[1]), ["3.conv1.weight", "3.bn1.weight"]);
+    assert_eq!(readers(&groups[1]), ["3.conv2.weight"]);
+    assert_eq!((groups[1].units, groups[2].units), (2, 2));
+    assert_eq!(own(&groups[2]), ["3.conv2.weight", "3.bn2.weight"]);
+    assert_eq!(readers(&groups[2]), ["3.conv3.weight"]);
+    assert_eq!(
+        own(&groups[3]),
+        [
+            "3.conv3.weight",
+            "3.bn3.weight",
+            "3.shortcut.0.weight",
+            "3.shortcut.1.weight",
+            "4.conv3.weight",
+            "4.bn3.weight"
+        ]
+    );
+    assert_eq!(readers(&groups[3]), ["4.conv1.weight", "7.weight"]);
+    assert_eq!(own(&groups[4]), ["4.conv1.weight", "4.bn1.weight"]);
+    permuting_keeps_the_logits(&layers, 31);
+}
+
+/// torchvision's ResNet-50 at width 2 (8 to 64 channels out of its bottlenecks): permuting
+/// every group keeps the logits, and weight matching (batch and group norm) and PFNM (batch
+/// norm, sharp prior) find planted permutations under noise.
+#[test]
+fn matchers_recover_planted_permutations_of_resnet50() {
+    for (norm, seed) in [(BlockNorm::Batch, 41), (BlockNorm::Group, 42)] {
+        let layers = ZooModel::Resnet50.layers(10, norm, 2);
+        permuting_keeps_the_logits(&layers, seed);
+        recovers(&[3, 16, 16], &layers, 0.01, seed, Matcher::Weights);
+    }
+    let layers = ZooModel::Resnet50.layers(10, BlockNorm::Batch, 2);
+    recovers(&[3, 16, 16], &layers, 0.01, 43, Matcher::Pfnm { eps: 0.0 });
+    recovers(&[3, 16, 16], &layers, 0.0, 43, Matcher::Pfnm { eps: 0.5 });
+}
+
 /// Two unrelated networks share no unit: at a sharp prior PFNM opens a fused unit for every
 /// unit of both, so every group doubles and each fused tensor lays the two networks side by
 /// side (a block's `conv2`, which writes a stream matched before the block's inner channels,

@@ -7,8 +7,8 @@ batch). The weights and inputs come from `value(role, ...)` below, which the Rus
 computes the same way, so the fixture holds no weights.
 
 The zoo networks are written out here as PyTorch code from their papers, independently of
-fedfuse's lists, except ResNet-18 and 34, which are torchvision's own `resnet18`/`resnet34`
-(their tensor names are the point); the `custom` case is built from its layer list by
+fedfuse's lists, except ResNet-18, 34 and 50, which are torchvision's own `resnet18`/`34`/`50`
+(their tensor names are the point); the `custom` cases are built from their layer lists by
 `from_layers` (which is what a `kind = "sequential"` list means in PyTorch).
 
 Run (torch in its own venv, never in CI): bash scripts/torch-venv.sh &&
@@ -92,6 +92,37 @@ class Residual(nn.Module):
         y = torch.relu(self.bn1(y) if self.norm else y)
         y = self.conv2(y)
         y = self.bn2(y) if self.norm else y
+        return torch.relu(y + self.shortcut(x))
+
+
+class Bottleneck(nn.Module):
+    """He et al.'s bottleneck block as torchvision places its stride (on the 3x3 convolution,
+    "ResNet v1.5"): 1x1 to `inner`, 3x3 to `middle`, 1x1 to `out`, each with its norm."""
+
+    def __init__(self, c_in, out, stride, norm, inner, middle, project=False):
+        super().__init__()
+        bias = norm is None
+        self.norm = norm is not None
+        widths = [(c_in, inner, 1, 1), (inner, middle, 3, stride), (middle, out, 1, 1)]
+        for k, (a, b, kernel, st) in enumerate(widths, 1):
+            setattr(self, f"conv{k}", nn.Conv2d(a, b, kernel, st, kernel // 2, bias=bias))
+            if norm:
+                setattr(self, f"bn{k}", norm(b))
+        self.shortcut = nn.Sequential()
+        if project or stride != 1 or c_in != out:
+            layers = [nn.Conv2d(c_in, out, 1, stride, bias=bias)]
+            if norm:
+                layers.append(norm(out))
+            self.shortcut = nn.Sequential(*layers)
+
+    def forward(self, x):
+        y = x
+        for k in (1, 2, 3):
+            y = getattr(self, f"conv{k}")(y)
+            if self.norm:
+                y = getattr(self, f"bn{k}")(y)
+            if k < 3:
+                y = torch.relu(y)
         return torch.relu(y + self.shortcut(x))
 
 
@@ -180,6 +211,15 @@ def from_layers(input_shape, layers):
             s = spec.get("stride", 1)
             m = Residual(shape[0], spec["out"], s, make)
             shape = [spec["out"], (shape[1] - 1) // s + 1, (shape[2] - 1) // s + 1]
+        elif t == "bottleneck":
+            norm = spec.get("norm", "batch")
+            make = {"batch": nn.BatchNorm2d, "group": lambda c: nn.GroupNorm(spec.get("groups", 2), c),
+                    "none": None}[norm]
+            s = spec.get("stride", 1)
+            inner = spec.get("inner", spec["out"] // 4)
+            m = Bottleneck(shape[0], spec["out"], s, make, inner, spec.get("middle", inner),
+                           spec.get("project", False))
+            shape = [spec["out"], (shape[1] - 1) // s + 1, (shape[2] - 1) // s + 1]
         else:
             raise ValueError(t)
         mods.append(m)
@@ -204,6 +244,21 @@ CUSTOM = [
     {"type": "linear", "out": 5},
 ]
 
+# Bottleneck blocks from the list: a stride-1 projection, `inner` and `middle` apart from
+# out / 4, group norm and none, a projection kept by `project`, an identity block.
+BOTTLENECKS = [
+    {"type": "conv2d", "out": 8, "kernel": 3, "padding": 1, "bias": False},
+    {"type": "batchnorm2d"},
+    {"type": "relu"},
+    {"type": "bottleneck", "out": 16},
+    {"type": "bottleneck", "out": 16, "stride": 2, "inner": 6, "middle": 10, "norm": "group"},
+    {"type": "bottleneck", "out": 16, "inner": 3, "norm": "none", "project": True},
+    {"type": "bottleneck", "out": 16, "middle": 2},
+    {"type": "global_avgpool"},
+    {"type": "flatten"},
+    {"type": "linear", "out": 4},
+]
+
 CASES = [
     # name, zoo entry (or None), input shape, classes, norm, module
     ("cnn-leaf", "cnn-leaf", [1, 28, 28], 62, None, lambda: cnn_leaf(62)),
@@ -212,17 +267,22 @@ CASES = [
     ("resnet20-group", "resnet20", [3, 32, 32], 10, "group", lambda: resnet20(10, "group")),
     ("resnet20-none", "resnet20", [3, 32, 32], 10, "none", lambda: resnet20(10, "none")),
     ("custom", None, [3, 12, 12], 5, None, lambda: from_layers([3, 12, 12], CUSTOM)),
+    ("custom-bottleneck", None, [3, 10, 10], 4, None,
+     lambda: from_layers([3, 10, 10], BOTTLENECKS)),
     # torchvision's own modules: its names, its stem (7x7/2 convolution, padded 3x3/2 max-pool).
     # At 64x64 the last stage's batch norm sees 2x2 places per sample: at 32x32 (one place,
     # three samples) train mode is so ill-conditioned that PyTorch's own float32 and float64
     # logits differ by 3e-4.
     ("resnet18", "resnet18", [3, 64, 64], 10, "batch", lambda: torchvision_resnet("resnet18", 10)),
     ("resnet34", "resnet34", [3, 32, 32], 7, "batch", lambda: torchvision_resnet("resnet34", 7)),
+    ("resnet50", "resnet50", [3, 32, 32], 10, "batch", lambda: torchvision_resnet("resnet50", 10)),
 ]
 
-# Cases checked in eval mode only: ResNet-34's train-mode statistics would add 300 KB for
-# nothing ResNet-18's do not already check.
-EVAL_ONLY = {"resnet34"}
+LISTS = {"custom": CUSTOM, "custom-bottleneck": BOTTLENECKS}
+
+# Cases checked in eval mode only: ResNet-34's and ResNet-50's train-mode statistics would add
+# 300 KB and 1 MB for nothing ResNet-18's and custom-bottleneck's do not already check.
+EVAL_ONLY = {"resnet34", "resnet50"}
 
 
 def torchvision_resnet(name, classes):
@@ -262,7 +322,7 @@ def main():
             "eval_logits": logits.flatten().tolist(),
         }
         if zoo is None:
-            case["layers"] = CUSTOM
+            case["layers"] = LISTS[name]
         if not has_dropout(model) and name not in EVAL_ONLY:
             model.train()
             with torch.no_grad():

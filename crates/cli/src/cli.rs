@@ -106,7 +106,7 @@ enum Command {
         /// Fusion method.
         #[arg(long, value_enum, default_value = "pfnm")]
         method: crate::fuse_cmd::FuseMethod,
-        /// The network the files hold: lenet5, cnn-leaf, vgg9, resnet20, resnet18 or resnet34
+        /// The network the files hold: lenet5, cnn-leaf, vgg9, resnet20, resnet18, resnet34 or resnet50
         /// (torchvision's, read by its tensor names), or a TOML file with [model] kind =
         /// "sequential", input = [c, h, w] and layers = [...] (needed for anything but MLPs;
         /// fused files carry theirs).
@@ -142,7 +142,7 @@ enum Command {
     /// match together (a layer's units, a residual stage's stream, a block's inner channels),
     /// each with every tensor that holds them and every tensor that reads them.
     Groups {
-        /// The network: a zoo name (lenet5, cnn-leaf, vgg9, resnet20, resnet18, resnet34) or
+        /// The network: a zoo name (lenet5, cnn-leaf, vgg9, resnet20, resnet18, resnet34, resnet50) or
         /// a TOML file with a [model] table, as `fuse --model` takes it.
         #[arg(long)]
         model: String,

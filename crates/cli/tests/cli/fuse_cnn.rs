@@ -658,14 +658,18 @@ fn reset_bn_reestimates_the_fused_batch_norm_and_refuses_bad_samples() {
 /// shuffled and its names sorted as `safetensors.torch.save_file` writes them: `--model
 /// resnet18` reads them by torchvision's names, weight matching undoes the shuffle, and the
 /// fused file keeps torchvision's names (so `load_state_dict(strict=True)` takes it) and
-/// re-estimates its batch norm from samples.
+/// re-estimates its batch norm from samples. The same for ResNet-50 (width 2).
 #[test]
-fn torchvision_resnet18_files_fuse_by_name() {
+fn torchvision_resnet_files_fuse_by_name() {
+    torchvision_files_fuse_by_name(ZooModel::Resnet18, "resnet18", 4);
+    // Bottleneck blocks, `layer1.0`'s projection at stride 1 included.
+    torchvision_files_fuse_by_name(ZooModel::Resnet50, "resnet50", 2);
+}
+
+fn torchvision_files_fuse_by_name(zoo: ZooModel, model: &str, width: usize) {
     let dir = tempfile::tempdir().unwrap();
     let input = [3, 16, 16];
-    let spec = ZooModel::Resnet18
-        .spec(&input, 10, BlockNorm::Batch, 4)
-        .unwrap();
+    let spec = zoo.spec(&input, 10, BlockNorm::Batch, width).unwrap();
     let layers = spec.layer_list().to_vec();
     let p = init_params(&spec, Init::Default, 7);
     let mut q = p.clone();
@@ -675,7 +679,7 @@ fn torchvision_resnet18_files_fuse_by_name() {
         perm.shuffle(&mut rng);
         permute_units(&mut q, &uses, &perm).unwrap();
     }
-    let names = ZooModel::Resnet18.torchvision_names(&layers).unwrap();
+    let names = zoo.torchvision_names(&layers).unwrap();
     let torch = |p: &Params, sorted: bool| {
         let p = p.clone().renamed(|n| names.torch_name(n)).unwrap();
         let mut order: Vec<&str> = p.names().iter().map(String::as_str).collect();
@@ -700,7 +704,7 @@ fn torchvision_resnet18_files_fuse_by_name() {
     };
     let out = dir.path().join("fused.safetensors");
     let fuse = |method: &str, extra: &[&str]| {
-        let mut args = vec!["fuse", &a, &b, "--model", "resnet18"];
+        let mut args = vec!["fuse", &a, &b, "--model", model];
         args.extend(["--method", method, "--out", out.to_str().unwrap()]);
         args.extend(extra);
         let o = fedfuse(&args);
@@ -709,8 +713,15 @@ fn torchvision_resnet18_files_fuse_by_name() {
     };
     let (fused, _, dtypes) = fuse("weight-matching", &[]);
     assert_close(&fused, &want, 1e-5);
-    assert_eq!(dtypes["layer4.1.bn2.num_batches_tracked"], "I64");
-    assert_eq!(dtypes["layer2.0.downsample.0.weight"], "F32");
+    for name in want.names() {
+        let dtype = if name.ends_with("num_batches_tracked") {
+            "I64"
+        } else {
+            "F32"
+        };
+        assert_eq!(dtypes[name.as_str()], dtype, "{model} {name}");
+    }
+    assert!(dtypes.contains_key("layer2.0.downsample.0.weight"));
     // PFNM at a sharp prior matches every group too: the widths stay, the values come back
     // up to the prior's shrinkage.
     let (pfnm, _, _) = fuse("pfnm", &["--sigma", "0.0001"]);

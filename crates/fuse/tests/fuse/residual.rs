@@ -366,11 +366,13 @@ fn a_bottleneck_has_two_inner_groups_and_writes_its_stream_from_conv3() {
             .map(|u| u.tensor.clone())
             .collect()
     };
-    let readers = |g: &UnitUses| -> Vec<String> {
-        g.readers.iter().map(|u| u.tensor.clone()).collect()
-    };
+    let readers =
+        |g: &UnitUses| -> Vec<String> { g.readers.iter().map(|u| u.tensor.clone()).collect() };
     assert_eq!(groups.len(), 6);
-    assert_eq!(readers(&groups[0]), ["3.conv1.weight", "3.shortcut.0.weight"]);
+    assert_eq!(
+        readers(&groups[0]),
+        ["3.conv1.weight", "3.shortcut.0.weight"]
+    );
     assert_eq!(own(&groups[1]), ["3.conv1.weight", "3.bn1.weight"]);
     assert_eq!(readers(&groups[1]), ["3.conv2.weight"]);
     assert_eq!((groups[1].units, groups[2].units), (2, 2));

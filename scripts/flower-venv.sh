@@ -19,6 +19,8 @@ pins=(
     safetensors==0.8.0
     # flwr[dp]'s accountant backend: the published RDP accountant fedfuse's is checked against.
     dp-accounting==0.6.0
+    # fedfuse.run's `rounds.to_pandas()` (optional for users; its test needs it).
+    pandas==3.1.1
 )
 
 py_version=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')

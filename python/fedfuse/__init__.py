@@ -5,6 +5,9 @@ The Rust core does the work; this package converts numpy arrays and Flower recor
 - :func:`fuse` fuses pre-trained networks (PyTorch ``state_dict``s as numpy arrays: MLPs, or
   CNNs given their ``model``) with PFNM, GPI-FNM, weight matching or FedAvg, exactly as
   ``fedfuse fuse`` does with files.
+- :func:`run` runs a federation from a config file, as ``fedfuse run`` does, and returns its
+  metrics (``rounds.to_pandas()`` with pandas) and final model; :func:`evaluate` scores a
+  model on a run config's test or validation set.
 - :mod:`fedfuse.flwr` has the fedfuse methods as Flower strategies and a ClientApp that trains
   with fedfuse (needs ``flwr``).
 """
@@ -22,10 +25,15 @@ from fedfuse._core import FedfuseError
 from fedfuse._core import fuse as _fuse
 from fedfuse._core import pfnm_defaults as _pfnm_defaults
 from fedfuse._core import rdp_epsilon as _rdp_epsilon
+from fedfuse.runs import Rounds, RunResult, evaluate, run
 
 __all__ = [
     "FedfuseError",
+    "Rounds",
+    "RunResult",
+    "evaluate",
     "fuse",
+    "run",
     "rdp_epsilon",
     "tensors_from_arrays",
     "arrays_from_tensors",
@@ -96,8 +104,9 @@ def fuse(
     named (``fc1.weight``), nested (``net.0.weight``, ``classifier.weight``); the layer order
     is the mapping's, or the one its widths chain in. ``model`` names the network otherwise
     (Conv2d, BatchNorm, Linear and the flatten between): ``"lenet5"``, ``"cnn-leaf"``,
-    ``"vgg9"``, ``"resnet20"``, torchvision's ``"resnet18"`` and ``"resnet34"`` (read by
-    torchvision's tensor names), or the path of a TOML file with a ``[model]`` table as in a run config
+    ``"vgg9"``, ``"resnet20"``, torchvision's ``"resnet18"``, ``"resnet34"`` and
+    ``"resnet50"`` (read by torchvision's tensor names), or the path of a TOML file with a
+    ``[model]`` table as in a run config
     (``kind = "sequential"``, ``layers = [...]``) plus ``input``, the shape of one sample;
     each model's tensors are read as that layer list in the mapping's order, with its own
     widths, and matched over channels from the input side up.

@@ -56,10 +56,11 @@ fn local_accuracy_missing(cfg: &Config, last: Option<&RoundMetrics>) -> Option<S
     )
 }
 
-/// Writes `results.json` and `metrics.csv` into `out`.
-pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
+/// What results.json holds: the resolved config, every round, the final figures (what
+/// Python's `fedfuse.run` returns too).
+pub fn results<'a>(cfg: &'a Config, run: &'a RunResult) -> impl Serialize + 'a {
     let last = run.rounds.last();
-    let results = Results {
+    Results {
         config: cfg,
         rounds: &run.rounds,
         last: Final {
@@ -75,9 +76,14 @@ pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
                 .into_iter()
                 .collect(),
         },
-    };
+    }
+}
+
+/// Writes `results.json` and `metrics.csv` into `out`.
+pub fn write_results(out: &Path, cfg: &Config, run: &RunResult) -> Result<()> {
     let path = out.join("results.json");
-    let json = serde_json::to_string_pretty(&results).context("cannot serialise results")?;
+    let json =
+        serde_json::to_string_pretty(&results(cfg, run)).context("cannot serialise results")?;
     crate::table::write_atomic(&path, json.as_bytes())?;
 
     // Method-specific figures (chosen eps, widths, ...) become extra columns.

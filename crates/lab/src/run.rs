@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{Context, LabError, Result, bail};
 use fedfuse_core::flower::FlowerContent;
@@ -37,11 +38,23 @@ pub fn run_with(
     observer: &dyn Observer,
     resume: bool,
 ) -> Result<RunResult> {
+    run_until(cfg, out, observer, resume, None)
+}
+
+/// [`run_with`], stopped after the round during which `stop` is set (its checkpoint written):
+/// then an error that says so and where the checkpoint is, which `resume` continues from.
+pub fn run_until(
+    cfg: &Config,
+    out: &Path,
+    observer: &dyn Observer,
+    resume: bool,
+    stop: Option<&AtomicBool>,
+) -> Result<RunResult> {
     // The folder is replaced whole when the run ends (an earlier run's files go, a failed or
     // killed run changes nothing): refuse now, not after the run, a folder that holds more.
     crate::table::check_replaceable(out, &crate::table::RUN_FILES)?;
     let saved = checkpoint::path_for(out);
-    let (result, spec) = federate_with(cfg, observer, Some((&saved, resume)))?;
+    let (result, spec) = federate_with(cfg, observer, Some((&saved, resume)), stop)?;
     // A zoo network's config.toml shows the layer list it expanded to.
     let mut shown = cfg.clone();
     if let (Some(model), Some(spec)) = (&cfg.model, &spec) {
@@ -112,16 +125,20 @@ pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()>
     if cfg.table.is_none() {
         crate::plot::write_plots(out, &result.rounds)?;
     }
-    // torchvision's networks are written under its names, so `load_state_dict` takes them.
-    let names = cfg.model.as_ref().and_then(|m| m.torchvision_names());
-    let model = match names {
-        Some(names) => {
-            let renamed = result.params.clone().renamed(|n| names.torch_name(n))?;
-            fedfuse_core::params_to_safetensors(&renamed, Default::default())?
-        }
-        None => fedfuse_core::params_to_safetensors(&result.params, Default::default())?,
-    };
+    let model =
+        fedfuse_core::params_to_safetensors(&saved_model(cfg, result)?, Default::default())?;
     crate::table::write_atomic(&out.join("model.safetensors"), &model)
+}
+
+/// The final model as a run saves it: under torchvision's names for its networks (so
+/// `load_state_dict` takes them), the list's otherwise.
+pub fn saved_model(cfg: &Config, result: &RunResult) -> Result<Params> {
+    Ok(
+        match cfg.model.as_ref().and_then(|m| m.torchvision_names()) {
+            Some(names) => result.params.clone().renamed(|n| names.torch_name(n))?,
+            None => result.params.clone(),
+        },
+    )
 }
 
 /// The weights of `path` (`model.init_from`: a PyTorch `state_dict` as safetensors, or npz)
@@ -150,7 +167,16 @@ fn initial_weights(
 
 /// Loads the data of `cfg`, splits it among clients and runs the federation.
 pub fn federate(cfg: &Config, observer: &dyn Observer) -> Result<RunResult> {
-    Ok(federate_with(cfg, observer, None)?.0)
+    Ok(federate_with(cfg, observer, None, None)?.0)
+}
+
+/// [`federate`], stopped after the round during which `stop` is set (an error then).
+pub fn federate_until(
+    cfg: &Config,
+    observer: &dyn Observer,
+    stop: &AtomicBool,
+) -> Result<RunResult> {
+    Ok(federate_with(cfg, observer, None, Some(stop))?.0)
 }
 
 /// [`federate`], writing a checkpoint to `saved.0` after every round and, with `saved.1`,
@@ -159,21 +185,36 @@ fn federate_with(
     cfg: &Config,
     observer: &dyn Observer,
     saved: Option<(&Path, bool)>,
+    stop: Option<&AtomicBool>,
 ) -> Result<(RunResult, Option<ModelSpec>)> {
     let mut fed = Federation::prepare(cfg)?;
     observer.note(&fed.run_summary());
     let mut session = Session::default();
     let mut init = std::mem::take(&mut fed.init);
-    let checkpointer = saved.map(|(path, _)| checkpoint::Checkpointer::new(path));
-    let writer = |global: &Params, rounds: &[RoundMetrics], method: &dyn Method| match &checkpointer
-    {
-        Some(c) => c
-            .write(cfg, global, rounds, method)
-            .map_err(fedfuse_fed::BoxError::from),
-        None => Ok(()),
+    let savable = fed.method.save_state().is_some();
+    let checkpointer = saved
+        .filter(|_| savable)
+        .map(|(path, _)| checkpoint::Checkpointer::new(path));
+    let after_round = |global: &Params, rounds: &[RoundMetrics], method: &dyn Method| {
+        if let Some(c) = &checkpointer {
+            c.write(cfg, global, rounds, method)
+                .map_err(fedfuse_fed::BoxError::from)?;
+        }
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            let left = match saved {
+                Some((path, _)) if savable => {
+                    format!("its checkpoint {} resumes it", path.display())
+                }
+                _ => "no checkpoint was kept".into(),
+            };
+            return Err(format!("stopped after round {}: {left}", rounds.len()).into());
+        }
+        Ok(())
     };
+    if stop.is_some() || checkpointer.is_some() {
+        session.after_round = Some(&after_round);
+    }
     if let Some((path, resume)) = saved {
-        let savable = fed.method.save_state().is_some();
         if resume {
             if !savable {
                 bail!(
@@ -205,9 +246,6 @@ fn federate_with(
                     path.display()
                 )),
             }
-        }
-        if savable {
-            session.after_round = Some(&writer);
         }
     }
     observer.run_started(cfg.rounds);
@@ -504,6 +542,35 @@ impl Federation {
         };
         let e = trainer.evaluate(&record.params, test)?;
         Ok((e.loss, e.accuracy))
+    }
+
+    /// `(loss, accuracy, samples)` of a model on the set the server scores on (the test set,
+    /// or the validation split with `dataset.score = "validation"`), its tensors matched to
+    /// the model by name, in any order (a `state_dict`, or a file that sorts its names), under
+    /// the list's names or `names` (torchvision's, for its networks); every shape checked.
+    pub fn score(
+        &self,
+        params: Params,
+        names: Option<&TorchvisionNames>,
+    ) -> Result<(f64, f64, usize)> {
+        let (FederationData::Labelled { trainer, test, .. }, Some(spec)) = (&self.data, &self.spec)
+        else {
+            bail!("a tabular run's model is no classifier to score");
+        };
+        let mut params = params;
+        if let Some(names) = names {
+            let list_name: HashMap<String, String> = spec
+                .param_shapes()
+                .into_iter()
+                .filter_map(|s| Some((names.torch_name(&s.name)?, s.name)))
+                .collect();
+            // A model already under the list's names keeps them.
+            params = params.renamed(|n| list_name.get(n).cloned())?;
+        }
+        let params = params.arranged(&spec.param_shapes())?;
+        params.check_values()?;
+        let e = trainer.evaluate(&params, test)?;
+        Ok((e.loss, e.accuracy, test.len()))
     }
 }
 

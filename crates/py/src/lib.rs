@@ -9,6 +9,7 @@
 mod client;
 mod convert;
 mod fusion;
+mod runs;
 mod server;
 
 use std::path::Path;
@@ -53,6 +54,8 @@ fn rdp_epsilon(q: f64, noise_multiplier: f64, steps: usize, delta: f64) -> PyRes
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FedfuseError", m.py().get_type::<FedfuseError>())?;
     m.add_function(wrap_pyfunction!(fuse, m)?)?;
+    m.add_function(wrap_pyfunction!(runs::run, m)?)?;
+    m.add_function(wrap_pyfunction!(runs::evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(pfnm_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(check_output_folder, m)?)?;
     m.add_function(wrap_pyfunction!(rdp_epsilon, m)?)?;

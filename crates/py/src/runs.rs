@@ -1,0 +1,173 @@
+//! `fedfuse.run`: a federation run from Python, as `fedfuse run` runs it, with its progress
+//! handed to a Python callback and Ctrl-C stopping it after the round in progress.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+use fedfuse_fed::Progress;
+use fedfuse_lab::{Config, Observer};
+use pyo3::prelude::*;
+
+use crate::convert::*;
+
+/// What the federation's thread tells the calling one.
+enum Event {
+    Started { rounds: usize },
+    RoundStart { round: usize, clients: usize },
+    ClientDone { round: usize },
+    RoundEnd { round: usize, accuracy: f64 },
+    Note(String),
+}
+
+/// Hands every event to the calling thread (which alone may run Python code that sees
+/// Ctrl-C).
+struct Forward(Mutex<Sender<Event>>);
+
+impl Forward {
+    fn send(&self, e: Event) {
+        // A closed channel means the caller has gone; the run goes on to its end unseen.
+        if let Ok(tx) = self.0.lock() {
+            let _ = tx.send(e);
+        }
+    }
+}
+
+impl Observer for Forward {
+    fn run_started(&self, rounds: usize) {
+        self.send(Event::Started { rounds });
+    }
+
+    fn progress(&self, p: Progress<'_>) {
+        self.send(match p {
+            Progress::RoundStart { round, clients } => Event::RoundStart { round, clients },
+            Progress::ClientDone { round } => Event::ClientDone { round },
+            Progress::RoundEnd(m) => Event::RoundEnd {
+                round: m.round,
+                accuracy: m.global_accuracy,
+            },
+        });
+    }
+
+    fn note(&self, line: &str) {
+        self.send(Event::Note(line.to_string()));
+    }
+}
+
+/// Runs the federation of the config file `config` with `--set`-style `overrides`, as
+/// `fedfuse run` does (the same checks, the same bits), writing the run folder `out` when
+/// given (with a checkpoint beside it after each round; `resume` continues from it).
+/// `progress(kind, a, b)` is called on the calling thread: `("start", rounds, 0)`,
+/// `("round", round, clients)`, `("client", round, 0)`, `("end", round, accuracy)`,
+/// `("note", 0, 0)` with the line as a fourth argument. Ctrl-C (or an exception raised by
+/// `progress`) stops the run after the round in progress and is raised again then.
+///
+/// Returns what results.json holds (`config`, `rounds`, `final`) and the final model as the
+/// run saves it.
+#[pyfunction]
+#[pyo3(signature = (config, overrides, data_dir, out, resume, progress))]
+pub(crate) fn run<'py>(
+    py: Python<'py>,
+    config: PathBuf,
+    overrides: Vec<String>,
+    data_dir: Option<PathBuf>,
+    out: Option<PathBuf>,
+    resume: bool,
+    progress: Option<Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyAny>, PyTensors<'py>)> {
+    let mut cfg = Config::load(&config, &overrides).map_err(err)?;
+    if data_dir.is_some() {
+        cfg.data_dir = data_dir;
+    }
+    if resume && out.is_none() {
+        return Err(err("resume=True continues the run in `out`; give out"));
+    }
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel();
+    // `detach` hands its closure to no other thread, but asks for `Send` all the same.
+    let rx = Mutex::new(rx);
+    let mut raised: Option<PyErr> = None;
+    let outcome = std::thread::scope(|s| {
+        let (cfg, stop, out) = (&cfg, &stop, out.as_deref());
+        let worker = s.spawn(move || {
+            let forward = Forward(Mutex::new(tx));
+            let result = match out {
+                Some(out) => fedfuse_lab::run::run_until(cfg, out, &forward, resume, Some(stop)),
+                None => fedfuse_lab::run::federate_until(cfg, &forward, stop),
+            };
+            result.map_err(|e| format!("{e:#}"))
+        });
+        loop {
+            let next = py.detach(|| match rx.lock() {
+                Ok(rx) => rx.recv_timeout(Duration::from_millis(100)),
+                Err(_) => Err(RecvTimeoutError::Disconnected),
+            });
+            let delivered = match next {
+                Ok(event) => match &progress {
+                    Some(cb) => deliver(cb, event),
+                    None => Ok(()),
+                },
+                Err(RecvTimeoutError::Timeout) => Ok(()),
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            // Python's signal handlers run here, on the thread that called `run`: Ctrl-C
+            // raises KeyboardInterrupt, which asks the run to stop after this round.
+            let checked = delivered.and_then(|()| py.check_signals());
+            if let (Err(e), None) = (checked, &raised) {
+                stop.store(true, Ordering::Relaxed);
+                raised = Some(e);
+            }
+        }
+        worker
+            .join()
+            .unwrap_or_else(|_| Err("the run's thread panicked".into()))
+    });
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    let result = outcome.map_err(err)?;
+    let results = to_py(py, &fedfuse_lab::output::results(&cfg, &result))?;
+    let model = fedfuse_lab::run::saved_model(&cfg, &result).map_err(err)?;
+    Ok((results, params_to_py(py, &model)))
+}
+
+/// Calls the Python progress callback with one event.
+fn deliver(cb: &Bound<'_, PyAny>, event: Event) -> PyResult<()> {
+    match event {
+        Event::Started { rounds } => cb.call1(("start", rounds, 0)),
+        Event::RoundStart { round, clients } => cb.call1(("round", round, clients)),
+        Event::ClientDone { round } => cb.call1(("client", round, 0)),
+        Event::RoundEnd { round, accuracy } => cb.call1(("end", round, accuracy)),
+        Event::Note(line) => cb.call1(("note", 0, 0, line)),
+    }
+    .map(drop)
+}
+
+/// `(loss, accuracy, samples)` of the model `tensors` on the set a run of the config file
+/// `config` (with `overrides` and `data_dir`, as for [`run`]) scores its global model on:
+/// the test set, or the validation split with `dataset.score = "validation"`. Tensors go by
+/// name, the run's file names (torchvision's for its ResNets) or the layer list's.
+#[pyfunction]
+#[pyo3(signature = (config, overrides, data_dir, tensors))]
+pub(crate) fn evaluate(
+    py: Python<'_>,
+    config: PathBuf,
+    overrides: Vec<String>,
+    data_dir: Option<PathBuf>,
+    tensors: PyTensors<'_>,
+) -> PyResult<(f64, f64, usize)> {
+    let mut cfg = Config::load(&config, &overrides).map_err(err)?;
+    if data_dir.is_some() {
+        cfg.data_dir = data_dir;
+    }
+    let params = params_from_py(tensors, 0)?;
+    py.detach(|| {
+        let fed = fedfuse_lab::run::Federation::prepare(&cfg).map_err(|e| format!("{e:#}"))?;
+        let names = cfg.model.as_ref().and_then(|m| m.torchvision_names());
+        fed.score(params, names.as_ref())
+            .map_err(|e| format!("{e:#}"))
+    })
+    .map_err(err)
+}

@@ -1,0 +1,192 @@
+"""Federations from Python: :func:`run` runs a config as ``fedfuse run`` does and returns its
+results as Python values; :func:`evaluate` scores a model as that run's server does."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedfuse._core import evaluate as _evaluate
+from fedfuse._core import run as _run
+
+# What a progress callback gets: ``(kind, a, b)`` and, for ``"note"``, the line.
+ProgressFn = Callable[..., None]
+
+# Columns of a round that are no scalars: they stay out of the data frame's plain columns.
+_NESTED = ("method", "rejected", "client_accuracies")
+
+
+class Rounds(list):
+    """Per-round metrics, one dict per round as results.json lists them (``round``,
+    ``global_accuracy``, ``global_loss``, ``bytes_up``, ``bytes_down``, ``rejected``, the
+    method's own figures under ``method``, ...; a figure not measured is ``None``)."""
+
+    def to_pandas(self):
+        """The rounds as a pandas DataFrame indexed by round: every scalar figure a column,
+        ``rejected`` the count of rejected replies, each of the method's figures a column of
+        its own name (as in metrics.csv). Needs pandas; nothing else here does."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError(
+                "Rounds.to_pandas needs pandas (pip install pandas); without it the rounds "
+                "are plain dicts"
+            ) from e
+        rows = []
+        for r in self:
+            row = {k: (np.nan if v is None else v) for k, v in r.items() if k not in _NESTED}
+            row["rejected"] = len(r.get("rejected") or [])
+            for k, v in (r.get("method") or {}).items():
+                row[k] = np.nan if v is None else v
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("round")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run gives back: what results.json holds, and the final model."""
+
+    config: dict
+    """The resolved config (every default filled in), as results.json writes it."""
+    rounds: Rounds
+    """Per-round metrics (:class:`Rounds`; ``rounds.to_pandas()`` for a DataFrame)."""
+    final: dict
+    """The final figures: ``global_accuracy``, ``global_loss``, ``bytes_total``, ..."""
+    model: dict[str, np.ndarray]
+    """The final global model as the run saves it: a ``state_dict`` of numpy arrays under the
+    file's names (torchvision's for its ResNets), float32, ``num_batches_tracked`` int64."""
+    out: Path | None
+    """The run folder, when ``out`` was given."""
+
+
+def run(
+    config: str | os.PathLike,
+    *,
+    overrides: Sequence[str] = (),
+    data_dir: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool | ProgressFn = True,
+) -> RunResult:
+    """Runs the federation of the config file ``config``, as ``fedfuse run CONFIG`` does: the
+    same checks, the same results bit for bit. ``overrides`` are ``--set`` strings
+    (``["rounds=5", "method.name=fedprox"]``) and ``data_dir`` is ``--data-dir``.
+
+    With ``out`` the run writes its folder there, as ``--out`` does (config.toml,
+    results.json, metrics.csv, the model, the plots), with a checkpoint beside it after every
+    round; ``resume=True`` continues from that checkpoint. Without ``out`` nothing is written.
+
+    ``progress=True`` shows a bar (tqdm's, in a terminal or a notebook, when tqdm is
+    installed; a line per round otherwise) on stderr; ``False`` shows nothing; a callable is
+    called as ``progress(kind, a, b)``: ``("start", rounds, 0)``, ``("round", round,
+    clients)``, ``("client", round, 0)``, ``("end", round, global_accuracy)``, and
+    ``("note", 0, 0, line)``.
+
+    Rust does the work with the GIL released. Ctrl-C stops the run after the round in
+    progress and raises ``KeyboardInterrupt``; with ``out``, the checkpoint of the rounds done
+    is left, and ``resume=True`` finishes the run with the results an uninterrupted one has.
+    An exception raised by a ``progress`` callable stops it the same way.
+    """
+    if progress is True:
+        callback: ProgressFn | None = _Bar()
+    elif progress is False or progress is None:
+        callback = None
+    else:
+        callback = progress
+    try:
+        results, tensors = _run(
+            os.fspath(config),
+            [str(o) for o in overrides],
+            None if data_dir is None else os.fspath(data_dir),
+            None if out is None else os.fspath(out),
+            bool(resume),
+            callback,
+        )
+    finally:
+        if isinstance(callback, _Bar):
+            callback.close()
+    model = {}
+    for name, shape, data in tensors:
+        value = np.frombuffer(data, dtype="<f4").reshape(shape).copy()
+        if name.rsplit(".", 1)[-1] == "num_batches_tracked":
+            value = np.rint(value).astype(np.int64)
+        model[name] = value
+    return RunResult(
+        config=results["config"],
+        rounds=Rounds(results["rounds"]),
+        final=results["final"],
+        model=model,
+        out=None if out is None else Path(out),
+    )
+
+
+def evaluate(
+    model: Mapping[str, Any],
+    config: str | os.PathLike,
+    *,
+    overrides: Sequence[str] = (),
+    data_dir: str | os.PathLike | None = None,
+    split: str = "test",
+) -> dict:
+    """Scores ``model`` (a ``state_dict``: numpy arrays or torch tensors, in any order) as the
+    server of a ``fedfuse run CONFIG`` run scores its global model: cross-entropy and
+    accuracy on the run's test set (``split="test"``) or on its validation split
+    (``split="validation"``, which needs ``dataset.validation_fraction``). The data are the
+    config's (``overrides`` and ``data_dir`` as for :func:`run`), so the same config scores
+    the model a run saved as its results.json reports. Tensor names are the run's file names
+    (torchvision's for its ResNets) or the layer list's (``0.weight``); shapes must fit the
+    config's model.
+
+    Returns ``{"accuracy", "loss", "samples", "split"}``.
+    """
+    from fedfuse import tensors_from_arrays
+
+    if split not in ("test", "validation"):
+        raise ValueError(f'split must be "test" or "validation", not {split!r}')
+    loss, accuracy, samples = _evaluate(
+        os.fspath(config),
+        [str(o) for o in overrides] + [f"dataset.score={split}"],
+        None if data_dir is None else os.fspath(data_dir),
+        tensors_from_arrays(model),
+    )
+    return {"accuracy": accuracy, "loss": loss, "samples": samples, "split": split}
+
+
+class _Bar:
+    """The default progress display: tqdm's bar over rounds when tqdm is installed (it picks
+    the notebook widget in Jupyter), else one line per round on stderr."""
+
+    def __init__(self) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            tqdm = None
+        self._tqdm = tqdm
+        self._bar = None
+
+    def __call__(self, kind: str, a: Any, b: Any, line: str | None = None) -> None:
+        if kind == "start":
+            if self._tqdm is not None:
+                self._bar = self._tqdm(total=a, unit="round", desc="fedfuse")
+        elif kind == "end":
+            if self._bar is not None:
+                self._bar.update(1)
+                self._bar.set_postfix(accuracy=f"{b:.4f}")
+            else:
+                print(f"round {a}: global accuracy {b:.4f}", file=sys.stderr, flush=True)
+        elif kind == "note" and line:
+            if self._bar is not None:
+                self._bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

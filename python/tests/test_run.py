@@ -131,6 +131,6 @@ def test_evaluate_scores_a_saved_model_as_the_run_did(tmp_path, fedfuse_bin):
     assert val["split"] == "validation" and 0 < val["samples"] != got["samples"]
     # A model of another shape is refused, naming the tensor.
     wrong = dict(model)
-    wrong["0.weight"] = np.zeros((3, 3), dtype=np.float32)
-    with pytest.raises(fedfuse.FedfuseError, match="0.weight"):
+    wrong["layers.0.weight"] = np.zeros((3, 3), dtype=np.float32)
+    with pytest.raises(fedfuse.FedfuseError, match="layers.0.weight"):
         fedfuse.evaluate(wrong, QUICKSTART, overrides=SETS)

@@ -21,6 +21,8 @@ pins=(
     dp-accounting==0.6.0
     # fedfuse.run's `rounds.to_pandas()` (optional for users; its test needs it).
     pandas==3.1.1
+    # TensorBoard's own event reader checks the event files fedfuse writes (--tensorboard).
+    tensorboard==2.21.0
 )
 
 py_version=$(python3 -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')

@@ -73,6 +73,7 @@ def run(
     out: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool | ProgressFn = True,
+    tensorboard: str | os.PathLike | None = None,
 ) -> RunResult:
     """Runs the federation of the config file ``config``, as ``fedfuse run CONFIG`` does: the
     same checks, the same results bit for bit. ``overrides`` are ``--set`` strings
@@ -87,6 +88,10 @@ def run(
     called as ``progress(kind, a, b)``: ``("start", rounds, 0)``, ``("round", round,
     clients)``, ``("client", round, 0)``, ``("end", round, global_accuracy)``, and
     ``("note", 0, 0, line)``.
+
+    ``tensorboard`` is ``--tensorboard``: a folder (created) for TensorBoard event files, every
+    round's figures as scalars (``global/accuracy``, ``traffic/bytes_total``,
+    ``method/...``) and the resolved config as text.
 
     Rust does the work with the GIL released. Ctrl-C stops the run after the round in
     progress and raises ``KeyboardInterrupt``; with ``out``, the checkpoint of the rounds done
@@ -107,6 +112,7 @@ def run(
             None if out is None else os.fspath(out),
             bool(resume),
             callback,
+            None if tensorboard is None else os.fspath(tensorboard),
         )
     finally:
         if isinstance(callback, _Bar):

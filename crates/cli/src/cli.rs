@@ -54,6 +54,11 @@ enum Command {
         /// written after every round); the same config and --set values are required.
         #[arg(long)]
         resume: bool,
+        /// Also write TensorBoard event files into this folder (created): every round's
+        /// figures as scalars, the resolved config as text (`[logging] tensorboard` in the
+        /// config does the same).
+        #[arg(long, value_name = "DIR")]
+        tensorboard: Option<PathBuf>,
     },
     /// Compare methods on one federation set-up over seeds (e.g. FedSparse against FedAvg,
     /// FedDrop and FedL1): per-round rows, a summary table of accuracy, traffic and sparsity,
@@ -216,10 +221,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
             overrides,
             quiet,
             resume,
+            tensorboard,
         } => {
             let mut cfg = Config::load(&config, &overrides)?;
             if data_dir.is_some() {
                 cfg.data_dir = data_dir;
+            }
+            if tensorboard.is_some() {
+                cfg.logging.tensorboard = tensorboard;
             }
             fedfuse_lab::run::run_with(&cfg, &out, &Reporter::new(quiet), resume)?;
             Ok(ExitCode::SUCCESS)
@@ -234,10 +243,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 grid.data_dir.as_deref(),
                 &reporter,
                 grid.resume,
+                grid.tensorboard.as_deref(),
             )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Sweep { config, grid } => {
+            no_tensorboard(&grid, "sweep")?;
             let mut cfg = fedfuse_lab::sweep::SweepConfig::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
@@ -251,6 +262,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Gems { config, grid } => {
+            no_tensorboard(&grid, "gems")?;
             let mut cfg = fedfuse_lab::gems_experiment::GemsExperiment::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
@@ -264,6 +276,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ngm { config, grid } => {
+            no_tensorboard(&grid, "ngm")?;
             let mut cfg = fedfuse_lab::ngm_experiment::NgmExperiment::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
@@ -351,6 +364,21 @@ pub struct GridArgs {
     /// finished (OUT/runs.toml, under the same settings) instead of running them again.
     #[arg(long)]
     resume: bool,
+    /// `compare`: also write TensorBoard event files, one run per arm and seed
+    /// (`DIR/{arm}/seed-{seed}`).
+    #[arg(long, value_name = "DIR")]
+    tensorboard: Option<PathBuf>,
+}
+
+/// Refuses `--tensorboard` where no federation's rounds are logged.
+fn no_tensorboard(grid: &GridArgs, command: &str) -> anyhow::Result<()> {
+    if grid.tensorboard.is_some() {
+        anyhow::bail!(
+            "--tensorboard logs the rounds of `fedfuse run` and `fedfuse compare`; `fedfuse \
+             {command}` does not write them yet"
+        );
+    }
+    Ok(())
 }
 
 /// `--seeds`, when given, replaces the file's seeds.

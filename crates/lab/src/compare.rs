@@ -125,13 +125,16 @@ struct SavedRuns {
 /// Runs every arm for every seed, writing `results.csv`, `summary.csv`, `summary.md`, the
 /// plots and `runs.toml` into `out`, which is replaced whole after every run (the results so
 /// far survive an interrupted comparison, and never mix with an earlier one's). With
-/// `resume`, the runs `out/runs.toml` holds under the same config are taken from it.
+/// `resume`, the runs `out/runs.toml` holds under the same config are taken from it. With
+/// `tensorboard`, each run writes its events to `tensorboard/{arm}/seed-{seed}` (TensorBoard
+/// shows each as a run of its own).
 pub fn run(
     cfg: &CompareConfig,
     out: &Path,
     data_dir: Option<&Path>,
     observer: &dyn Observer,
     resume: bool,
+    tensorboard: Option<&Path>,
 ) -> Result<()> {
     crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
     let saved_path = out.join("runs.toml");
@@ -145,7 +148,9 @@ pub fn run(
     let mut saved = SavedRuns::default();
     for &seed in &cfg.seeds {
         for (a, arm) in cfg.arms.iter().enumerate() {
-            let run_cfg = cfg.arm_config(arm, seed, data_dir)?;
+            let mut run_cfg = cfg.arm_config(arm, seed, data_dir)?;
+            run_cfg.logging.tensorboard =
+                tensorboard.map(|dir| dir.join(file_safe(&arm.label)).join(format!("seed-{seed}")));
             let config = toml::to_string(&run_cfg).context("cannot write a run's config")?;
             let done = earlier
                 .runs
@@ -188,6 +193,24 @@ pub fn run(
     observer.note(summary_markdown(cfg, &runs).trim_end());
     observer.note(&format!("results in {}", out.display()));
     Ok(())
+}
+
+/// `label` as one folder name: letters, digits, `.`, `_` and `-` kept, anything else `_`.
+fn file_safe(label: &str) -> String {
+    let name: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match name.trim_matches('.') {
+        "" => "_".into(),
+        _ => name,
+    }
 }
 
 fn write_all(cfg: &CompareConfig, out: &Path, runs: &[Run]) -> Result<()> {

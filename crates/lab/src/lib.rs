@@ -26,6 +26,7 @@ pub mod plot;
 pub mod run;
 pub mod sweep;
 pub mod table;
+pub mod tensorboard;
 
 pub use config::Config;
 pub use error::LabError;

@@ -11,8 +11,8 @@ use fedfuse_core::{ConfigValue, ModelSpec, Params, Record, TorchvisionNames};
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset, client_splits, permute_clients, permute_features};
 use fedfuse_fed::{
-    BuildContext, Method, Population, RoundMetrics, RunResult, SERVER_ROUND, Session, SimConfig,
-    derive_seed, simulate_session,
+    BuildContext, Method, Population, Progress, RoundMetrics, RunResult, SERVER_ROUND, Session,
+    SimConfig, derive_seed, simulate_session,
 };
 use fedfuse_train::{Trainer, init_params};
 use rand::SeedableRng;
@@ -214,47 +214,68 @@ fn federate_with(
     if stop.is_some() || checkpointer.is_some() {
         session.after_round = Some(&after_round);
     }
-    if let Some((path, resume)) = saved {
-        if resume {
-            if !savable {
-                bail!(
-                    "`{}` keeps server state that fedfuse cannot save yet, so its runs cannot \
-                     resume; run without --resume",
-                    fed.method.name()
-                );
-            }
-            match checkpoint::read(path, cfg)? {
-                Some(c) => {
-                    check_resumed(cfg, &c, &init)
-                        .with_context(|| format!("checkpoint {}", path.display()))?;
-                    observer.note(&format!(
-                        "resuming from {} after round {}",
-                        path.display(),
-                        c.rounds.len()
-                    ));
-                    if let Some(w) = &checkpointer {
-                        w.resume_after(&c);
-                    }
-                    fed.method
-                        .load_state(c.state)
-                        .with_context(|| format!("checkpoint {}", path.display()))?;
-                    init = c.global;
-                    session.done = c.rounds;
+    if let Some((path, true)) = saved {
+        if !savable {
+            bail!(
+                "`{}` keeps server state that fedfuse cannot save yet, so its runs cannot \
+                 resume; run without --resume",
+                fed.method.name()
+            );
+        }
+        match checkpoint::read(path, cfg)? {
+            Some(c) => {
+                check_resumed(cfg, &c, &init)
+                    .with_context(|| format!("checkpoint {}", path.display()))?;
+                observer.note(&format!(
+                    "resuming from {} after round {}",
+                    path.display(),
+                    c.rounds.len()
+                ));
+                if let Some(w) = &checkpointer {
+                    w.resume_after(&c);
                 }
-                None => observer.note(&format!(
-                    "no checkpoint at {}: starting at round 1",
-                    path.display()
-                )),
+                fed.method
+                    .load_state(c.state)
+                    .with_context(|| format!("checkpoint {}", path.display()))?;
+                init = c.global;
+                session.done = c.rounds;
             }
+            None => observer.note(&format!(
+                "no checkpoint at {}: starting at round 1",
+                path.display()
+            )),
         }
     }
+    let log = match &cfg.logging.tensorboard {
+        Some(dir) => {
+            let mut log = crate::tensorboard::EventLog::create(dir, &session.done)?;
+            let text = toml::to_string(cfg).context("cannot write the resolved config")?;
+            log.text(0, "config", &format!("```toml\n{text}```"))?;
+            observer.note(&format!("TensorBoard events in {}", log.path().display()));
+            Some(std::sync::Mutex::new(log))
+        }
+        None => None,
+    };
+    let progress = |p: Progress<'_>| {
+        if let (Progress::RoundEnd(m), Some(log)) = (&p, &log) {
+            // A figure TensorBoard misses is no reason to lose the run: say so, go on.
+            let written = match log.lock() {
+                Ok(mut log) => log.round(m).map_err(|e| e.to_string()),
+                Err(_) => Err("an earlier write panicked".into()),
+            };
+            if let Err(e) = written {
+                observer.note(&format!("TensorBoard: round {}: {e}", m.round));
+            }
+        }
+        observer.progress(p);
+    };
     observer.run_started(cfg.rounds);
     let result = simulate_session(
         fed.method.as_mut(),
         fed.data.population(),
         init,
         &fed.sim,
-        &|p| observer.progress(p),
+        &progress,
         session,
     );
     observer.run_finished();

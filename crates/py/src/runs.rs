@@ -58,7 +58,8 @@ impl Observer for Forward {
 
 /// Runs the federation of the config file `config` with `--set`-style `overrides`, as
 /// `fedfuse run` does (the same checks, the same bits), writing the run folder `out` when
-/// given (with a checkpoint beside it after each round; `resume` continues from it).
+/// given (with a checkpoint beside it after each round; `resume` continues from it), and
+/// TensorBoard event files into `tensorboard` when given.
 /// `progress(kind, a, b)` is called on the calling thread: `("start", rounds, 0)`,
 /// `("round", round, clients)`, `("client", round, 0)`, `("end", round, accuracy)`,
 /// `("note", 0, 0)` with the line as a fourth argument. Ctrl-C (or an exception raised by
@@ -67,7 +68,8 @@ impl Observer for Forward {
 /// Returns what results.json holds (`config`, `rounds`, `final`) and the final model as the
 /// run saves it.
 #[pyfunction]
-#[pyo3(signature = (config, overrides, data_dir, out, resume, progress))]
+#[pyo3(signature = (config, overrides, data_dir, out, resume, progress, tensorboard))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run<'py>(
     py: Python<'py>,
     config: PathBuf,
@@ -76,10 +78,14 @@ pub(crate) fn run<'py>(
     out: Option<PathBuf>,
     resume: bool,
     progress: Option<Bound<'py, PyAny>>,
+    tensorboard: Option<PathBuf>,
 ) -> PyResult<(Bound<'py, PyAny>, PyTensors<'py>)> {
     let mut cfg = Config::load(&config, &overrides).map_err(err)?;
     if data_dir.is_some() {
         cfg.data_dir = data_dir;
+    }
+    if tensorboard.is_some() {
+        cfg.logging.tensorboard = tensorboard;
     }
     if resume && out.is_none() {
         return Err(err("resume=True continues the run in `out`; give out"));

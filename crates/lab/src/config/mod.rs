@@ -97,6 +97,20 @@ pub struct Config {
     /// Local training.
     #[serde(default)]
     pub train: TrainSection,
+    /// Where the run also writes its figures (`[logging]`): an output location like `--out`,
+    /// not a setting of the run, so it stays out of the resolved config (a resumed run may
+    /// log elsewhere).
+    #[serde(default, skip_serializing)]
+    pub logging: LoggingSection,
+}
+
+/// `[logging]`: extra outputs of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingSection {
+    /// A folder for TensorBoard event files (created if missing).
+    #[serde(default)]
+    pub tensorboard: Option<PathBuf>,
 }
 
 fn all_clients() -> ClientsPerRound {

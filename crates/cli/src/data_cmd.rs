@@ -58,6 +58,9 @@ pub fn run(cmd: DataCommand) -> Result<ExitCode> {
         DataCommand::Get { name, dir } => {
             let dir = dir.unwrap_or_else(|| default_dataset_dir(&name));
             dataset_info(&name)?;
+            if let Some(how) = fedfuse_data::how_to_get(&name) {
+                bail!("fedfuse does not download {name}: {how}");
+            }
             fedfuse_data::download(&name, &dir, &mut |e| print_event(&e))?;
             eprintln!(
                 "{name}: all files present and verified in {}",
@@ -97,12 +100,20 @@ pub fn run(cmd: DataCommand) -> Result<ExitCode> {
             };
             println!("digits: bundled UCI optical digits (1,797 8x8 images), offline");
             for info in infos {
-                println!(
-                    "{}: {} files, cached in {}",
-                    info.name,
-                    info.files.len(),
-                    default_dataset_dir(info.name).display()
-                );
+                match fedfuse_data::how_to_get(info.name) {
+                    Some(how) => println!(
+                        "{}: {}; read from --data-dir or {}. {how}",
+                        info.name,
+                        info.description,
+                        default_dataset_dir(info.name).display()
+                    ),
+                    None => println!(
+                        "{}: {} files, cached in {}",
+                        info.name,
+                        info.files.len(),
+                        default_dataset_dir(info.name).display()
+                    ),
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -1,5 +1,7 @@
 //! The in-memory dataset type.
 
+use std::sync::Arc;
+
 use crate::error::{DataError, Result};
 
 /// A labelled dataset held in memory.
@@ -17,6 +19,31 @@ pub struct Dataset {
     pub sample_shape: Vec<usize>,
     /// Number of classes; labels lie in `0..num_classes`.
     pub num_classes: usize,
+    /// A natural id per sample (FEMNIST's writer), which a `natural_id` partition splits by;
+    /// `None` for datasets without one.
+    pub ids: Option<SampleIds>,
+}
+
+/// One categorical value per sample: the column a natural partition reads (FEMNIST's
+/// `writer_id`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleIds {
+    /// The column's name, as `partition.column` names it.
+    pub column: String,
+    /// The distinct values, sorted; shared by the splits of one dataset.
+    pub names: Arc<[String]>,
+    /// Per sample, an index into `names`.
+    pub of: Vec<u32>,
+}
+
+impl SampleIds {
+    /// The ids as a categorical column, for the partitioners.
+    pub fn to_column(&self) -> crate::Column {
+        crate::Column::Categorical {
+            levels: self.names.to_vec(),
+            codes: self.of.clone(),
+        }
+    }
 }
 
 /// A dataset's standard train and test splits.
@@ -89,7 +116,30 @@ impl Dataset {
             y,
             sample_shape,
             num_classes,
+            ids: None,
         })
+    }
+
+    /// This dataset with a natural id per sample; an error when the counts differ or an id
+    /// has no name.
+    pub fn with_ids(mut self, ids: SampleIds) -> Result<Dataset> {
+        if ids.of.len() != self.len() {
+            return Err(DataError::InvalidDataset(format!(
+                "{} `{}` values for {} samples",
+                ids.of.len(),
+                ids.column,
+                self.len()
+            )));
+        }
+        if let Some(bad) = ids.of.iter().find(|&&i| i as usize >= ids.names.len()) {
+            return Err(DataError::InvalidDataset(format!(
+                "`{}` value {bad} has no name ({} names)",
+                ids.column,
+                ids.names.len()
+            )));
+        }
+        self.ids = Some(ids);
+        Ok(self)
     }
 
     /// Number of samples.
@@ -134,6 +184,11 @@ impl Dataset {
             y,
             sample_shape: self.sample_shape.clone(),
             num_classes: self.num_classes,
+            ids: self.ids.as_ref().map(|ids| SampleIds {
+                column: ids.column.clone(),
+                names: Arc::clone(&ids.names),
+                of: idx.iter().map(|&i| ids.of[i]).collect(),
+            }),
         }
     }
 
@@ -169,6 +224,17 @@ impl Dataset {
                 "cannot append samples of shape {:?} with {} classes to a dataset of shape {:?} with {} classes",
                 other.sample_shape, other.num_classes, self.sample_shape, self.num_classes
             )));
+        }
+        match (&mut self.ids, &other.ids) {
+            (None, None) => {}
+            (Some(a), Some(b)) if a.column == b.column && a.names == b.names => {
+                a.of.extend_from_slice(&b.of)
+            }
+            _ => {
+                return Err(DataError::InvalidDataset(
+                    "cannot append samples whose natural ids differ from this dataset's".into(),
+                ));
+            }
         }
         self.x.extend_from_slice(&other.x);
         self.y.extend_from_slice(&other.y);

@@ -147,6 +147,12 @@ pub fn download(
     progress: &mut dyn FnMut(DownloadEvent),
 ) -> Result<()> {
     let info = dataset_info(name)?;
+    if let Some(how) = crate::registry::how_to_get(name) {
+        return Err(DataError::InvalidArgument {
+            field: "dataset",
+            msg: format!("`{name}` is not downloaded by fedfuse: {how}"),
+        });
+    }
     download_from(info, info.mirrors, dest_dir, progress)
 }
 

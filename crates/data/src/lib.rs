@@ -34,6 +34,7 @@ mod csv;
 mod dataset;
 mod download;
 mod error;
+mod femnist;
 mod ggm;
 mod idx;
 mod partition;
@@ -47,20 +48,24 @@ pub use cdc::{
 };
 pub use cifar::{CIFAR100_COARSE_OF_FINE, Cifar100Label, read_cifar10_batch, read_cifar100};
 pub use csv::{ColumnRef, CsvOptions, CsvTable, LabelColumn, read_csv, read_csv_table};
-pub use dataset::{ClientData, Dataset, TrainTest};
+pub use dataset::{ClientData, Dataset, SampleIds, TrainTest};
 pub use download::{
     DownloadEvent, DownloadLimits, VerifyStatus, download, download_from, download_with,
     sha256_file, verify, verify_files,
 };
 pub use error::{DataError, Result};
+pub use femnist::{
+    FEMNIST_CLASSES, FEMNIST_PIXELS, MAX_LEAF_SHARD_BYTES, WRITER_COLUMN, find_leaf_dir,
+    read_leaf_femnist,
+};
 pub use ggm::{Ggm, GgmConfig, GraphShape, cholesky, conditional_mean, sample_ggm};
 pub use idx::{read_idx_images, read_idx_labels, write_idx};
 pub use partition::{
     ClassAssignment, GroupMode, PartitionSpec, client_splits, holdout, partition, partition_with,
 };
 pub use registry::{
-    DatasetInfo, RemoteFile, cache_dir, dataset_info, default_dataset_dir, digits, known_datasets,
-    load_dataset,
+    DatasetInfo, FEMNIST_HOW_TO_GET, RemoteFile, cache_dir, dataset_info, default_dataset_dir,
+    digits, how_to_get, known_datasets, load_dataset,
 };
 pub use tabular::{
     BlockKind, Coding, Column, ColumnStats, Encoded, Encoding, FeatureBlock, FeatureCoding, Table,

@@ -166,6 +166,16 @@ static DATASETS: &[DatasetInfo] = &[
         citation: CIFAR_CITATION,
     },
     DatasetInfo {
+        name: "femnist",
+        files: &[],
+        mirrors: &[],
+        description: "FEMNIST (LEAF): 805,263 28x28 grey images of digits and letters by 3,550 \
+                      writers, 62 classes, as LEAF's JSON shards (train/ and test/); not \
+                      downloaded by fedfuse (`fedfuse data info femnist` says how to make them)",
+        citation: "S. Caldas et al., LEAF: A Benchmark for Federated Settings, arXiv:1812.01097, \
+                   2018; from NIST Special Database 19 (P. Grother and K. Hanaoka, 2016)",
+    },
+    DatasetInfo {
         name: "cifar100-coarse",
         files: CIFAR100_FILES,
         mirrors: CIFAR_MIRRORS,
@@ -174,6 +184,21 @@ static DATASETS: &[DatasetInfo] = &[
         citation: CIFAR_CITATION,
     },
 ];
+
+/// How to obtain FEMNIST, which no stable public location publishes in a form fedfuse reads
+/// with checksums.
+pub const FEMNIST_HOW_TO_GET: &str = "FEMNIST is LEAF's: clone LEAF (its repository is \
+    TalwalkarLab/leaf on GitHub), run `./preprocess.sh -s niid --sf 1.0 -k 0 -t sample` in \
+    data/femnist (it downloads NIST SD 19, about 1.5 GB, and writes JSON shards into \
+    data/train/ and data/test/), then pass --data-dir LEAF/data/femnist/data (or copy its \
+    train/ and test/ folders into the cache folder femnist/). LEAF publishes no checksums of \
+    its output, which depends on its sampling settings; fedfuse checks every shard as it reads \
+    it instead.";
+
+/// How to obtain the dataset `name` where fedfuse downloads nothing, if it is one of those.
+pub fn how_to_get(name: &str) -> Option<&'static str> {
+    (name == "femnist").then_some(FEMNIST_HOW_TO_GET)
+}
 
 /// Every dataset [`load_dataset`] knows, bundled ones included.
 pub fn known_datasets() -> &'static [DatasetInfo] {
@@ -254,6 +279,18 @@ pub fn load_dataset(name: &str, data_dir: Option<&Path>) -> Result<TrainTest> {
         "cifar10" => load_cifar10(info, data_dir),
         "cifar100" => load_cifar100(info, data_dir, Cifar100Label::Fine),
         "cifar100-coarse" => load_cifar100(info, data_dir, Cifar100Label::Coarse),
+        "femnist" => {
+            let base = data_dir.map_or_else(|| default_dataset_dir(info.name), Path::to_path_buf);
+            match crate::femnist::find_leaf_dir(&base) {
+                Some(dir) => crate::femnist::read_leaf_femnist(&dir),
+                None => Err(DataError::MissingFiles {
+                    name: info.name.into(),
+                    dir: base,
+                    missing: "train/*.json, test/*.json".into(),
+                    next: FEMNIST_HOW_TO_GET.into(),
+                }),
+            }
+        }
         _ => Err(DataError::UnknownDataset {
             name: name.to_string(),
             known: DATASETS

@@ -24,6 +24,7 @@ pub fn permute_features(ds: &Dataset, seed: u64) -> Dataset {
         y: ds.y.clone(),
         sample_shape: ds.sample_shape.clone(),
         num_classes: ds.num_classes,
+        ids: ds.ids.clone(),
     }
 }
 

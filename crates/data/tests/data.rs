@@ -12,6 +12,8 @@ mod csv;
 mod digits;
 #[path = "data/download.rs"]
 mod download;
+#[path = "data/femnist.rs"]
+pub mod femnist;
 #[path = "data/fuzz.rs"]
 mod fuzz;
 #[path = "data/idx.rs"]

@@ -6,12 +6,13 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::{Context, Result};
+use crate::error::{Context, Result, bail};
 use fedfuse_data::{
     CDC_2015_ZIP, CdcOptions, ClientData, Dataset, Ggm, GgmConfig, GraphShape, PartitionSpec,
-    Table, client_splits, holdout, load_cdc, partition, sample_ggm,
+    Table, client_splits, holdout, load_cdc, partition_with, sample_ggm,
 };
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
@@ -53,8 +54,77 @@ pub fn client_data(
     local_test_fraction: f64,
     rng: &mut impl Rng,
 ) -> Result<Vec<ClientData>> {
-    let parts = partition(&pool.y, pool.num_classes, clients, spec, rng).context("partition")?;
+    let parts = partition_of(pool, clients, spec, rng)?;
     client_splits(pool, &parts, local_test_fraction, rng).context("client splits")
+}
+
+/// The clients of a dataset whose samples carry natural ids (FEMNIST's writers), split by
+/// them, keeping the dataset's own per-id train/test split (LEAF's): each client trains on its
+/// ids' samples of `pool` and tests on their samples of `test`.
+pub fn client_data_by_ids(
+    pool: &Dataset,
+    test: &Dataset,
+    clients: usize,
+    spec: &PartitionSpec,
+    rng: &mut impl Rng,
+) -> Result<Vec<ClientData>> {
+    let parts = partition_of(pool, clients, spec, rng)?;
+    let (Some(pool_ids), Some(test_ids)) = (&pool.ids, &test.ids) else {
+        bail!("the test split carries no natural ids to split it by");
+    };
+    // Each id's test samples, in order.
+    let mut tests_of: Vec<Vec<usize>> = vec![Vec::new(); test_ids.names.len()];
+    for (i, &id) in test_ids.of.iter().enumerate() {
+        tests_of[id as usize].push(i);
+    }
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(client, mut part)| {
+            if part.is_empty() {
+                bail!("client {client} has no training sample");
+            }
+            part.shuffle(rng);
+            let mut ids: Vec<u32> = part.iter().map(|&i| pool_ids.of[i]).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let held: Vec<usize> = ids
+                .iter()
+                .flat_map(|&id| tests_of.get(id as usize).into_iter().flatten().copied())
+                .collect();
+            Ok(ClientData {
+                train: pool.subset(&part),
+                test: test.subset(&held),
+            })
+        })
+        .collect()
+}
+
+/// The partition of `pool` by `spec`, by its natural ids when `spec` names their column.
+fn partition_of(
+    pool: &Dataset,
+    clients: usize,
+    spec: &PartitionSpec,
+    rng: &mut impl Rng,
+) -> Result<Vec<Vec<usize>>> {
+    let column = match (spec.column(), &pool.ids) {
+        (None, _) => None,
+        (Some(name), Some(ids)) if ids.column == name => Some(ids.to_column()),
+        (Some(name), _) => bail!(
+            "`partition.kind = \"{}\"` splits by `{name}`, which this dataset's samples do \
+             not carry",
+            spec.kind()
+        ),
+    };
+    partition_with(
+        &pool.y,
+        column.as_ref(),
+        pool.num_classes,
+        clients,
+        spec,
+        rng,
+    )
+    .context("partition")
 }
 
 /// The clients' tables.

@@ -21,7 +21,9 @@ use rand::rngs::StdRng;
 use crate::Observer;
 use crate::checkpoint;
 use crate::config::{Config, Score, TableSection, cdc_split};
-use crate::pipeline::{ClientTables, cdc_tables, client_data, ggm_tables, server_split};
+use crate::pipeline::{
+    ClientTables, cdc_tables, client_data, client_data_by_ids, ggm_tables, server_split,
+};
 
 /// Runs the experiment of `cfg`, writing the resolved config, results.json, metrics.csv, the
 /// final model and the plots under `out`, and a checkpoint beside it after every round
@@ -374,13 +376,25 @@ impl Federation {
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let data = dataset.limit(data, &mut rng)?;
         let mut split = server_split(&data.train, cfg.validation_fraction(), &mut rng)?;
-        let mut clients = client_data(
-            &split.pool,
-            cfg.clients,
-            &cfg.partition,
-            dataset.local_test_fraction,
-            &mut rng,
-        )?;
+        // FEMNIST by writer keeps LEAF's own split of each writer's samples.
+        let by_ids = cfg.partition.column().is_some() && data.test.ids.is_some();
+        let mut clients = if by_ids {
+            client_data_by_ids(
+                &split.pool,
+                &data.test,
+                cfg.clients,
+                &cfg.partition,
+                &mut rng,
+            )?
+        } else {
+            client_data(
+                &split.pool,
+                cfg.clients,
+                &cfg.partition,
+                dataset.local_test_fraction,
+                &mut rng,
+            )?
+        };
         let mut test = data.test;
         if dataset.permuted_clients > 0 {
             let seed = crate::config::permutation_seed(cfg.seed);

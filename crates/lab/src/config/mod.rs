@@ -5,8 +5,8 @@ mod sections;
 use file::apply_override;
 pub use file::{load_checked, read_settings_file};
 pub use sections::{
-    DatasetSection, ModelKind, ModelSection, OptimizerName, Score, TableSection, TrainSection,
-    cdc_split, permutation_seed,
+    DatasetSection, FemnistClasses, ModelKind, ModelSection, OptimizerName, Score, TableSection,
+    TrainSection, cdc_split, permutation_seed,
 };
 
 use std::num::NonZeroUsize;
@@ -226,14 +226,33 @@ impl Config {
                 d.name
             );
         }
+        let femnist = self.dataset.as_ref().is_some_and(|d| d.name == "femnist");
         if let Some(column) = self.partition.column() {
+            let by_writer = femnist
+                && column == fedfuse_data::WRITER_COLUMN
+                && !matches!(self.partition, PartitionSpec::Continuous { .. });
+            if !by_writer {
+                bail_setting!(
+                    "partition.kind",
+                    "`partition.kind` = \"{}\" splits by the column `{column}`; of the datasets \
+                     of `fedfuse run` only femnist has a per-sample column, `{}` (its writers, \
+                     for `natural_id` and `grouped_natural_id`); use it through the library \
+                     (`partition_with` on a CSV table's column) or pick a label- or size-based \
+                     kind",
+                    self.partition.kind(),
+                    fedfuse_data::WRITER_COLUMN
+                );
+            }
+        }
+        if let Some(d) = &self.dataset
+            && d.classes != FemnistClasses::All
+            && !femnist
+        {
             bail_setting!(
-                "partition.kind",
-                "`partition.kind` = \"{}\" splits by the column `{column}`, and the datasets \
-                 of `fedfuse run` (digits, mnist, fashion-mnist, cifar10, cifar100) have no per-sample \
-                 columns; use it through the library (`partition_with` on a CSV table's column) \
-                 or pick a label- or size-based kind",
-                self.partition.kind()
+                "dataset.classes",
+                "`dataset.classes` chooses FEMNIST's digits or letters; dataset `{}` keeps \
+                 its classes: remove the key",
+                d.name
             );
         }
         if let Err(e) = self
@@ -779,7 +798,7 @@ hidden = [16]
         );
         assert!(
             err(&["partition.kind=\"natural_id\"", "partition.column=\"site\""])
-                .contains("no per-sample columns")
+                .contains("only femnist has a per-sample column")
         );
         assert!(
             err(&[

@@ -43,6 +43,29 @@ pub struct DatasetSection {
     /// copy followed by their permuted copy, so both populations weigh the same. 0: none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub permuted_clients: usize,
+    /// FEMNIST's classes: `all` 62 (default), `digits` (10) or `letters` (52, relabelled
+    /// from 0).
+    #[serde(default, skip_serializing_if = "FemnistClasses::is_all")]
+    pub classes: FemnistClasses,
+}
+
+/// Which of FEMNIST's classes a run keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FemnistClasses {
+    /// All 62: digits, upper-case, lower-case letters.
+    #[default]
+    All,
+    /// The 10 digits.
+    Digits,
+    /// The 52 letters, labels 10..62 relabelled 0..52.
+    Letters,
+}
+
+impl FemnistClasses {
+    fn is_all(&self) -> bool {
+        *self == Self::All
+    }
 }
 
 fn is_zero(v: &usize) -> bool {
@@ -81,6 +104,18 @@ impl DatasetSection {
     ) -> Result<fedfuse_data::TrainTest> {
         use rand::seq::SliceRandom;
         let mut data = data;
+        if self.classes != FemnistClasses::All {
+            let (keep, first): (Vec<u32>, u32) = match self.classes {
+                FemnistClasses::Digits => ((0..10).collect(), 0),
+                _ => ((10..62).collect(), 10),
+            };
+            for set in [&mut data.train, &mut data.test] {
+                let mut kept = fedfuse_data::select_classes(set, &keep);
+                kept.y.iter_mut().for_each(|y| *y -= first);
+                kept.num_classes = keep.len();
+                *set = kept;
+            }
+        }
         for (key, want, set) in [
             ("train_samples", self.train_samples, &mut data.train),
             ("test_samples", self.test_samples, &mut data.test),

@@ -6,6 +6,7 @@ mod architecture;
 mod docs;
 mod federation;
 mod fedmix;
+mod femnist;
 mod fuzz;
 mod golden;
 mod hostile;

@@ -610,6 +610,8 @@ impl Federation {
 }
 
 /// The clients' data of a run and what its server evaluates on.
+// One per run: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum FederationData {
     /// Labelled samples and a classifier.
     Labelled {

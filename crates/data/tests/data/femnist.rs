@@ -124,9 +124,12 @@ fn missing_femnist_says_how_to_make_it() {
     assert!(e.contains("not downloaded by fedfuse"), "{e}");
 }
 
+/// A change made to a shard.
+type Tamper = Box<dyn Fn(&mut serde_json::Value)>;
+
 #[test]
 fn hostile_shards_are_refused_naming_the_file_and_writer() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    let cases: Vec<(&str, Tamper)> = vec![
         (
             "num_samples says 5",
             Box::new(|v| v["num_samples"][0] = json!(5)),

@@ -5,7 +5,8 @@ The Rust core does the work; this package converts numpy arrays and Flower recor
 - :func:`fuse` fuses pre-trained networks (PyTorch ``state_dict``s as numpy arrays: MLPs, or
   CNNs given their ``model``) with PFNM, GPI-FNM, weight matching or FedAvg, exactly as
   ``fedfuse fuse`` does with files.
-- :func:`run` runs a federation from a config file, as ``fedfuse run`` does, and returns its
+- :func:`run` runs a federation from a config file, as ``fedfuse run`` does (:func:`compare`
+  a ``fedfuse compare`` file), and returns its
   metrics (``rounds.to_pandas()`` with pandas) and final model; :func:`evaluate` scores a
   model on a run config's test or validation set.
 - :mod:`fedfuse.flwr` has the fedfuse methods as Flower strategies and a ClientApp that trains
@@ -25,12 +26,15 @@ from fedfuse._core import FedfuseError
 from fedfuse._core import fuse as _fuse
 from fedfuse._core import pfnm_defaults as _pfnm_defaults
 from fedfuse._core import rdp_epsilon as _rdp_epsilon
-from fedfuse.runs import Rounds, RunResult, evaluate, run
+from fedfuse.runs import CompareResult, Rounds, RunResult, Table, compare, evaluate, run
 
 __all__ = [
+    "CompareResult",
     "FedfuseError",
     "Rounds",
     "RunResult",
+    "Table",
+    "compare",
     "evaluate",
     "fuse",
     "run",

@@ -1,8 +1,10 @@
 """Federations from Python: :func:`run` runs a config as ``fedfuse run`` does and returns its
-results as Python values; :func:`evaluate` scores a model as that run's server does."""
+results as Python values, :func:`compare` a ``fedfuse compare`` file; :func:`evaluate` scores a
+model as a run's server does."""
 
 from __future__ import annotations
 
+import csv
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fedfuse._core import compare as _compare
 from fedfuse._core import evaluate as _evaluate
 from fedfuse._core import run as _run
 
@@ -98,12 +101,7 @@ def run(
     is left, and ``resume=True`` finishes the run with the results an uninterrupted one has.
     An exception raised by a ``progress`` callable stops it the same way.
     """
-    if progress is True:
-        callback: ProgressFn | None = _Bar()
-    elif progress is False or progress is None:
-        callback = None
-    else:
-        callback = progress
+    callback = _callback(progress)
     try:
         results, tensors = _run(
             os.fspath(config),
@@ -130,6 +128,92 @@ def run(
         model=model,
         out=None if out is None else Path(out),
     )
+
+
+class Table(list):
+    """Rows of a CSV file `fedfuse compare` writes, one dict per row (numbers as floats or
+    ints, an empty cell as ``None``)."""
+
+    def to_pandas(self):
+        """The rows as a pandas DataFrame (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError("Table.to_pandas needs pandas (pip install pandas)") from e
+        return pd.DataFrame(list(self))
+
+
+def _cell(text: str) -> Any:
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _read_csv(path: Path) -> Table:
+    with open(path, newline="") as f:
+        return Table({k: _cell(v) for k, v in row.items()} for row in csv.DictReader(f))
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """What a comparison gives back: its folder and its tables."""
+
+    out: Path
+    """The folder: results.csv, summary.csv, summary.md, the plots, runs.toml."""
+    results: Table
+    """results.csv: one row per arm, seed and round."""
+    summary: Table
+    """summary.csv: one row per arm, means and spreads over the seeds."""
+
+
+def compare(
+    config: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    seeds: Sequence[int] | None = None,
+    resume: bool = False,
+    progress: bool | ProgressFn = True,
+    tensorboard: str | os.PathLike | None = None,
+) -> CompareResult:
+    """Runs the ``fedfuse compare`` file ``config`` (every arm for every seed) into ``out``, as
+    ``fedfuse compare CONFIG --out OUT`` does; ``seeds`` is ``--seeds``, ``tensorboard`` is
+    ``--tensorboard`` (one TensorBoard run per arm and seed). ``progress`` as for :func:`run`.
+    Ctrl-C stops the run in progress after its round and raises ``KeyboardInterrupt``; the runs
+    already finished stay in ``out``, and ``resume=True`` takes them from there.
+
+    Returns the folder and its tables (``results``, ``summary``; ``.to_pandas()`` with pandas).
+    """
+    callback = _callback(progress)
+    try:
+        _compare(
+            os.fspath(config),
+            os.fspath(out),
+            None if data_dir is None else os.fspath(data_dir),
+            None if seeds is None else [int(s) for s in seeds],
+            bool(resume),
+            callback,
+            None if tensorboard is None else os.fspath(tensorboard),
+        )
+    finally:
+        if isinstance(callback, _Bar):
+            callback.close()
+    folder = Path(out)
+    return CompareResult(out=folder, results=_read_csv(folder / "results.csv"),
+                         summary=_read_csv(folder / "summary.csv"))
+
+
+def _callback(progress: bool | ProgressFn | None) -> ProgressFn | None:
+    if progress is True:
+        return _Bar()
+    if progress is False or progress is None:
+        return None
+    return progress
 
 
 def evaluate(
@@ -178,6 +262,7 @@ class _Bar:
 
     def __call__(self, kind: str, a: Any, b: Any, line: str | None = None) -> None:
         if kind == "start":
+            self.close()
             if self._tqdm is not None:
                 self._bar = self._tqdm(total=a, unit="round", desc="fedfuse")
         elif kind == "end":

@@ -134,3 +134,40 @@ def test_evaluate_scores_a_saved_model_as_the_run_did(tmp_path, fedfuse_bin):
     wrong["layers.0.weight"] = np.zeros((3, 3), dtype=np.float32)
     with pytest.raises(fedfuse.FedfuseError, match="layers.0.weight"):
         fedfuse.evaluate(wrong, QUICKSTART, overrides=SETS)
+
+
+COMPARE = """title = "py"
+seeds = [1, 2]
+[base]
+rounds = 2
+clients = 4
+[base.dataset]
+name = "digits"
+[base.model]
+kind = "mlp"
+hidden = [16]
+[[arms]]
+label = "FedAvg"
+method = { name = "fedavg" }
+[[arms]]
+label = "FedProx, 0.01"
+method = { name = "fedprox", mu = 0.01 }
+"""
+
+
+def test_compare_equals_the_cli_comparison(tmp_path, fedfuse_bin):
+    cfg = tmp_path / "compare.toml"
+    cfg.write_text(COMPARE)
+    done = subprocess.run([str(fedfuse_bin), "compare", str(cfg), "--out", str(tmp_path / "cli")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    got = fedfuse.compare(cfg, tmp_path / "py", progress=False)
+    assert (tmp_path / "py" / "results.csv").read_text() == (tmp_path / "cli" / "results.csv").read_text()
+    assert len(got.results) == 2 * 2 * 2
+    assert [r["arm"] for r in got.summary] == ["FedAvg", "FedProx, 0.01"]
+    assert got.summary[0]["seeds"] == 2
+    frame = got.results.to_pandas()
+    assert set(frame["arm"]) == {"FedAvg", "FedProx, 0.01"}
+    # --seeds
+    one = fedfuse.compare(cfg, tmp_path / "one", seeds=[7], progress=False)
+    assert {r["seed"] for r in one.results} == {7}

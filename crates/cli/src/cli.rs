@@ -244,6 +244,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 &reporter,
                 grid.resume,
                 grid.tensorboard.as_deref(),
+                None,
             )?;
             Ok(ExitCode::SUCCESS)
         }

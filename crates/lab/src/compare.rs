@@ -127,7 +127,8 @@ struct SavedRuns {
 /// far survive an interrupted comparison, and never mix with an earlier one's). With
 /// `resume`, the runs `out/runs.toml` holds under the same config are taken from it. With
 /// `tensorboard`, each run writes its events to `tensorboard/{arm}/seed-{seed}` (TensorBoard
-/// shows each as a run of its own).
+/// shows each as a run of its own). Setting `stop` stops the run in progress after its round
+/// (an error then; the finished runs stay in `out` for `resume`).
 pub fn run(
     cfg: &CompareConfig,
     out: &Path,
@@ -135,6 +136,7 @@ pub fn run(
     observer: &dyn Observer,
     resume: bool,
     tensorboard: Option<&Path>,
+    stop: Option<&std::sync::atomic::AtomicBool>,
 ) -> Result<()> {
     crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
     let saved_path = out.join("runs.toml");
@@ -167,9 +169,12 @@ pub fn run(
                 }
                 None => {
                     observer.note(&format!("== {} (seed {seed})", arm.label));
-                    crate::run::federate(&run_cfg, observer)
-                        .with_context(|| format!("arm `{}`, seed {seed}", arm.label))?
-                        .rounds
+                    match stop {
+                        Some(stop) => crate::run::federate_until(&run_cfg, observer, stop),
+                        None => crate::run::federate(&run_cfg, observer),
+                    }
+                    .with_context(|| format!("arm `{}`, seed {seed}", arm.label))?
+                    .rounds
                 }
             };
             saved.runs.push(SavedRun {

@@ -90,20 +90,37 @@ pub(crate) fn run<'py>(
     if resume && out.is_none() {
         return Err(err("resume=True continues the run in `out`; give out"));
     }
+    let result = watched(py, progress.as_ref(), |forward, stop| {
+        match out.as_deref() {
+            Some(out) => fedfuse_lab::run::run_until(&cfg, out, forward, resume, Some(stop)),
+            None => fedfuse_lab::run::federate_until(&cfg, forward, stop),
+        }
+    })?;
+    let results = to_py(py, &fedfuse_lab::output::results(&cfg, &result))?;
+    let model = fedfuse_lab::run::saved_model(&cfg, &result).map_err(err)?;
+    Ok((results, params_to_py(py, &model)))
+}
+
+/// Runs `work` on a thread of its own while this one hands its events to `progress` and
+/// watches for Ctrl-C: Python runs signal handlers only on its main thread, between bytecodes,
+/// so this thread waits with the GIL released (100 ms at a time) and calls `check_signals`
+/// after each wait. A `KeyboardInterrupt` there (or an exception from `progress`) sets the
+/// stop flag `work` reads after each round, and is raised once `work` has returned.
+fn watched<T: Send>(
+    py: Python<'_>,
+    progress: Option<&Bound<'_, PyAny>>,
+    work: impl FnOnce(&Forward, &AtomicBool) -> fedfuse_lab::error::Result<T> + Send,
+) -> PyResult<T> {
     let stop = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel();
     // `detach` hands its closure to no other thread, but asks for `Send` all the same.
     let rx = Mutex::new(rx);
     let mut raised: Option<PyErr> = None;
     let outcome = std::thread::scope(|s| {
-        let (cfg, stop, out) = (&cfg, &stop, out.as_deref());
+        let stop = &stop;
         let worker = s.spawn(move || {
             let forward = Forward(Mutex::new(tx));
-            let result = match out {
-                Some(out) => fedfuse_lab::run::run_until(cfg, out, &forward, resume, Some(stop)),
-                None => fedfuse_lab::run::federate_until(cfg, &forward, stop),
-            };
-            result.map_err(|e| format!("{e:#}"))
+            work(&forward, stop).map_err(|e| format!("{e:#}"))
         });
         loop {
             let next = py.detach(|| match rx.lock() {
@@ -111,15 +128,10 @@ pub(crate) fn run<'py>(
                 Err(_) => Err(RecvTimeoutError::Disconnected),
             });
             let delivered = match next {
-                Ok(event) => match &progress {
-                    Some(cb) => deliver(cb, event),
-                    None => Ok(()),
-                },
+                Ok(event) => progress.map_or(Ok(()), |cb| deliver(cb, event)),
                 Err(RecvTimeoutError::Timeout) => Ok(()),
                 Err(RecvTimeoutError::Disconnected) => break,
             };
-            // Python's signal handlers run here, on the thread that called `run`: Ctrl-C
-            // raises KeyboardInterrupt, which asks the run to stop after this round.
             let checked = delivered.and_then(|()| py.check_signals());
             if let (Err(e), None) = (checked, &raised) {
                 stop.store(true, Ordering::Relaxed);
@@ -133,10 +145,44 @@ pub(crate) fn run<'py>(
     if let Some(e) = raised {
         return Err(e);
     }
-    let result = outcome.map_err(err)?;
-    let results = to_py(py, &fedfuse_lab::output::results(&cfg, &result))?;
-    let model = fedfuse_lab::run::saved_model(&cfg, &result).map_err(err)?;
-    Ok((results, params_to_py(py, &model)))
+    outcome.map_err(err)
+}
+
+/// Runs the `fedfuse compare` file `config` into `out` (as the command does: every arm for
+/// every seed, results.csv, summary.csv, summary.md, plots, runs.toml), with `seeds` replacing
+/// the file's when given; `progress`, Ctrl-C and `resume` as for [`run`] (an interrupted
+/// comparison keeps the runs it finished, which `resume` takes from `out`).
+#[pyfunction]
+#[pyo3(signature = (config, out, data_dir, seeds, resume, progress, tensorboard))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn compare(
+    py: Python<'_>,
+    config: PathBuf,
+    out: PathBuf,
+    data_dir: Option<PathBuf>,
+    seeds: Option<Vec<u64>>,
+    resume: bool,
+    progress: Option<Bound<'_, PyAny>>,
+    tensorboard: Option<PathBuf>,
+) -> PyResult<()> {
+    let mut cfg = fedfuse_lab::compare::CompareConfig::load(&config).map_err(err)?;
+    if let Some(seeds) = seeds {
+        if seeds.is_empty() {
+            return Err(err("seeds needs at least one seed"));
+        }
+        cfg.seeds = seeds;
+    }
+    watched(py, progress.as_ref(), |forward, stop| {
+        fedfuse_lab::compare::run(
+            &cfg,
+            &out,
+            data_dir.as_deref(),
+            forward,
+            resume,
+            tensorboard.as_deref(),
+            Some(stop),
+        )
+    })
 }
 
 /// Calls the Python progress callback with one event.

@@ -95,6 +95,7 @@ pub(crate) fn run<'py>(
             Some(out) => fedfuse_lab::run::run_until(&cfg, out, forward, resume, Some(stop)),
             None => fedfuse_lab::run::federate_until(&cfg, forward, stop),
         }
+        .map_err(|e| format!("{e:#}"))
     })?;
     let results = to_py(py, &fedfuse_lab::output::results(&cfg, &result))?;
     let model = fedfuse_lab::run::saved_model(&cfg, &result).map_err(err)?;
@@ -109,7 +110,7 @@ pub(crate) fn run<'py>(
 fn watched<T: Send>(
     py: Python<'_>,
     progress: Option<&Bound<'_, PyAny>>,
-    work: impl FnOnce(&Forward, &AtomicBool) -> fedfuse_lab::error::Result<T> + Send,
+    work: impl FnOnce(&Forward, &AtomicBool) -> Result<T, String> + Send,
 ) -> PyResult<T> {
     let stop = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel();
@@ -120,7 +121,7 @@ fn watched<T: Send>(
         let stop = &stop;
         let worker = s.spawn(move || {
             let forward = Forward(Mutex::new(tx));
-            work(&forward, stop).map_err(|e| format!("{e:#}"))
+            work(&forward, stop)
         });
         loop {
             let next = py.detach(|| match rx.lock() {
@@ -182,6 +183,7 @@ pub(crate) fn compare(
             tensorboard.as_deref(),
             Some(stop),
         )
+        .map_err(|e| format!("{e:#}"))
     })
 }
 

@@ -26,7 +26,16 @@ from fedfuse._core import FedfuseError
 from fedfuse._core import fuse as _fuse
 from fedfuse._core import pfnm_defaults as _pfnm_defaults
 from fedfuse._core import rdp_epsilon as _rdp_epsilon
-from fedfuse.runs import CompareResult, Rounds, RunResult, Table, compare, evaluate, run
+from fedfuse.runs import (
+    CompareResult,
+    Rounds,
+    RunResult,
+    Table,
+    compare,
+    evaluate,
+    run,
+    sweep,
+)
 
 __all__ = [
     "CompareResult",
@@ -38,6 +47,7 @@ __all__ = [
     "evaluate",
     "fuse",
     "run",
+    "sweep",
     "rdp_epsilon",
     "tensors_from_arrays",
     "arrays_from_tensors",

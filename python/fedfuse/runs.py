@@ -17,6 +17,7 @@ import numpy as np
 from fedfuse._core import compare as _compare
 from fedfuse._core import evaluate as _evaluate
 from fedfuse._core import run as _run
+from fedfuse._core import sweep as _sweep
 
 # What a progress callback gets: ``(kind, a, b)`` and, for ``"note"``, the line.
 ProgressFn = Callable[..., None]
@@ -208,6 +209,38 @@ def compare(
                          summary=_read_csv(folder / "summary.csv"))
 
 
+def sweep(
+    config: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    seeds: Sequence[int] | None = None,
+    resume: bool = False,
+    progress: bool | ProgressFn = True,
+) -> CompareResult:
+    """Runs the ``fedfuse sweep`` file ``config`` (one-shot fusion over seeds, client counts,
+    widths and partitions) into ``out``, as ``fedfuse sweep CONFIG --out OUT`` does. Ctrl-C
+    ends it before its next setting and raises ``KeyboardInterrupt``; ``resume=True`` takes the
+    finished settings from ``out``. Returns the folder and its tables (results.csv, one row per
+    setting and method; summary.csv)."""
+    callback = _callback(progress)
+    try:
+        _sweep(
+            os.fspath(config),
+            os.fspath(out),
+            None if data_dir is None else os.fspath(data_dir),
+            None if seeds is None else [int(s) for s in seeds],
+            bool(resume),
+            callback,
+        )
+    finally:
+        if isinstance(callback, _Bar):
+            callback.close()
+    folder = Path(out)
+    return CompareResult(out=folder, results=_read_csv(folder / "results.csv"),
+                         summary=_read_csv(folder / "summary.csv"))
+
+
 def _callback(progress: bool | ProgressFn | None) -> ProgressFn | None:
     if progress is True:
         return _Bar()
@@ -218,8 +251,9 @@ def _callback(progress: bool | ProgressFn | None) -> ProgressFn | None:
 
 def evaluate(
     model: Mapping[str, Any],
-    config: str | os.PathLike,
+    config: str | os.PathLike | Mapping[str, Any],
     *,
+    dataset: str | None = None,
     overrides: Sequence[str] = (),
     data_dir: str | os.PathLike | None = None,
     split: str = "test",
@@ -233,14 +267,24 @@ def evaluate(
     (torchvision's for its ResNets) or the layer list's (``0.weight``); shapes must fit the
     config's model.
 
+    ``config`` may also be a ``[model]`` table as a mapping (``{"kind": "resnet18", "width":
+    8}``) with ``dataset`` naming the data (``"mnist"``): the model is then scored on that
+    dataset's test set, as a run of that model with default settings would score it.
+
     Returns ``{"accuracy", "loss", "samples", "split"}``.
     """
+    import json
     from fedfuse import tensors_from_arrays
 
     if split not in ("test", "validation"):
         raise ValueError(f'split must be "test" or "validation", not {split!r}')
+    section = isinstance(config, Mapping)
+    if section != (dataset is not None):
+        raise ValueError("give a config file, or a [model] mapping with dataset=")
     loss, accuracy, samples = _evaluate(
-        os.fspath(config),
+        None if section else os.fspath(config),
+        json.dumps(dict(config)) if section else None,
+        dataset,
         [str(o) for o in overrides] + [f"dataset.score={split}"],
         None if data_dir is None else os.fspath(data_dir),
         tensors_from_arrays(model),

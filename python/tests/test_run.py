@@ -171,3 +171,25 @@ def test_compare_equals_the_cli_comparison(tmp_path, fedfuse_bin):
     # --seeds
     one = fedfuse.compare(cfg, tmp_path / "one", seeds=[7], progress=False)
     assert {r["seed"] for r in one.results} == {7}
+
+
+def test_sweep_equals_the_cli_sweep(tmp_path, fedfuse_bin):
+    smoke = ROOT / "experiments" / "digits-smoke.toml"
+    done = subprocess.run([str(fedfuse_bin), "sweep", str(smoke), "--out", str(tmp_path / "cli"),
+                           "--seeds", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    got = fedfuse.sweep(smoke, tmp_path / "py", seeds=[0], progress=False)
+    want = fedfuse.runs._read_csv(tmp_path / "cli" / "results.csv")
+    # Every figure but the wall time.
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in got.results] == [
+        {k: v for k, v in r.items() if k != "seconds"} for r in want]
+    assert len(got.results) > 5 and got.summary
+
+
+def test_evaluate_takes_a_model_section_and_a_dataset(tmp_path, fedfuse_bin):
+    want, model = cli_run(fedfuse_bin, tmp_path / "cli")
+    got = fedfuse.evaluate(model, {"kind": "mlp", "hidden": [64]}, dataset="digits")
+    # The quickstart's test set is the dataset's: the same score as the run's config gives.
+    assert got["accuracy"] == want["final"]["global_accuracy"]
+    with pytest.raises(ValueError, match="dataset="):
+        fedfuse.evaluate(model, {"kind": "mlp", "hidden": [64]})

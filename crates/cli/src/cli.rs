@@ -259,6 +259,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 grid.data_dir.as_deref(),
                 &reporter,
                 grid.resume,
+                None,
             )?;
             Ok(ExitCode::SUCCESS)
         }

@@ -57,6 +57,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runs::run, m)?)?;
     m.add_function(wrap_pyfunction!(runs::evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(runs::compare, m)?)?;
+    m.add_function(wrap_pyfunction!(runs::sweep, m)?)?;
     m.add_function(wrap_pyfunction!(pfnm_defaults, m)?)?;
     m.add_function(wrap_pyfunction!(check_output_folder, m)?)?;
     m.add_function(wrap_pyfunction!(rdp_epsilon, m)?)?;

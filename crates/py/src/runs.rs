@@ -187,6 +187,33 @@ pub(crate) fn compare(
     })
 }
 
+/// Runs the `fedfuse sweep` file `config` into `out` as the command does, with `seeds`
+/// replacing the file's when given; `progress` gets its notes; Ctrl-C ends it before its
+/// next setting (the finished ones stay in `out` for `resume`).
+#[pyfunction]
+#[pyo3(signature = (config, out, data_dir, seeds, resume, progress))]
+pub(crate) fn sweep(
+    py: Python<'_>,
+    config: PathBuf,
+    out: PathBuf,
+    data_dir: Option<PathBuf>,
+    seeds: Option<Vec<u64>>,
+    resume: bool,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let mut cfg = fedfuse_lab::sweep::SweepConfig::load(&config).map_err(err)?;
+    if let Some(seeds) = seeds {
+        if seeds.is_empty() {
+            return Err(err("seeds needs at least one seed"));
+        }
+        cfg.seeds = seeds;
+    }
+    watched(py, progress.as_ref(), |forward, stop| {
+        fedfuse_lab::sweep::run(&cfg, &out, data_dir.as_deref(), forward, resume, Some(stop))
+            .map_err(|e| format!("{e:#}"))
+    })
+}
+
 /// Calls the Python progress callback with one event.
 fn deliver(cb: &Bound<'_, PyAny>, event: Event) -> PyResult<()> {
     match event {
@@ -203,16 +230,42 @@ fn deliver(cb: &Bound<'_, PyAny>, event: Event) -> PyResult<()> {
 /// `config` (with `overrides` and `data_dir`, as for [`run`]) scores its global model on:
 /// the test set, or the validation split with `dataset.score = "validation"`. Tensors go by
 /// name, the run's file names (torchvision's for its ResNets) or the layer list's.
+///
+/// Instead of a config file, `model` (a `[model]` table as JSON) and `dataset` (its name) make
+/// one: a run of that model on that dataset, its other settings the defaults.
 #[pyfunction]
-#[pyo3(signature = (config, overrides, data_dir, tensors))]
+#[pyo3(signature = (config, model, dataset, overrides, data_dir, tensors))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn evaluate(
     py: Python<'_>,
-    config: PathBuf,
+    config: Option<PathBuf>,
+    model: Option<String>,
+    dataset: Option<String>,
     overrides: Vec<String>,
     data_dir: Option<PathBuf>,
     tensors: PyTensors<'_>,
 ) -> PyResult<(f64, f64, usize)> {
-    let mut cfg = Config::load(&config, &overrides).map_err(err)?;
+    let mut cfg = match (config, model, dataset) {
+        (Some(path), None, None) => Config::load(&path, &overrides).map_err(err)?,
+        (None, Some(model), Some(dataset)) => {
+            let model: toml::Value =
+                serde_json::from_str(&model).map_err(|e| err(format!("the model section: {e}")))?;
+            let mut table = toml::Table::new();
+            table.insert("rounds".into(), 1.into());
+            table.insert("clients".into(), 1.into());
+            let section = |k: &str, v: toml::Value| {
+                let mut t = toml::Table::new();
+                t.insert(k.into(), v);
+                toml::Value::Table(t)
+            };
+            table.insert("dataset".into(), section("name", dataset.into()));
+            table.insert("method".into(), section("name", "fedavg".into()));
+            table.insert("model".into(), model);
+            let text = toml::to_string(&table).map_err(err)?;
+            Config::parse(&text, &overrides).map_err(err)?
+        }
+        _ => return Err(err("give a config file, or a model section and a dataset")),
+    };
     if data_dir.is_some() {
         cfg.data_dir = data_dir;
     }

@@ -314,13 +314,15 @@ fn setting_key(s: &Setting<'_>) -> String {
 }
 
 /// Runs `fedfuse sweep`; with `resume`, the settings `out/runs.toml` holds from an
-/// interrupted sweep of the same file are taken from it instead of run again.
+/// interrupted sweep of the same file are taken from it instead of run again. Setting `stop`
+/// ends the sweep before its next setting (an error then; the finished ones stay in `out`).
 pub fn run(
     cfg: &SweepConfig,
     out: &Path,
     data_dir: Option<&Path>,
     observer: &dyn Observer,
     resume: bool,
+    stop: Option<&std::sync::atomic::AtomicBool>,
 ) -> Result<()> {
     crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
     let config = toml::to_string(cfg).context("cannot write the sweep's settings")?;
@@ -384,6 +386,13 @@ pub fn run(
             saved.settings.insert(key, done);
             publish(out, cfg, &rows, &saved, false)?;
             continue;
+        }
+        if stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
+            bail!(
+                "stopped after {i} of {} settings; --resume takes them from {}",
+                settings.len(),
+                saved_path.display()
+            );
         }
         let (_, split) = match held.take() {
             Some((seed, split)) if seed == s.seed => held.insert((seed, split)),

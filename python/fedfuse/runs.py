@@ -87,8 +87,9 @@ def run(
     results.json, metrics.csv, the model, the plots), with a checkpoint beside it after every
     round; ``resume=True`` continues from that checkpoint. Without ``out`` nothing is written.
 
-    ``progress=True`` shows a bar (tqdm's, in a terminal or a notebook, when tqdm is
-    installed; a line per round otherwise) on stderr; ``False`` shows nothing; a callable is
+    ``progress=True`` shows a bar on stderr (tqdm's, in a terminal or a notebook, when tqdm is
+    installed; otherwise a bar of the round's clients on a terminal, a line per round
+    elsewhere); ``False`` shows nothing; a callable is
     called as ``progress(kind, a, b)``: ``("start", rounds, 0)``, ``("round", round,
     clients)``, ``("client", round, 0)``, ``("end", round, global_accuracy)``, and
     ``("note", 0, 0, line)``.
@@ -217,12 +218,14 @@ def sweep(
     seeds: Sequence[int] | None = None,
     resume: bool = False,
     progress: bool | ProgressFn = True,
+    tensorboard: str | os.PathLike | None = None,
 ) -> CompareResult:
     """Runs the ``fedfuse sweep`` file ``config`` (one-shot fusion over seeds, client counts,
     widths and partitions) into ``out``, as ``fedfuse sweep CONFIG --out OUT`` does. Ctrl-C
     ends it before its next setting and raises ``KeyboardInterrupt``; ``resume=True`` takes the
-    finished settings from ``out``. Returns the folder and its tables (results.csv, one row per
-    setting and method; summary.csv)."""
+    finished settings from ``out``. ``tensorboard`` is ``--tensorboard`` (a TensorBoard run per
+    setting and method). Returns the folder and its tables (results.csv, one row per setting
+    and method; summary.csv)."""
     callback = _callback(progress)
     try:
         _sweep(
@@ -232,6 +235,7 @@ def sweep(
             None if seeds is None else [int(s) for s in seeds],
             bool(resume),
             callback,
+            None if tensorboard is None else os.fspath(tensorboard),
         )
     finally:
         if isinstance(callback, _Bar):
@@ -294,7 +298,10 @@ def evaluate(
 
 class _Bar:
     """The default progress display: tqdm's bar over rounds when tqdm is installed (it picks
-    the notebook widget in Jupyter), else one line per round on stderr."""
+    the notebook widget in Jupyter); else, on a terminal, a bar of the round's clients redrawn
+    in place, and elsewhere (a notebook, a log) one line per round, on stderr."""
+
+    WIDTH = 24
 
     def __init__(self) -> None:
         try:
@@ -303,23 +310,45 @@ class _Bar:
             tqdm = None
         self._tqdm = tqdm
         self._bar = None
+        self._tty = sys.stderr.isatty()
+        self._rounds = 0
+        self._clients = (0, 0)
 
     def __call__(self, kind: str, a: Any, b: Any, line: str | None = None) -> None:
         if kind == "start":
             self.close()
+            self._rounds = a
             if self._tqdm is not None:
                 self._bar = self._tqdm(total=a, unit="round", desc="fedfuse")
+        elif kind == "round":
+            self._clients = (0, b)
+            self._draw(a)
+        elif kind == "client":
+            done, total = self._clients
+            self._clients = (done + 1, total)
+            self._draw(a)
         elif kind == "end":
             if self._bar is not None:
                 self._bar.update(1)
                 self._bar.set_postfix(accuracy=f"{b:.4f}")
             else:
-                print(f"round {a}: global accuracy {b:.4f}", file=sys.stderr, flush=True)
+                end = "\r\033[K" if self._tty else ""
+                print(f"{end}round {a}/{self._rounds}: global accuracy {b:.4f}", file=sys.stderr,
+                      flush=True)
         elif kind == "note" and line:
             if self._bar is not None:
                 self._bar.write(line, file=sys.stderr)
             else:
                 print(line, file=sys.stderr, flush=True)
+
+    def _draw(self, round_: int) -> None:
+        if self._bar is not None or not self._tty:
+            return
+        done, total = self._clients
+        filled = self.WIDTH * done // max(total, 1)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        print(f"\rround {round_}/{self._rounds} [{bar}] {done}/{total} clients", end="",
+              file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -92,3 +92,19 @@ def test_python_runs_and_compare_arms_log_too(tmp_path, fedfuse_bin):
                     "FedProx_mu_0.01/seed-2"]
     for run in runs:
         assert len(scalars(read(tmp_path / "tb" / run), "global/accuracy")) == 2
+
+
+def test_sweep_settings_and_methods_are_runs(tmp_path, fedfuse_bin):
+    smoke = ROOT / "experiments" / "digits-smoke.toml"
+    done = subprocess.run(
+        [str(fedfuse_bin), "sweep", str(smoke), "--out", str(tmp_path / "sweep"), "--seeds", "0",
+         "--tensorboard", str(tmp_path / "tb")],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = fedfuse.runs._read_csv(tmp_path / "sweep" / "results.csv")
+    (setting,) = [p for p in (tmp_path / "tb").iterdir()]
+    methods = sorted(p.name for p in setting.iterdir())
+    assert methods == sorted({r["method"] for r in rows})
+    for r in rows:
+        assert scalars(read(setting / r["method"]), "accuracy") == [(r["round"], f32(r["accuracy"]))]

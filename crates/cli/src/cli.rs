@@ -249,7 +249,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sweep { config, grid } => {
-            no_tensorboard(&grid, "sweep")?;
             let mut cfg = fedfuse_lab::sweep::SweepConfig::load(&config)?;
             replace_seeds(&mut cfg.seeds, grid.seeds)?;
             let reporter = Reporter::new(true);
@@ -260,6 +259,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 &reporter,
                 grid.resume,
                 None,
+                grid.tensorboard.as_deref(),
             )?;
             Ok(ExitCode::SUCCESS)
         }
@@ -366,8 +366,8 @@ pub struct GridArgs {
     /// finished (OUT/runs.toml, under the same settings) instead of running them again.
     #[arg(long)]
     resume: bool,
-    /// `compare`: also write TensorBoard event files, one run per arm and seed
-    /// (`DIR/{arm}/seed-{seed}`).
+    /// `compare` and `sweep`: also write TensorBoard event files, one run per arm and seed
+    /// (`DIR/{arm}/seed-{seed}`) or per setting and method (`DIR/{setting}/{method}`).
     #[arg(long, value_name = "DIR")]
     tensorboard: Option<PathBuf>,
 }
@@ -376,8 +376,8 @@ pub struct GridArgs {
 fn no_tensorboard(grid: &GridArgs, command: &str) -> anyhow::Result<()> {
     if grid.tensorboard.is_some() {
         anyhow::bail!(
-            "--tensorboard logs the rounds of `fedfuse run` and `fedfuse compare`; `fedfuse \
-             {command}` does not write them yet"
+            "--tensorboard logs the rounds of `fedfuse run`, `compare` and `sweep`; `fedfuse \
+             {command}` reports stages, not rounds, and writes no TensorBoard events"
         );
     }
     Ok(())

@@ -151,8 +151,10 @@ pub fn run(
     for &seed in &cfg.seeds {
         for (a, arm) in cfg.arms.iter().enumerate() {
             let mut run_cfg = cfg.arm_config(arm, seed, data_dir)?;
-            run_cfg.logging.tensorboard =
-                tensorboard.map(|dir| dir.join(file_safe(&arm.label)).join(format!("seed-{seed}")));
+            run_cfg.logging.tensorboard = tensorboard.map(|dir| {
+                dir.join(crate::tensorboard::folder_name(&arm.label))
+                    .join(format!("seed-{seed}"))
+            });
             let config = toml::to_string(&run_cfg).context("cannot write a run's config")?;
             let done = earlier
                 .runs
@@ -198,24 +200,6 @@ pub fn run(
     observer.note(summary_markdown(cfg, &runs).trim_end());
     observer.note(&format!("results in {}", out.display()));
     Ok(())
-}
-
-/// `label` as one folder name: letters, digits, `.`, `_` and `-` kept, anything else `_`.
-fn file_safe(label: &str) -> String {
-    let name: String = label
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    match name.trim_matches('.') {
-        "" => "_".into(),
-        _ => name,
-    }
 }
 
 fn write_all(cfg: &CompareConfig, out: &Path, runs: &[Run]) -> Result<()> {

@@ -228,6 +228,25 @@ impl EventLog {
     }
 }
 
+/// `label` as one folder name of a TensorBoard run: letters, digits, `.`, `_` and `-` kept,
+/// anything else `_`.
+pub fn folder_name(label: &str) -> String {
+    let name: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match name.trim_matches('.') {
+        "" => "_".into(),
+        _ => name,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

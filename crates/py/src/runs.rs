@@ -191,7 +191,8 @@ pub(crate) fn compare(
 /// replacing the file's when given; `progress` gets its notes; Ctrl-C ends it before its
 /// next setting (the finished ones stay in `out` for `resume`).
 #[pyfunction]
-#[pyo3(signature = (config, out, data_dir, seeds, resume, progress))]
+#[pyo3(signature = (config, out, data_dir, seeds, resume, progress, tensorboard))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn sweep(
     py: Python<'_>,
     config: PathBuf,
@@ -200,6 +201,7 @@ pub(crate) fn sweep(
     seeds: Option<Vec<u64>>,
     resume: bool,
     progress: Option<Bound<'_, PyAny>>,
+    tensorboard: Option<PathBuf>,
 ) -> PyResult<()> {
     let mut cfg = fedfuse_lab::sweep::SweepConfig::load(&config).map_err(err)?;
     if let Some(seeds) = seeds {
@@ -209,8 +211,16 @@ pub(crate) fn sweep(
         cfg.seeds = seeds;
     }
     watched(py, progress.as_ref(), |forward, stop| {
-        fedfuse_lab::sweep::run(&cfg, &out, data_dir.as_deref(), forward, resume, Some(stop))
-            .map_err(|e| format!("{e:#}"))
+        fedfuse_lab::sweep::run(
+            &cfg,
+            &out,
+            data_dir.as_deref(),
+            forward,
+            resume,
+            Some(stop),
+            tensorboard.as_deref(),
+        )
+        .map_err(|e| format!("{e:#}"))
     })
 }
 

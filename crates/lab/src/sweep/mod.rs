@@ -313,9 +313,28 @@ fn setting_key(s: &Setting<'_>) -> String {
     )
 }
 
+/// One setting's rows as TensorBoard runs, one per method: accuracy and loss at step = round.
+fn log_setting(dir: &Path, rows: &[Row]) -> Result<()> {
+    let mut methods: Vec<SweepMethod> = rows.iter().map(|r| r.method).collect();
+    methods.dedup();
+    for m in methods {
+        let mut log =
+            crate::tensorboard::EventLog::create(&dir.join(method_key(m).to_string()), &[])?;
+        for r in rows.iter().filter(|r| r.method == m) {
+            log.scalars(
+                r.round as i64,
+                &[("accuracy".into(), r.accuracy), ("loss".into(), r.loss)],
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `fedfuse sweep`; with `resume`, the settings `out/runs.toml` holds from an
 /// interrupted sweep of the same file are taken from it instead of run again. Setting `stop`
 /// ends the sweep before its next setting (an error then; the finished ones stay in `out`).
+/// With `tensorboard`, each setting's methods are TensorBoard runs of their own
+/// (`tensorboard/{setting}/{method}`: accuracy and loss by round).
 pub fn run(
     cfg: &SweepConfig,
     out: &Path,
@@ -323,6 +342,7 @@ pub fn run(
     observer: &dyn Observer,
     resume: bool,
     stop: Option<&std::sync::atomic::AtomicBool>,
+    tensorboard: Option<&Path>,
 ) -> Result<()> {
     crate::table::check_replaceable_by(out, crate::table::is_experiment_file)?;
     let config = toml::to_string(cfg).context("cannot write the sweep's settings")?;
@@ -432,6 +452,9 @@ pub fn run(
             let _ = write!(line, " {} {:.3}", method_key(r.method), r.accuracy);
         }
         observer.note(&line);
+        if let Some(dir) = tensorboard {
+            log_setting(&dir.join(crate::tensorboard::folder_name(&key)), &new_rows)?;
+        }
         saved.settings.insert(key, new_rows.clone());
         rows.extend(new_rows);
         // Partial results survive an interrupted sweep.

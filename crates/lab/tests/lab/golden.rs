@@ -195,7 +195,7 @@ fn outputs_equal_the_recorded_golden_files() {
             }
             "sweep" => {
                 let cfg = fedfuse_lab::sweep::SweepConfig::load(&case.file).unwrap();
-                fedfuse_lab::sweep::run(&cfg, &out, None, &Silent, false, None).unwrap();
+                fedfuse_lab::sweep::run(&cfg, &out, None, &Silent, false, None, None).unwrap();
             }
             "ngm" => {
                 let mut cfg = fedfuse_lab::ngm_experiment::NgmExperiment::load(&case.file).unwrap();

@@ -344,7 +344,7 @@ fn a_sweep_records_the_sigma_and_eps_it_chose_for_every_seed() {
     std::fs::write(&file, &text).unwrap();
     let cfg = fedfuse_lab::sweep::SweepConfig::load(&file).unwrap();
     let out = dir.path().join("out");
-    fedfuse_lab::sweep::run(&cfg, &out, None, &fedfuse_lab::Silent, false, None).unwrap();
+    fedfuse_lab::sweep::run(&cfg, &out, None, &fedfuse_lab::Silent, false, None, None).unwrap();
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();

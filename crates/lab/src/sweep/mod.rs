@@ -318,8 +318,7 @@ fn log_setting(dir: &Path, rows: &[Row]) -> Result<()> {
     let mut methods: Vec<SweepMethod> = rows.iter().map(|r| r.method).collect();
     methods.dedup();
     for m in methods {
-        let mut log =
-            crate::tensorboard::EventLog::create(&dir.join(method_key(m).to_string()), &[])?;
+        let mut log = crate::tensorboard::EventLog::create(&dir.join(method_key(m)), &[])?;
         for r in rows.iter().filter(|r| r.method == m) {
             log.scalars(
                 r.round as i64,

@@ -15,10 +15,24 @@ use crate::convert::*;
 
 /// What the federation's thread tells the calling one.
 enum Event {
-    Started { rounds: usize },
-    RoundStart { round: usize, clients: usize },
-    ClientDone { round: usize },
-    RoundEnd { round: usize, accuracy: f64 },
+    Started {
+        rounds: usize,
+    },
+    RoundStart {
+        round: usize,
+        clients: usize,
+    },
+    ClientDone {
+        round: usize,
+    },
+    /// The run waits for `ack` before its after-round step, which reads the stop flag: so a
+    /// Ctrl-C seen by then stops the run after this round, however far behind the calling
+    /// thread was.
+    RoundEnd {
+        round: usize,
+        accuracy: f64,
+        ack: mpsc::SyncSender<()>,
+    },
     Note(String),
 }
 
@@ -41,14 +55,22 @@ impl Observer for Forward {
     }
 
     fn progress(&self, p: Progress<'_>) {
-        self.send(match p {
-            Progress::RoundStart { round, clients } => Event::RoundStart { round, clients },
-            Progress::ClientDone { round } => Event::ClientDone { round },
-            Progress::RoundEnd(m) => Event::RoundEnd {
-                round: m.round,
-                accuracy: m.global_accuracy,
-            },
-        });
+        match p {
+            Progress::RoundStart { round, clients } => {
+                self.send(Event::RoundStart { round, clients })
+            }
+            Progress::ClientDone { round } => self.send(Event::ClientDone { round }),
+            Progress::RoundEnd(m) => {
+                let (ack, done) = mpsc::sync_channel(1);
+                self.send(Event::RoundEnd {
+                    round: m.round,
+                    accuracy: m.global_accuracy,
+                    ack,
+                });
+                // An error: the calling thread has gone, and nobody is left to wait for.
+                let _ = done.recv();
+            }
+        }
     }
 
     fn note(&self, line: &str) {
@@ -128,9 +150,15 @@ fn watched<T: Send>(
                 Ok(rx) => rx.recv_timeout(Duration::from_millis(100)),
                 Err(_) => Err(RecvTimeoutError::Disconnected),
             });
-            let delivered = match next {
-                Ok(event) => progress.map_or(Ok(()), |cb| deliver(cb, event)),
-                Err(RecvTimeoutError::Timeout) => Ok(()),
+            let (delivered, ack) = match next {
+                Ok(event) => {
+                    let ack = match &event {
+                        Event::RoundEnd { ack, .. } => Some(ack.clone()),
+                        _ => None,
+                    };
+                    (progress.map_or(Ok(()), |cb| deliver(cb, event)), ack)
+                }
+                Err(RecvTimeoutError::Timeout) => (Ok(()), None),
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             let checked = delivered.and_then(|()| py.check_signals());
@@ -138,6 +166,13 @@ fn watched<T: Send>(
                 stop.store(true, Ordering::Relaxed);
                 raised = Some(e);
             }
+            if let Some(ack) = ack {
+                let _ = ack.send(());
+            }
+        }
+        // A signal that came in after the last event still counts.
+        if let (Err(e), None) = (py.check_signals(), &raised) {
+            raised = Some(e);
         }
         worker
             .join()
@@ -230,7 +265,9 @@ fn deliver(cb: &Bound<'_, PyAny>, event: Event) -> PyResult<()> {
         Event::Started { rounds } => cb.call1(("start", rounds, 0)),
         Event::RoundStart { round, clients } => cb.call1(("round", round, clients)),
         Event::ClientDone { round } => cb.call1(("client", round, 0)),
-        Event::RoundEnd { round, accuracy } => cb.call1(("end", round, accuracy)),
+        Event::RoundEnd {
+            round, accuracy, ..
+        } => cb.call1(("end", round, accuracy)),
         Event::Note(line) => cb.call1(("note", 0, 0, line)),
     }
     .map(drop)

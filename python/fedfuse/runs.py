@@ -191,23 +191,7 @@ def compare(
 
     Returns the folder and its tables (``results``, ``summary``; ``.to_pandas()`` with pandas).
     """
-    callback = _callback(progress)
-    try:
-        _compare(
-            os.fspath(config),
-            os.fspath(out),
-            None if data_dir is None else os.fspath(data_dir),
-            None if seeds is None else [int(s) for s in seeds],
-            bool(resume),
-            callback,
-            None if tensorboard is None else os.fspath(tensorboard),
-        )
-    finally:
-        if isinstance(callback, _Bar):
-            callback.close()
-    folder = Path(out)
-    return CompareResult(out=folder, results=_read_csv(folder / "results.csv"),
-                         summary=_read_csv(folder / "summary.csv"))
+    return _experiment(_compare, config, out, data_dir, seeds, resume, progress, tensorboard)
 
 
 def sweep(
@@ -226,9 +210,15 @@ def sweep(
     finished settings from ``out``. ``tensorboard`` is ``--tensorboard`` (a TensorBoard run per
     setting and method). Returns the folder and its tables (results.csv, one row per setting
     and method; summary.csv)."""
+    return _experiment(_sweep, config, out, data_dir, seeds, resume, progress, tensorboard)
+
+
+def _experiment(command, config, out, data_dir, seeds, resume, progress,
+                tensorboard) -> CompareResult:
+    """Runs an experiment command of the core into ``out`` and reads its tables back."""
     callback = _callback(progress)
     try:
-        _sweep(
+        command(
             os.fspath(config),
             os.fspath(out),
             None if data_dir is None else os.fspath(data_dir),

@@ -151,20 +151,32 @@ fn initial_weights(
     names: Option<&TorchvisionNames>,
 ) -> Result<Params> {
     let what = || format!("model.init_from = {}", path.display());
-    let mut loaded = fedfuse_core::load_params(path).with_context(what)?;
-    if let Some(names) = names {
-        let list_name: HashMap<String, String> = spec
-            .param_shapes()
-            .into_iter()
-            .filter_map(|s| Some((names.torch_name(&s.name)?, s.name)))
-            .collect();
-        loaded = loaded
-            .renamed(|n| list_name.get(n).cloned())
-            .with_context(what)?;
-    }
-    let params = loaded.arranged(&spec.param_shapes()).with_context(what)?;
+    let loaded = fedfuse_core::load_params(path).with_context(what)?;
+    let params = in_list_order(loaded, spec, names).with_context(what)?;
     params.check_values().with_context(what)?;
     Ok(params)
+}
+
+/// A model's tensors under `spec`'s names and in its order, matched by name: from the list's
+/// names or from `names` (torchvision's, for its networks; a tensor already under the list's
+/// name keeps it), every shape checked.
+fn in_list_order(
+    params: Params,
+    spec: &ModelSpec,
+    names: Option<&TorchvisionNames>,
+) -> fedfuse_core::Result<Params> {
+    let params = match names {
+        Some(names) => {
+            let list_name: HashMap<String, String> = spec
+                .param_shapes()
+                .into_iter()
+                .filter_map(|s| Some((names.torch_name(&s.name)?, s.name)))
+                .collect();
+            params.renamed(|n| list_name.get(n).cloned())?
+        }
+        None => params,
+    };
+    params.arranged(&spec.param_shapes())
 }
 
 /// Loads the data of `cfg`, splits it among clients and runs the federation.
@@ -592,17 +604,7 @@ impl Federation {
         else {
             bail!("a tabular run's model is no classifier to score");
         };
-        let mut params = params;
-        if let Some(names) = names {
-            let list_name: HashMap<String, String> = spec
-                .param_shapes()
-                .into_iter()
-                .filter_map(|s| Some((names.torch_name(&s.name)?, s.name)))
-                .collect();
-            // A model already under the list's names keeps them.
-            params = params.renamed(|n| list_name.get(n).cloned())?;
-        }
-        let params = params.arranged(&spec.param_shapes())?;
+        let params = in_list_order(params, spec, names)?;
         params.check_values()?;
         let e = trainer.evaluate(&params, test)?;
         Ok((e.loss, e.accuracy, test.len()))

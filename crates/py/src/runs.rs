@@ -202,12 +202,7 @@ pub(crate) fn compare(
     tensorboard: Option<PathBuf>,
 ) -> PyResult<()> {
     let mut cfg = fedfuse_lab::compare::CompareConfig::load(&config).map_err(err)?;
-    if let Some(seeds) = seeds {
-        if seeds.is_empty() {
-            return Err(err("seeds needs at least one seed"));
-        }
-        cfg.seeds = seeds;
-    }
+    replace_seeds(&mut cfg.seeds, seeds)?;
     watched(py, progress.as_ref(), |forward, stop| {
         fedfuse_lab::compare::run(
             &cfg,
@@ -239,12 +234,7 @@ pub(crate) fn sweep(
     tensorboard: Option<PathBuf>,
 ) -> PyResult<()> {
     let mut cfg = fedfuse_lab::sweep::SweepConfig::load(&config).map_err(err)?;
-    if let Some(seeds) = seeds {
-        if seeds.is_empty() {
-            return Err(err("seeds needs at least one seed"));
-        }
-        cfg.seeds = seeds;
-    }
+    replace_seeds(&mut cfg.seeds, seeds)?;
     watched(py, progress.as_ref(), |forward, stop| {
         fedfuse_lab::sweep::run(
             &cfg,
@@ -257,6 +247,18 @@ pub(crate) fn sweep(
         )
         .map_err(|e| format!("{e:#}"))
     })
+}
+
+/// `seeds`, when given, replaces an experiment file's.
+fn replace_seeds(seeds: &mut Vec<u64>, given: Option<Vec<u64>>) -> PyResult<()> {
+    match given {
+        Some(given) if given.is_empty() => Err(err("seeds needs at least one seed")),
+        Some(given) => {
+            *seeds = given;
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }
 
 /// Calls the Python progress callback with one event.

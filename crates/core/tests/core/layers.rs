@@ -559,3 +559,63 @@ fn residual_inner_width_is_checked() {
         assert!(parsed.is_err(), "{text}");
     }
 }
+
+/// A bottleneck's widths from a config: zero, huge, a default inside of zero (`out` under 4),
+/// a group norm that does not divide them, and values no width can be.
+#[test]
+fn bottleneck_widths_are_checked() {
+    let block = |out: usize, inner: Option<usize>, middle: Option<usize>, norm: BlockNorm| {
+        ModelSpec::sequential(
+            &[2, 6, 6],
+            vec![
+                LayerSpec::Bottleneck {
+                    out,
+                    stride: 2,
+                    norm,
+                    groups: 2,
+                    inner,
+                    middle,
+                    project: false,
+                },
+                LayerSpec::GlobalAvgpool,
+                LayerSpec::Flatten,
+                LayerSpec::linear(2),
+            ],
+        )
+        .validate()
+    };
+    block(8, None, None, BlockNorm::Batch).unwrap();
+    block(8, Some(3), Some(5), BlockNorm::None).unwrap();
+    for (out, inner, middle, norm, needle) in [
+        (0, None, None, BlockNorm::Batch, "out = 0"),
+        (
+            3,
+            None,
+            None,
+            BlockNorm::Batch,
+            "inner (default out / 4) = 0",
+        ),
+        (8, Some(0), None, BlockNorm::Batch, "= 0"),
+        (8, None, Some(0), BlockNorm::Batch, "middle = 0"),
+        (8, Some(usize::MAX), None, BlockNorm::Batch, "inner"),
+        (8, None, Some(usize::MAX), BlockNorm::Batch, "middle"),
+        (usize::MAX, None, None, BlockNorm::Batch, "bottleneck"),
+        (8, Some(3), None, BlockNorm::Group, "groups = 2"),
+    ] {
+        let err = block(out, inner, middle, norm).unwrap_err().to_string();
+        assert!(
+            err.contains("bottleneck") && err.contains(needle),
+            "{out} {inner:?} {middle:?}: {err}"
+        );
+    }
+    for text in [
+        r#"{"type": "bottleneck", "out": 8, "middle": -1}"#,
+        r#"{"type": "bottleneck", "out": 8.5}"#,
+        r#"{"type": "bottleneck", "out": 8, "inner": "NaN"}"#,
+        r#"{"type": "bottleneck", "out": 8, "project": 1}"#,
+        r#"{"type": "bottleneck", "out": 8, "widths": 1}"#,
+    ] {
+        let parsed: Result<LayerSpec, _> = serde_json::from_str(text);
+        assert!(parsed.is_err(), "{text}");
+    }
+}

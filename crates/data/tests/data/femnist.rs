@@ -190,6 +190,14 @@ fn hostile_shards_are_refused_naming_the_file_and_writer() {
     .unwrap();
     let e = read_leaf_femnist(dir.path()).unwrap_err().to_string();
     assert!(e.contains("appears twice"), "{e}");
+    // A shard over the size bound is refused before it is read (a sparse file: no disk used).
+    let dir = tempfile::tempdir().unwrap();
+    write_leaf(dir.path());
+    let huge = std::fs::File::create(dir.path().join("train").join("huge.json")).unwrap();
+    huge.set_len(fedfuse_data::MAX_LEAF_SHARD_BYTES + 1)
+        .unwrap();
+    let e = read_leaf_femnist(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("huge.json") && e.contains("over the"), "{e}");
     // Every truncation of a shard is an error, never a panic.
     let dir = tempfile::tempdir().unwrap();
     write_leaf(dir.path());

@@ -35,29 +35,6 @@ impl ListView {
         Self::checked(spec, matchable)
     }
 
-    /// [`Self::of`] for a matcher that fuses one layer at a time with the layers below fixed
-    /// (FedMA): residual blocks are refused, naming the first, since a stream's writers sit
-    /// above and below its readers.
-    pub(crate) fn chain(spec: &ModelSpec, method: &str) -> Result<Self> {
-        let view = Self::of(spec)?;
-        if let Some(i) = view
-            .layers
-            .iter()
-            .position(|l| matches!(l, LayerSpec::Residual { .. }))
-        {
-            return Err(in_method(fedfuse_fuse::FuseError::UnsupportedLayer {
-                layer: i,
-                kind: "residual",
-                reason: format!(
-                    "{method} fuses one layer at a time over the fused layers below, and a \
-                     residual stream is written both below and above its readers; use pfnm, \
-                     gpi-fnm or weight_matching for residual networks"
-                ),
-            }));
-        }
-        Ok(view)
-    }
-
     /// The view of a matcher that keeps the widths (weight matching): its units are the
     /// list's permutation groups, residual streams included.
     pub(crate) fn fixed(spec: &ModelSpec) -> Result<Self> {

@@ -23,14 +23,15 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use fedfuse_core::layers::{LayerSpec, UnitUse, UnitUses};
+use fedfuse_core::layers::{self, FeatureShape, LayerSpec, UnitUse, UnitUses};
 use fedfuse_core::{Params, Tensor};
 use rand::Rng;
 use rayon::prelude::*;
 
 use super::layer::{MatchTimings, OrderSource, RngOrder, match_rows};
 use super::lists::{
-    FusedLayers, ListClients, UnitAxis, assemble, at_group_widths, client_weights, mean_tensor,
+    FusedLayers, ListClients, UnitAxis, assemble, at_group_widths, client_weights, matchable,
+    mean_tensor,
 };
 use super::mlp::{MatchOrder, PfnmConfig, class_shares, output_bias};
 use super::score::{self, ClientRows};
@@ -119,8 +120,8 @@ pub fn pfnm_fuse_list(
         timings.push(timing);
         done[g] = Some(matched);
     }
+    step.write_deferred(&done, |_, _| true, &mut fused)?;
     let done: Vec<Fused> = done.into_iter().flatten().collect();
-    step.write_deferred(&done, &mut fused)?;
     let widths: Vec<usize> = done.iter().map(|f| f.width).collect();
     let new_layers = at_group_widths(layers, &list.uses[0], &widths);
     let assignments = done.into_iter().map(|f| f.assignments).collect();
@@ -152,17 +153,18 @@ pub fn pfnm_fuse_list(
     ))
 }
 
-/// One matched layer of FedMA (Wang et al. 2020, Algorithm 1): the clients share every layer
-/// below matched layer `g` (the fused ones, at one width) and have their own from `g` up.
-/// Their units of layer `g` (filters or rows over the shared units below; the top matched
-/// layer with its outgoing weights into the classes, as [`pfnm_fuse_layers`] matches it) are
-/// matched as PFNM matches one layer. Returns the fused layer's own tensors (weight, bias and
-/// the per-channel tensors of the norms after it, at the fused width, in the list's order),
-/// its width and each client's assignment; the layers above are the clients' to re-lay over
-/// the fused units ([`spread_readers`](crate::spread_readers)).
+/// One stage of FedMA (Wang et al. 2020, Algorithm 1) over permutation group `g`: the clients
+/// share every group below (the fused ones, at one width) and have their own from `g` up.
+/// Their units of group `g` (rows over the shared units below in every writer whose inputs are
+/// fused; the top group with its outgoing weights into the classes, as [`pfnm_fuse_layers`]
+/// matches it) are matched as PFNM matches one group. The writers of earlier groups that read
+/// group `g` (a residual block's last convolution) are then fused as posterior means under
+/// `g`'s assignment. Returns the tensors of stage `g` ([`layerwise_stages`]) at the fused
+/// width, in the list's order, the width and each client's assignment; everything else that
+/// holds or reads the group's units is the clients' to re-lay
+/// ([`spread_units`](crate::spread_units)).
 ///
-/// Arguments as for [`pfnm_fuse_list`]; an error when the clients' widths below `g` differ,
-/// or when a writer of layer `g`'s units reads units above it (a residual stream).
+/// Arguments as for [`pfnm_fuse_list`]; an error when the clients' widths below `g` differ.
 pub fn pfnm_match_layer(
     input: &[usize],
     layers: &[LayerSpec],
@@ -197,21 +199,23 @@ pub fn pfnm_match_layer(
         });
     }
     let step = MatchStep::new(&list, class_counts, cfg)?;
-    if let Some(w) = step.plan.groups[g].writers.iter().find(|w| !w.ready(&done)) {
-        return Err(FuseError::InvalidInput(format!(
-            "`{}` writes the units of model.layers[{}] but reads units above them (a residual \
-             stream); FedMA matches plain chains",
-            list.uses[0][g].own[w.own].tensor, list.uses[0][g].layer
-        )));
-    }
     let mut fused = HashMap::new();
     let (matched, _) = step.run(g, &done, orders, &mut fused)?;
+    done[g] = Some(matched.clone());
+    // The writers below that read group `g` (a block's last convolution, into a stream
+    // fused at an earlier stage); group `g`'s own writers that read groups above wait.
+    step.write_deferred(&done, |h, w| Plan::stage_of(h, w) == g && h < g, &mut fused)?;
+    let stage = step.plan.stage_tensors(&list.uses[0], g);
     let mut tensors = Params::new();
-    for own in &list.uses[0][g].own {
-        let t = fused.remove(&own.tensor).ok_or_else(|| {
-            FuseError::InvalidInput(format!("fused tensor `{}` was never estimated", own.tensor))
+    for name in list.params[0]
+        .names()
+        .iter()
+        .filter(|n| stage.contains(&n.as_str()))
+    {
+        let t = fused.remove(name).ok_or_else(|| {
+            FuseError::InvalidInput(format!("fused tensor `{name}` was never estimated"))
         })?;
-        tensors.push(own.tensor.clone(), t.shape, t.data)?;
+        tensors.push(name.clone(), t.shape, t.data)?;
     }
     Ok(MatchedLayer {
         tensors,
@@ -220,10 +224,10 @@ pub fn pfnm_match_layer(
     })
 }
 
-/// One layer matched by [`pfnm_match_layer`].
+/// One group matched by [`pfnm_match_layer`].
 #[derive(Clone, Debug)]
 pub struct MatchedLayer {
-    /// The fused layer's own tensors, in the list's order.
+    /// The tensors of the stage, fused, in the list's order.
     pub tensors: Params,
     /// Its fused width.
     pub width: usize,
@@ -292,7 +296,17 @@ struct Plan {
 
 impl Plan {
     fn of(list: &ListClients, out_weight: &str) -> Result<Self> {
-        let uses = &list.uses[0];
+        Self::of_groups(&list.uses[0], out_weight, |name| {
+            Ok(list.tensor(0, name)?.shape.len())
+        })
+    }
+
+    /// The plan of groups `uses`, `dims` giving a tensor's rank.
+    fn of_groups(
+        uses: &[UnitUses],
+        out_weight: &str,
+        dims: impl Fn(&str) -> Result<usize>,
+    ) -> Result<Self> {
         let mut reads: HashMap<&str, (usize, &UnitUse)> = HashMap::new();
         for (h, u) in uses.iter().enumerate() {
             for r in &u.readers {
@@ -306,8 +320,7 @@ impl Plan {
             for (o, own) in u.own.iter().enumerate() {
                 // Norm channels are vectors; a layer norm's scale has the sample's shape, but
                 // `matchable` refuses layer norms after a matched layer.
-                let dims = list.tensor(0, &own.tensor)?.shape.len();
-                if own.axis == 0 && dims >= 2 {
+                if own.axis == 0 && dims(&own.tensor)? >= 2 {
                     writers.push(Writer {
                         own: o,
                         bias: None,
@@ -347,6 +360,68 @@ impl Plan {
             out_weight: out_weight.to_string(),
         })
     }
+
+    /// The stage of a layer-wise matching at which writer `w` of group `g` is fused: its own
+    /// group's, or the later one its inputs belong to (a residual block's last convolution
+    /// writes a stream matched before the block's inner channels it reads).
+    fn stage_of(g: usize, w: &Writer) -> usize {
+        w.input.as_ref().map_or(g, |(h, _)| g.max(*h))
+    }
+
+    /// The own tensors of every group fused at stage `s` (see [`layerwise_stages`]), by name.
+    fn stage_tensors<'u>(&self, uses: &'u [UnitUses], s: usize) -> Vec<&'u str> {
+        let mut names = Vec::new();
+        for (g, plan) in self.groups.iter().enumerate() {
+            let own = |o: usize| uses[g].own[o].tensor.as_str();
+            for w in plan.writers.iter().filter(|w| Self::stage_of(g, w) == s) {
+                names.push(own(w.own));
+                names.extend(w.bias.map(own));
+            }
+            if g == s {
+                names.extend(plan.channels.iter().map(|&o| own(o)));
+            }
+        }
+        names
+    }
+}
+
+/// The tensors a layer-wise matching (FedMA) fixes at each of its stages, one stage per
+/// permutation group of the list, input side first: stage `s` fuses group `s`'s writers whose
+/// inputs are fused by then (with their biases) and the per-channel tensors of its norms, and
+/// every earlier group's writer that reads group `s` (a residual block's last convolution,
+/// which writes a stream matched below the block). Each stage's names are in the list's order;
+/// the output layer is in none. Refused as [`pfnm_fuse_layers`] refuses a list.
+///
+/// ```
+/// use fedfuse_core::LayerSpec;
+/// use fedfuse_fuse::layerwise_stages;
+///
+/// let layers = [LayerSpec::linear(3), LayerSpec::Relu, LayerSpec::linear(2)];
+/// let stages = layerwise_stages(&[4], &layers)?;
+/// assert_eq!(stages, vec![vec!["0.weight".to_string(), "0.bias".to_string()]]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn layerwise_stages(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<Vec<String>>> {
+    let (uses, output) = matchable(input, layers)?;
+    let (_, layout) = layers::chain(FeatureShape::of(input)?, layers)?;
+    let order: HashMap<&str, (usize, usize)> = layout
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.as_str(), (i, s.shape.len())))
+        .collect();
+    let dims = |name: &str| {
+        order.get(name).map(|&(_, d)| d).ok_or_else(|| {
+            FuseError::InvalidInput(format!("tensor `{name}` is not in the layer list"))
+        })
+    };
+    let plan = Plan::of_groups(&uses, &format!("{output}.weight"), dims)?;
+    Ok((0..uses.len())
+        .map(|s| {
+            let mut names = plan.stage_tensors(&uses, s);
+            names.sort_by_key(|n| order.get(n).map(|&(i, _)| i));
+            names.into_iter().map(str::to_string).collect()
+        })
+        .collect())
 }
 
 /// What matching one group of a list needs besides the group.
@@ -461,32 +536,44 @@ impl<'a> MatchStep<'a> {
         ))
     }
 
-    /// The writers every group left for later (a residual block's `conv2`, which writes a
-    /// stream matched before the block's inner channels), now that every group is fused: each
-    /// fused unit's row is the posterior mean of its members' rows under the prior, as a
-    /// matched writer's is, with the assignment its group's matching chose.
-    fn write_deferred(&self, done: &[Fused], fused: &mut HashMap<String, Tensor>) -> Result<()> {
+    /// The writers left for later that `pick` (group, writer) chooses (a residual block's last
+    /// convolution, which writes a stream matched before the block's inner channels), once
+    /// their group and inputs are fused in `done`: each fused unit's row is the posterior mean
+    /// of its members' rows under the prior, as a matched writer's is, with the assignment
+    /// its group's matching chose.
+    fn write_deferred(
+        &self,
+        done: &[Option<Fused>],
+        pick: impl Fn(usize, &Writer) -> bool,
+        fused: &mut HashMap<String, Tensor>,
+    ) -> Result<()> {
         let (list, cfg) = (self.list, self.cfg);
         let (inv_s, inv_s0) = (1.0 / cfg.prior.sigma, 1.0 / cfg.prior.sigma0);
-        let all: Vec<Option<Fused>> = done.iter().cloned().map(Some).collect();
         for (g, plan) in self.plan.groups.iter().enumerate() {
+            let Some(group) = &done[g] else {
+                continue;
+            };
             let waiting: Vec<&Writer> = plan
                 .writers
                 .iter()
-                .filter(|w| !fused.contains_key(&list.uses[0][g].own[w.own].tensor))
+                .filter(|w| {
+                    !fused.contains_key(&list.uses[0][g].own[w.own].tensor)
+                        && w.ready(done)
+                        && pick(g, w)
+                })
                 .collect();
             if waiting.is_empty() {
                 continue;
             }
-            let vectors = GroupVectors::new(list, g, &waiting, &all, None)?;
-            let (p, width) = (vectors.len(), done[g].width);
+            let vectors = GroupVectors::new(list, g, &waiting, done, None)?;
+            let (p, width) = (vectors.len(), group.width);
             let mean = vectors.prior_mean(cfg.bias_mean);
             let mut eta: Vec<f64> = (0..width)
                 .flat_map(|_| mean.iter().map(|m| m * inv_s0))
                 .collect();
             let mut lambda = vec![inv_s0; width];
             let mut x = vec![0.0; p];
-            for (j, asg) in done[g].assignments.iter().enumerate() {
+            for (j, asg) in group.assignments.iter().enumerate() {
                 for (u, &i) in asg.iter().enumerate() {
                     vectors.fill(j, u, &mut x);
                     for (e, v) in eta[i * p..(i + 1) * p].iter_mut().zip(&x) {

@@ -160,7 +160,7 @@ pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>
 /// `layers` with each permutation group's writers at its width (`groups[g]`'s own weights,
 /// `widths[g]`): a convolution's or linear layer's `out`, a residual block's `out` (its `conv2`
 /// and projection) or inner width (its `conv1`).
-pub(super) fn at_group_widths(
+pub fn at_group_widths(
     layers: &[LayerSpec],
     groups: &[UnitUses],
     widths: &[usize],
@@ -406,12 +406,12 @@ pub fn select_units(params: &mut Params, uses: &UnitUses, picks: &[usize]) -> Re
     Ok(())
 }
 
-/// Lays the readers of one matched layer's units (`uses.readers`: the next layer's input
-/// channels or flatten blocks) over `width` fused units: what read local unit `u` reads fused
-/// unit `to[u]`, and fused units no local unit joined are read with zero weights. The
-/// layer's own tensors are left alone (a client replaces them with the fused layer's). With
-/// the fused layer in place the network computes what it did, the new units ignored.
-pub fn spread_readers(
+/// Lays one matched group's units (`uses`: its own tensors and its readers) over `width`
+/// fused units: what held or read local unit `u` holds or reads fused unit `to[u]`, and fused
+/// units no local unit joined hold and are read with zero weights. A FedMA client then puts in
+/// the tensors its server fused; with them in place the network computes what it did, the new
+/// units ignored.
+pub fn spread_units(
     params: &mut Params,
     uses: &UnitUses,
     to: &[usize],
@@ -438,7 +438,7 @@ pub fn spread_readers(
             }
         }
     }
-    for u in &uses.readers {
+    for u in uses.all() {
         remap_units(params, u, uses, width, |k| from[k])?;
     }
     Ok(())

@@ -21,11 +21,15 @@ mod settings;
 mod types;
 mod weight_matching;
 
-pub use channels::{MatchedLayer, pfnm_fuse_layers, pfnm_fuse_list, pfnm_match_layer};
+pub use channels::{
+    MatchedLayer, layerwise_stages, pfnm_fuse_layers, pfnm_fuse_list, pfnm_match_layer,
+};
 pub use layer::{
     ClientUnits, LayerMatch, MatchTimings, OrderSource, ReplayOrder, RngOrder, match_layer,
 };
-pub use lists::{FusedLayers, matchable, permutable, permute_units, select_units, spread_readers};
+pub use lists::{
+    FusedLayers, at_group_widths, matchable, permutable, permute_units, select_units, spread_units,
+};
 pub use mlp::{
     DenseLayer, Fused, FusedMlp, MatchOrder, MlpWeights, PfnmConfig, pfnm_fuse, pfnm_fuse_mlp,
 };

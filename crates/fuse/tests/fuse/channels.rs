@@ -851,11 +851,11 @@ fn refused_lists_name_the_layer() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// FedMA's step on a client: its layer `g` replaced by a wider fused layer that holds its
-    /// units at `to` (the other units arbitrary), its readers spread over the fused units:
-    /// the logits stay the same, and picking the units at `to` gives the client back.
+    /// FedMA's step on a client: its layer `g` laid over a wider fused layer at `to`
+    /// (`spread_units`) and the fused units it lacks filled in arbitrarily: the logits stay the
+    /// same, and picking the units at `to` gives the client back.
     #[test]
-    fn spreading_readers_over_a_fused_layer_keeps_the_logits(
+    fn spreading_a_layer_over_fused_units_keeps_the_logits(
         w1 in 1usize..5, w2 in 1usize..5, w3 in 1usize..6, extra in 0usize..3,
         g in 0usize..3, norms in any::<[bool; 3]>(), seed in any::<u64>(),
     ) {
@@ -876,19 +876,19 @@ proptest! {
         }
         let mut wide = random_params(&INPUT, &wide_layers, &mut rng);
         let mut spread = p.clone();
-        fedfuse_fuse::spread_readers(&mut spread, &uses[g], to, width).unwrap();
+        fedfuse_fuse::spread_units(&mut spread, &uses[g], to, width).unwrap();
         let own: Vec<&str> = uses[g].own.iter().map(|u| u.tensor.as_str()).collect();
         for (name, t) in spread.iter() {
             let w = wide.get_mut(name).unwrap();
+            prop_assert_eq!(&w.shape, &t.shape, "{}", name);
             if own.contains(&name) {
-                // The client's unit u sits at fused unit to[u].
-                let span = t.data.len() / units;
-                for (u, &at) in to.iter().enumerate() {
+                // The client's unit u sits at fused unit to[u]; the others keep random values.
+                let span = t.data.len() / width;
+                for &at in to {
                     w.data[at * span..(at + 1) * span]
-                        .copy_from_slice(&t.data[u * span..(u + 1) * span]);
+                        .copy_from_slice(&t.data[at * span..(at + 1) * span]);
                 }
             } else {
-                prop_assert_eq!(&w.shape, &t.shape, "{}", name);
                 w.data.clone_from(&t.data);
             }
         }

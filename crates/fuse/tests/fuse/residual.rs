@@ -7,8 +7,9 @@
 use fedfuse_core::layers::{LayerSpec, UnitUses, permutation_groups};
 use fedfuse_core::{BlockNorm, Params, ZooModel};
 use fedfuse_fuse::{
-    FusedLayers, MatchOrder, MatchPrior, PfnmConfig, WeightMatchingConfig, permute_units,
-    pfnm_fuse_layers, weight_matching_fuse,
+    FusedLayers, MatchOrder, MatchPrior, PfnmConfig, RngOrder, WeightMatchingConfig,
+    layerwise_stages, permute_units, pfnm_fuse_layers, pfnm_match_layer, spread_units,
+    weight_matching_fuse,
 };
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -407,6 +408,125 @@ fn matchers_recover_planted_permutations_of_resnet50() {
     let layers = ZooModel::Resnet50.layers(10, BlockNorm::Batch, 2);
     recovers(&[3, 16, 16], &layers, 0.01, 43, Matcher::Pfnm { eps: 0.0 });
     recovers(&[3, 16, 16], &layers, 0.0, 43, Matcher::Pfnm { eps: 0.5 });
+}
+
+/// FedMA's stages without the retraining between them, on a network and two copies with every
+/// group permuted: at each stage the group's units pair up with the copies' (the planted
+/// permutations), the stage fuses the tensors `layerwise_stages` lists (a block's last
+/// convolution at its inner channels' stage, after the stream it writes), and each client,
+/// laying the group over the fused units and putting the fused tensors in, keeps computing the
+/// network's logits. At the end every client holds the same model.
+fn fedma_stages_recover(input: &[usize], layers: &[LayerSpec], seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let p = random_params(input, layers, &mut rng);
+    let xs = samples(input, &mut rng, 2);
+    let want = logits(input, layers, &p, &xs);
+    let mut clients = vec![p.clone()];
+    let mut perms = vec![Vec::new()];
+    for _ in 0..2 {
+        let (q, perm) = permuted(input, layers, &p, &mut rng);
+        clients.push(q);
+        perms.push(perm);
+    }
+    perms[0] = perms[1].iter().map(|g| (0..g.len()).collect()).collect();
+    let groups = permutation_groups(input, layers).unwrap();
+    let stages = layerwise_stages(input, layers).unwrap();
+    assert_eq!(stages.len(), groups.len());
+    let cfg = PfnmConfig {
+        prior: MatchPrior {
+            sigma: 1e-4,
+            ..MatchPrior::default()
+        },
+        order: MatchOrder::BottomUp,
+        ..PfnmConfig::default()
+    };
+    for (g, group) in groups.iter().enumerate() {
+        let refs: Vec<&Params> = clients.iter().collect();
+        let m =
+            pfnm_match_layer(input, layers, &refs, g, None, &cfg, &mut RngOrder(&mut rng)).unwrap();
+        assert_eq!(m.width, group.units, "stage {g}: width");
+        assert_eq!(
+            m.tensors.names(),
+            stages[g].as_slice(),
+            "stage {g}: tensors"
+        );
+        // Client j's unit perm[u] is the network's unit u: all of them share a fused unit.
+        let fused: Vec<Vec<usize>> = perms
+            .iter()
+            .zip(&m.assignments)
+            .map(|(perm, asg)| perm[g].iter().map(|&local| asg[local]).collect())
+            .collect();
+        assert!(fused.iter().all(|f| f == &fused[0]), "stage {g}: {fused:?}");
+        for (j, client) in clients.iter_mut().enumerate() {
+            spread_units(client, group, &m.assignments[j], m.width).unwrap();
+            for (name, t) in m.tensors.iter() {
+                *client.get_mut(name).unwrap() = t.clone();
+            }
+            // The prior pulls each fused value towards zero by about sigma / (3 sigma0), 3e-5:
+            // the logits drift by up to about 5e-5 a stage (ResNet-50 has 37).
+            let tol = 2e-4 + 5e-5 * (g + 1) as f64;
+            let got = logits(input, layers, client, &xs);
+            assert_close(&got, &want, tol, &format!("stage {g}, client {j}: logits"));
+        }
+    }
+    for client in &clients[1..] {
+        for (name, t) in client.iter() {
+            let a: Vec<f64> = t.data.iter().map(|&v| f64::from(v)).collect();
+            let b: Vec<f64> = clients[0]
+                .get(name)
+                .unwrap()
+                .data
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect();
+            assert_close(&a, &b, 1e-3, name);
+        }
+    }
+}
+
+#[test]
+fn fedma_stages_recover_planted_permutations_of_resnets() {
+    // A two-stage network (batch norm and none), ResNet-20 at width 8, ResNet-50 at width 2.
+    for (norm, seed) in [(BlockNorm::Batch, 51), (BlockNorm::None, 52)] {
+        fedma_stages_recover(&INPUT, &resnet(4, &[(4, 1, 2), (6, 2, 2)], norm), seed);
+    }
+    fedma_stages_recover(
+        &[3, 8, 8],
+        &ZooModel::Resnet20.layers(10, BlockNorm::Batch, 8),
+        53,
+    );
+    fedma_stages_recover(
+        &[3, 16, 16],
+        &ZooModel::Resnet50.layers(10, BlockNorm::Batch, 2),
+        54,
+    );
+}
+
+/// A block's last convolution is fused at its inner channels' stage, after the stream's.
+#[test]
+fn a_blocks_last_convolution_is_fused_at_its_inner_channels_stage() {
+    let layers = resnet(4, &[(4, 1, 1), (6, 2, 1)], BlockNorm::None);
+    let stages = layerwise_stages(&INPUT, &layers).unwrap();
+    let want: [&[&str]; 4] = [
+        &["0.weight", "0.bias"],
+        &[
+            "2.conv1.weight",
+            "2.conv1.bias",
+            "2.conv2.weight",
+            "2.conv2.bias",
+        ],
+        &["3.conv1.weight", "3.conv1.bias"],
+        &[
+            "3.conv2.weight",
+            "3.conv2.bias",
+            "3.shortcut.0.weight",
+            "3.shortcut.0.bias",
+        ],
+    ];
+    assert_eq!(
+        stages,
+        want.map(|s| s.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+    );
 }
 
 /// Two unrelated networks share no unit: at a sharp prior PFNM opens a fused unit for every

@@ -4,7 +4,7 @@
 
 use fedfuse_core::layers::TensorRole;
 use fedfuse_core::{ConfigValue, Params, Record};
-use fedfuse_fuse::spread_readers;
+use fedfuse_fuse::spread_units;
 use fedfuse_train::init_params;
 
 use super::{ASSIGN, FedMa, STAGE};
@@ -80,26 +80,34 @@ impl FedMa {
         };
         let (_, uses) = self.view.at_widths(&model)?;
         let g = stage - 1;
-        let width = instruction
-            .params
-            .get(&format!("{}.weight", uses[g].layer))
-            .and_then(|t| t.shape.first().copied())
-            .unwrap_or(0);
-        spread_readers(&mut model, &uses[g], &assign, width)?;
+        let width = self.group_width(&instruction.params, g).unwrap_or(0);
+        spread_units(&mut model, &uses[g], &assign, width)?;
         for (name, t) in instruction.params.iter() {
             let slot = model.get_mut(name).ok_or_else(|| {
                 bad_instruction(
                     ctx.id,
-                    format!("the fused layer holds `{name}`, no tensor of the model"),
+                    format!("the fused group holds `{name}`, no tensor of the model"),
                 )
             })?;
+            if slot.shape != t.shape {
+                return Err(bad_instruction(
+                    ctx.id,
+                    format!(
+                        "the fused `{name}` has shape {:?} where the model laid over the fused \
+                         units has {:?}",
+                        t.shape, slot.shape
+                    ),
+                ));
+            }
             *slot = t.clone();
         }
-        let (layers, uses) = self.view.at_widths(&model)?;
+        let (layers, _) = self.view.at_widths(&model)?;
         model.check_layout(&self.view.layout(&layers)?)?;
-        let frozen: Vec<String> = (0..stage)
-            .flat_map(|h| self.own_names(&uses, h))
+        let frozen: Vec<String> = self.stages[..stage]
+            .iter()
+            .flatten()
             .filter(|n| TensorRole::of(n) == TensorRole::Param)
+            .cloned()
             .collect();
         let trainer = self.view.trainer_for(&model)?;
         let fitted = trainer.fit_frozen(&model, &frozen, &ctx.data.train, ctx.train, ctx.seed)?;
@@ -116,10 +124,10 @@ impl FedMa {
         ctx: &ClientContext<'_>,
         loss: f64,
     ) -> Result<Record> {
-        let (layers, uses) = self.view.at_widths(model)?;
+        let (layers, _) = self.view.at_widths(model)?;
         let layout = self.view.layout(&layers)?;
         let mut out = Params::new();
-        for name in self.sent_names(&uses, &layout, stage) {
+        for name in self.sent_names(&layout, stage) {
             let t = model.require(&name)?;
             out.push(name, t.shape.clone(), t.data.clone())?;
         }

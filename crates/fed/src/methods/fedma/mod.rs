@@ -1,17 +1,22 @@
 //! FedMA (Wang et al. 2020, "Federated Learning with Matched Averaging"): layer-wise matching
 //! with PFNM's matcher, and "FedMA with communication".
 //!
-//! A pass takes `M + 1` federation rounds for a network with `M` matched layers (every
-//! convolution and linear layer below the output layer):
+//! A pass takes `M + 1` federation rounds for a network with `M` permutation groups (in a plain
+//! chain every convolution and linear layer below the output layer; in a residual network
+//! also each stage's stream, and each block's inner channels), input side first:
 //!
 //! - stage 0: each client trains its whole model (in the first pass from its own
 //!   initialisation, later from its part of the last global model: the global units it was
-//!   matched to, so its widths stay the original ones) and sends matched layer 0;
-//! - stage `s` in `1..M`: the server has matched layer `s - 1` ([`pfnm_match_layer`]) and
-//!   sends it down with the client's assignment; the client puts it in, lays the layer above
-//!   over the fused units ([`spread_readers`]), retrains the layers above with everything
-//!   matched so far frozen, and sends matched layer `s` (the top one with its weights into
-//!   the classes, which its matching reads);
+//!   matched to, so its widths stay the original ones) and sends the tensors of stage 0
+//!   ([`layerwise_stages`]);
+//! - stage `s` in `1..M`: the server has matched group `s - 1` ([`pfnm_match_layer`]) and
+//!   sends its stage's tensors down with the client's assignment; the client lays everything
+//!   that holds or reads the group's units over the fused units ([`spread_units`]), puts the
+//!   fused tensors in, retrains with everything fused so far frozen, and sends the tensors of
+//!   stage `s` (the group the output layer reads with its weights into the classes, which its
+//!   matching reads). A residual block's last convolution writes a stream matched below the
+//!   block and reads the block's inner channels: it is fused, and frozen, at the inner
+//!   channels' stage;
 //! - stage `M`: after the same step for the top matched layer, the client sends the output
 //!   layer and every buffer (batch norms' running statistics and counters) and every tensor no
 //!   matched layer owns; the server averages them (the output rows weighted by each client's
@@ -31,10 +36,12 @@ mod state;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use fedfuse_core::layers::{LayerSpec, TensorRole, UnitUses};
+use fedfuse_core::layers::{TensorRole, UnitUses};
 use fedfuse_core::{ModelSpec, ParamShape, Params, Record};
+use fedfuse_fuse::layerwise_stages;
 use fedfuse_train::Init;
 
+use super::in_method;
 use super::list_view::ListView;
 use crate::{Aggregate, ClientContext, Method, Reply, Result};
 
@@ -55,6 +62,12 @@ const CLIENT: &str = "client.";
 pub struct FedMa {
     settings: FedMaSettings,
     view: ListView,
+    /// The list's permutation groups at the clients' widths.
+    groups: Vec<UnitUses>,
+    /// The tensors fused at each stage ([`layerwise_stages`]).
+    stages: Vec<Vec<String>>,
+    /// The stage whose group the output layer reads (its weights join that matching).
+    top: Option<usize>,
     init: Init,
     seed: u64,
     progress: Progress,
@@ -72,9 +85,19 @@ impl FedMa {
         init: Init,
         seed: u64,
     ) -> Result<Self> {
+        let view = ListView::of(spec)?;
+        let stages = layerwise_stages(&view.input, &view.layers).map_err(in_method)?;
+        let (_, groups) = view.at_widths(&Params::new())?;
+        let out_weight = format!("{}.weight", view.output);
+        let top = groups
+            .iter()
+            .position(|u| u.readers.iter().any(|r| r.tensor == out_weight));
         Ok(Self {
             settings: settings.clone(),
-            view: ListView::chain(spec, "fedma")?,
+            view,
+            groups,
+            stages,
+            top,
             init,
             seed,
             progress: Progress::default(),
@@ -84,39 +107,36 @@ impl FedMa {
         })
     }
 
-    /// The own tensors of matched layer `g` (weight, bias, norm channels), by name.
-    pub(super) fn own_names(&self, uses: &[UnitUses], g: usize) -> Vec<String> {
-        uses[g].own.iter().map(|u| u.tensor.clone()).collect()
+    /// The tensors fused at stage `s`, by name.
+    pub(super) fn stage_names(&self, s: usize) -> &[String] {
+        &self.stages[s]
     }
 
     /// What a client sends at `stage`.
-    pub(super) fn sent_names(
-        &self,
-        uses: &[UnitUses],
-        layout: &[ParamShape],
-        stage: usize,
-    ) -> Vec<String> {
+    pub(super) fn sent_names(&self, layout: &[ParamShape], stage: usize) -> Vec<String> {
         if stage < self.view.matched {
-            let mut names = self.own_names(uses, stage);
-            if stage + 1 == self.view.matched {
+            let mut names = self.stage_names(stage).to_vec();
+            if self.top == Some(stage) {
                 names.push(format!("{}.weight", self.view.output));
             }
             return names;
         }
-        let owned: Vec<String> = (0..self.view.matched)
-            .flat_map(|g| self.own_names(uses, g))
-            .collect();
+        let owned: Vec<&String> = self.stages.iter().flatten().collect();
         layout
             .iter()
-            .filter(|s| TensorRole::of(&s.name) != TensorRole::Param || !owned.contains(&s.name))
+            .filter(|s| TensorRole::of(&s.name) != TensorRole::Param || !owned.contains(&&s.name))
             .map(|s| s.name.clone())
             .collect()
     }
-}
 
-pub(super) fn set_out(layer: &mut LayerSpec, width: usize) {
-    if let LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } = layer {
-        *out = width;
+    /// The rows of group `g` a model holds: those of the first of its weights present.
+    pub(super) fn group_width(&self, params: &Params, g: usize) -> Option<usize> {
+        self.groups[g]
+            .own
+            .iter()
+            .filter(|u| u.axis == 0)
+            .find_map(|u| params.get(&u.tensor))
+            .and_then(|t| t.shape.first().copied())
     }
 }
 

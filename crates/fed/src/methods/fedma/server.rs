@@ -1,13 +1,13 @@
 //! The FedMA server: what each stage sends, the matching of each layer over the clients'
 //! replies, and the last stage's average that completes the global model.
 
-use fedfuse_core::layers::{self, TensorRole};
+use fedfuse_core::layers::{LayerSpec, TensorRole};
 use fedfuse_core::{ConfigValue, ParamShape, Params, Record, Tensor};
-use fedfuse_fuse::{RngOrder, pfnm_match_layer};
+use fedfuse_fuse::{RngOrder, at_group_widths, pfnm_match_layer};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use super::{ASSIGN, FedMa, STAGE, set_out};
+use super::{ASSIGN, FedMa, STAGE};
 use crate::method::SERVER_ROUND;
 use crate::methods::pfnm::replies_class_counts;
 use crate::{Aggregate, FedError, Reply, Result, derive_seed};
@@ -30,10 +30,9 @@ impl FedMa {
                 )
             }
         } else {
-            let (_, uses) = self.view.at_widths(&self.built)?;
             let mut layer = Params::new();
-            for name in self.own_names(&uses, stage - 1) {
-                let t = self.built.require(&name)?;
+            for name in self.stage_names(stage - 1) {
+                let t = self.built.require(name)?;
                 layer.push(name, t.shape.clone(), t.data.clone())?;
             }
             let mut record = Record::from_params(layer);
@@ -63,22 +62,17 @@ impl FedMa {
             client: reply.client,
             reason,
         };
-        let mut layers = self.view.layers.clone();
-        let (_, uses) = self.view.at_widths(&self.built)?;
-        for (g, &w) in self.progress.widths.iter().enumerate().take(stage) {
-            set_out(&mut layers[uses[g].layer], w);
-        }
-        let weight = format!("{}.weight", uses[stage].layer);
-        let rows = reply
-            .record
-            .params
-            .get(&weight)
-            .and_then(|t| t.shape.first().copied())
-            .ok_or_else(|| bad(format!("FedMA stage {stage}: tensor `{weight}` is missing")))?;
-        set_out(&mut layers[uses[stage].layer], rows);
+        let rows = self
+            .group_width(&reply.record.params, stage)
+            .ok_or_else(|| {
+                bad(format!(
+                    "FedMA stage {stage}: no weight of the matched group among {:?}",
+                    reply.record.params.names()
+                ))
+            })?;
+        let layers = self.layers_at(&self.progress.widths, Some(rows));
         let layout = self.view.layout(&layers).map_err(|e| bad(e.to_string()))?;
-        let uses = layers::unit_uses(&self.view.input, &layers).map_err(|e| bad(e.to_string()))?;
-        let sent = self.sent_names(&uses, &layout, stage);
+        let sent = self.sent_names(&layout, stage);
         let names: Vec<&str> = reply.record.params.iter().map(|(n, _)| n).collect();
         if names != sent.iter().map(String::as_str).collect::<Vec<_>>() {
             return Err(bad(format!(
@@ -113,14 +107,9 @@ impl FedMa {
     /// The last stage: output rows weighted by each client's count of their class, every
     /// other tensor sent by examples; with the fused layers, the global model.
     pub(super) fn complete(&self, replies: &[Reply]) -> Result<Params> {
-        let mut layers = self.view.layers.clone();
-        let (_, uses) = self.view.at_widths(&self.built)?;
-        for (g, &w) in self.progress.widths.iter().enumerate() {
-            set_out(&mut layers[uses[g].layer], w);
-        }
+        let layers = self.layers_at(&self.progress.widths, None);
         let layout = self.view.layout(&layers)?;
-        let (_, uses) = self.view.at_widths(&Params::zeros(&layout))?;
-        let sent = self.sent_names(&uses, &layout, self.view.matched);
+        let sent = self.sent_names(&layout, self.view.matched);
         let classes = self.layers_classes(&layout);
         let counts = replies_class_counts(replies, classes)?;
         let examples: Vec<f64> = replies
@@ -184,6 +173,22 @@ impl FedMa {
             global.push(s.name.clone(), s.shape.clone(), data)?;
         }
         Ok(global)
+    }
+
+    /// The list with the groups below at `fused` widths, the next at `next` rows (when given)
+    /// and the rest at the clients' widths.
+    pub(super) fn layers_at(&self, fused: &[usize], next: Option<usize>) -> Vec<LayerSpec> {
+        let widths: Vec<usize> = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, u)| match fused.get(g) {
+                Some(&w) => w,
+                None if g == fused.len() => next.unwrap_or(u.units),
+                None => u.units,
+            })
+            .collect();
+        at_group_widths(&self.view.layers, &self.groups, &widths)
     }
 
     pub(super) fn layers_classes(&self, layout: &[ParamShape]) -> usize {

@@ -129,8 +129,8 @@ impl FedMaSettings {
         Ok(())
     }
 
-    /// Federation rounds one pass takes on `spec`: its matched layers plus one.
+    /// Federation rounds one pass takes on `spec`: its permutation groups plus one.
     pub fn rounds_per_pass(spec: &ModelSpec) -> Result<usize> {
-        Ok(ListView::chain(spec, "fedma")?.matched + 1)
+        Ok(ListView::of(spec)?.matched + 1)
     }
 }

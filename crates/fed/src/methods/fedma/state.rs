@@ -166,7 +166,7 @@ impl FedMa {
                 "client {client}'s last assignments cover more than {matched} layers"
             ));
         }
-        let (layers, uses) = self.view.at_widths(built).map_err(|e| e.to_string())?;
+        let (layers, _) = self.view.at_widths(built).map_err(|e| e.to_string())?;
         let layout = self.view.layout(&layers).map_err(|e| e.to_string())?;
         for (name, t) in built.iter() {
             match layout.iter().find(|s| s.name == name) {
@@ -181,10 +181,10 @@ impl FedMa {
             }
         }
         for (g, &w) in p.widths.iter().enumerate() {
-            let weight = format!("{}.weight", uses[g].layer);
-            if built.get(&weight).and_then(|t| t.shape.first()) != Some(&w) {
+            if self.group_width(built, g) != Some(w) {
                 return Err(format!(
-                    "fused layer {g} (`{weight}`) is missing or not {w} units wide"
+                    "fused group {g} (model.layers[{}]) is missing or not {w} units wide",
+                    self.groups[g].layer
                 ));
             }
         }

@@ -27,6 +27,7 @@ pub mod run;
 pub mod sweep;
 pub mod table;
 pub mod tensorboard;
+pub mod wire;
 
 pub use config::Config;
 pub use error::LabError;

@@ -1,13 +1,14 @@
 //! `fedfuse run`: config -> data -> federation -> output folder.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{Context, LabError, Result, bail};
 use fedfuse_core::flower::FlowerContent;
-use fedfuse_core::{ConfigValue, ModelSpec, Params, Record, TorchvisionNames};
+use fedfuse_core::{ConfigValue, ModelSpec, Params, TorchvisionNames};
+
+use crate::wire::WireNames;
 use fedfuse_data::{CdcOptions, Table, cache_dir, load_dataset};
 use fedfuse_data::{ClientData, Dataset, client_splits, permute_clients, permute_features};
 use fedfuse_fed::{
@@ -165,17 +166,7 @@ fn in_list_order(
     spec: &ModelSpec,
     names: Option<&TorchvisionNames>,
 ) -> fedfuse_core::Result<Params> {
-    let params = match names {
-        Some(names) => {
-            let list_name: HashMap<String, String> = spec
-                .param_shapes()
-                .into_iter()
-                .filter_map(|s| Some((names.torch_name(&s.name)?, s.name)))
-                .collect();
-            params.renamed(|n| list_name.get(n).cloned())?
-        }
-        None => params,
-    };
+    let params = WireNames::of(spec, names).to_inside(params)?;
     params.arranged(&spec.param_shapes())
 }
 
@@ -359,6 +350,8 @@ pub struct Federation {
     pub spec: Option<ModelSpec>,
     /// Rounds, sampling, seeds and local training.
     pub sim: SimConfig,
+    /// The names its tensors carry over Flower: torchvision's for its ResNets.
+    pub wire: WireNames,
     /// One line saying what runs, for the person running it, without the rounds (over Flower
     /// the ServerApp decides them, not the config a node reads): see [`Self::run_summary`].
     pub summary: String,
@@ -480,6 +473,7 @@ impl Federation {
         );
         Ok(Self {
             method,
+            wire: WireNames::of(&spec, model.torchvision_names().as_ref()),
             spec: Some(spec),
             data: FederationData::Labelled {
                 trainer,
@@ -498,7 +492,7 @@ impl Federation {
     /// holds `server-round`): the method's client step with the simulator's seed for that
     /// client and round. A Flower ClientApp and fedfuse's Rust node both run this.
     pub fn client_fit(&self, id: usize, instruction: &FlowerContent) -> Result<FlowerContent> {
-        let record = Record::from_flower(instruction)?;
+        let record = self.wire.incoming(instruction)?;
         let round = record
             .config
             .get(SERVER_ROUND)
@@ -515,7 +509,7 @@ impl Federation {
             (&self.sim.train, seed),
             self.sim.local_eval,
         )?;
-        Ok(reply.to_flower()?)
+        Ok(self.wire.outgoing(reply)?)
     }
 
     /// `(loss, accuracy, examples)` of the model in `content` on client `id`'s own test split.
@@ -523,7 +517,7 @@ impl Federation {
     /// node's evaluate reply then carries the same keys, as Flower's strategies require, and
     /// zero examples weigh nothing in their weighted means.
     pub fn client_evaluate(&self, id: usize, content: &FlowerContent) -> Result<(f64, f64, usize)> {
-        let record = Record::from_flower(content)?;
+        let record = self.wire.incoming(content)?;
         let FederationData::Labelled {
             trainer, clients, ..
         } = &self.data
@@ -583,7 +577,7 @@ impl Federation {
     /// server scores its own model each round (NaN for a table, whose model is no
     /// classifier); for a stock Flower strategy's central evaluation.
     pub fn server_evaluate(&self, content: &FlowerContent) -> Result<(f64, f64)> {
-        let record = Record::from_flower(content)?;
+        let record = self.wire.incoming(content)?;
         let FederationData::Labelled { trainer, test, .. } = &self.data else {
             return Ok((f64::NAN, f64::NAN));
         };
@@ -736,6 +730,7 @@ fn prepare_tables(cfg: &Config, table: &TableSection) -> Result<Federation> {
         tables.train.len(),
     );
     Ok(Federation {
+        wire: WireNames::default(),
         method,
         data: FederationData::Tables {
             clients: tables.train,

@@ -134,7 +134,7 @@ impl Server {
                 .method
                 .instruct(open.round, client, &s.global)
                 .map_err(err)?;
-            let content = record.to_flower().map_err(err)?;
+            let content = s.fed.wire.outgoing(record).map_err(err)?;
             open.state.count_down(wire_bytes(&content));
             Ok(content)
         })?;
@@ -169,6 +169,7 @@ impl Server {
         self.with(|s| {
             let mut open = s.open.take().ok_or_else(|| err("no open round"))?;
             let method = s.fed.method.as_mut();
+            let wire = &s.fed.wire;
             let global = &mut s.global;
             // The server holds no client data: the local mean is not measured.
             let view = s.fed.data.server_view();
@@ -176,7 +177,8 @@ impl Server {
                 let aggregating = Instant::now();
                 for &client in &open.sampled {
                     let reply = match by_client.remove(&client) {
-                        Some(Ok(content)) => Record::from_flower(&content)
+                        Some(Ok(content)) => wire
+                            .incoming(&content)
                             .map_err(Into::into)
                             .map(|r| (r, wire_bytes(&content))),
                         Some(Err(reason)) => {
@@ -236,8 +238,9 @@ impl Server {
     /// The global model as Flower content (dense).
     fn global_model<'py>(&self, py: Python<'py>) -> PyResult<PyContent<'py>> {
         let content = self.with(|s| {
-            Record::from_params(s.global.clone())
-                .to_flower()
+            s.fed
+                .wire
+                .outgoing(Record::from_params(s.global.clone()))
                 .map_err(err)
         })?;
         Ok(content_to_py(py, content))

@@ -159,3 +159,50 @@ fn a_runs_folder_is_replaced_whole_or_not_at_all() {
         "mine"
     );
 }
+
+/// Over Flower a torchvision ResNet carries torchvision's names (what a stock PyTorch
+/// ClientApp on `torchvision.models.resnet18` loads by name): a node takes an instruction under
+/// them and replies under them, and the server scores a model under either.
+#[test]
+fn torchvision_resnets_travel_under_torchvisions_names() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/mnist");
+    let sets: Vec<String> = [
+        "dataset.name=mnist",
+        "dataset.train_samples=60",
+        "dataset.test_samples=20",
+        "dataset.local_test_fraction=0",
+        "model={kind=\"resnet18\", width=2}",
+        "train.batch_size=10",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([format!("data_dir={dir:?}")])
+    .collect();
+    let cfg = Config::parse(DIGITS, &sets).unwrap();
+    let fed = Federation::prepare(&cfg).unwrap();
+    let inside = Record::from_params(fed.init.clone());
+    let outside = fed.wire.outgoing(inside.clone()).unwrap();
+    let names: Vec<&str> = outside.arrays.iter().map(|a| a.key.as_str()).collect();
+    for want in [
+        "conv1.weight",
+        "bn1.running_mean",
+        "layer1.0.conv2.weight",
+        "layer2.0.downsample.0.weight",
+        "layer4.1.bn2.num_batches_tracked",
+        "fc.bias",
+    ] {
+        assert!(names.contains(&want), "{want} not in {names:?}");
+    }
+    assert!(names.iter().all(|n| !n.starts_with(char::is_numeric)), "{names:?}");
+    let round = Record::from_params(fed.init.clone())
+        .with_config("server-round", fedfuse_core::ConfigValue::Int(1));
+    let reply = fed.client_fit(0, &fed.wire.outgoing(round).unwrap()).unwrap();
+    let replied: Vec<&str> = reply.arrays.iter().map(|a| a.key.as_str()).collect();
+    assert_eq!(replied, names);
+    // The same model under either name set scores the same.
+    let listed = inside.to_flower().unwrap();
+    assert_eq!(
+        fed.server_evaluate(&outside).unwrap(),
+        fed.server_evaluate(&listed).unwrap()
+    );
+}

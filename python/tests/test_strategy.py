@@ -98,3 +98,26 @@ def test_a_nodes_error_text_is_shortened_and_escaped():
     assert len(reasons) == 3, reasons
     for reason in reasons:
         assert len(reason) < 1000 and "\x1b" not in reason and "\n" not in reason, reason[:200]
+
+
+def test_a_torchvision_resnet_travels_under_torchvisions_names():
+    # What a stock PyTorch ClientApp on torchvision.models.resnet18 loads and sends back: the
+    # strategy's arrays and its fused model carry torchvision's state_dict names.
+    from conftest import SHARED
+
+    sets = [
+        "clients=3",
+        "rounds=1",
+        "dataset.name=mnist",
+        f"data_dir={str(SHARED / 'data' / 'mnist')!r}",
+        "dataset.train_samples=90",
+        "dataset.test_samples=20",
+        'model={kind="resnet18", width=2, norm="group"}',
+    ]
+    model, fused, metrics = one_round(Strategy(CONFIG, sets), [5, 15, 5], [1.0, 2.0, 3.0])
+    assert metrics["rejected"] == [], metrics["rejected"]
+    for key in ["conv1.weight", "layer1.0.conv1.weight", "layer2.0.downsample.0.weight", "fc.bias"]:
+        assert key in model and key in fused, (key, sorted(model)[:8])
+    assert not any(k[0].isdigit() for k in fused), sorted(fused)[:8]
+    for k in model:  # (5 * 1 + 15 * 2 + 5 * 3) / 25 = 2
+        np.testing.assert_allclose(fused[k], model[k] + 2.0, atol=1e-4, err_msg=k)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # PFNM over the permutation groups of residual networks (docs/BENCHMARKS.md, "PFNM of residual
 # networks"): two ResNet-18-sized networks (the second A with every group permuted and 5 %
-# noise) and eight ResNet-20s at width 16 (A and seven such copies), each fused RUNS times by
+# noise), eight ResNet-20s at width 16 (A and seven such copies) and two ResNet-50-sized
+# networks of bottlenecks, each fused RUNS times by
 # `fedfuse fuse --method pfnm` under /usr/bin/time; prints the median wall seconds, the median
 # peak resident memory and the fused widths. No reference implementation matches residual
 # networks by PFNM, so there is no ratio. Usage: scripts/bench_pfnm_resnets.sh [RUNS] [BINARY]
@@ -23,7 +24,8 @@ median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 [ -f target/wm/r18/b.safetensors ] || $py scripts/bench_weight_matching.py make target/wm/r18 --resnet18
 [ -f target/wm/r20w16x8/b7.safetensors ] ||
     $py scripts/bench_weight_matching.py make target/wm/r20w16x8 --width 16 --copies 7
-for d in target/wm/r18 target/wm/r20w16x8; do
+[ -f target/wm/r50/b.safetensors ] || $py scripts/bench_weight_matching.py make target/wm/r50 --resnet50
+for d in target/wm/r18 target/wm/r20w16x8 target/wm/r50; do
     files=("$d/a.safetensors" "$d/b.safetensors")
     for f in "$d"/b[0-9]*.safetensors; do
         [ -e "$f" ] && files+=("$f")

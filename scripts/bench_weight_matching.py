@@ -12,7 +12,7 @@ only if it raises the sum of inner products), and the two are averaged.
 
 Three commands:
 
-  make OUT_DIR (--width W | --resnet18) [--seed S] [--noise F]
+  make OUT_DIR (--width W | --resnet18 | --resnet50) [--seed S] [--noise F]
       writes OUT_DIR/model.toml (the layer list, 3x32x32 inputs), OUT_DIR/a.safetensors
       (random values for every tensor of the layout), OUT_DIR/b.safetensors (A with every
       permutation group permuted at random, plus noise of F times each tensor's spread) and
@@ -85,6 +85,23 @@ def shapes(input_shape, layers):
                 tensors.append((f"{i}.shortcut.0.weight", (out, c, 1, 1)))
                 bn(f"{i}.shortcut.1", out)
             shape = (out, (h - 1) // s + 1, (w - 1) // s + 1)
+        elif kind == "bottleneck":
+            if layer.get("norm", "batch") != "batch" or layer.get("groups", 1) != 1:
+                raise SystemExit(f"layers[{i}]: only bottlenecks with batch norm and groups = 1")
+            c, h, w = shape
+            out, s = layer["out"], layer.get("stride", 1)
+            inner = layer.get("inner", out // 4)
+            middle = layer.get("middle", inner)
+            tensors.append((f"{i}.conv1.weight", (inner, c, 1, 1)))
+            bn(f"{i}.bn1", inner)
+            tensors.append((f"{i}.conv2.weight", (middle, inner, 3, 3)))
+            bn(f"{i}.bn2", middle)
+            tensors.append((f"{i}.conv3.weight", (out, middle, 1, 1)))
+            bn(f"{i}.bn3", out)
+            if projection(c, layer):
+                tensors.append((f"{i}.shortcut.0.weight", (out, c, 1, 1)))
+                bn(f"{i}.shortcut.1", out)
+            shape = (out, (h - 1) // s + 1, (w - 1) // s + 1)
         elif kind == "global_avgpool":
             shape = (shape[0], 1, 1)
         elif kind == "flatten":
@@ -101,7 +118,15 @@ def shapes(input_shape, layers):
 
 
 def projection(c_in, layer):
-    return layer.get("stride", 1) != 1 or c_in != layer["out"]
+    return layer.get("stride", 1) != 1 or c_in != layer["out"] or layer.get("project", False)
+
+
+BLOCKS = ("residual", "bottleneck")
+
+
+def last_conv(layer):
+    """The block's convolution that writes its output stream."""
+    return "conv3" if layer["type"] == "bottleneck" else "conv2"
 
 
 def permutation_groups(input_shape, layers):
@@ -120,13 +145,14 @@ def permutation_groups(input_shape, layers):
         block = 1
         for j in range(start, len(layers)):
             layer, kind = layers[j], layers[j]["type"]
-            if kind == "residual":
+            if kind in BLOCKS:
                 group["readers"].append((f"{j}.conv1.weight", block))
                 if projection(c_in(j), layer):
                     group["readers"].append((f"{j}.shortcut.0.weight", block))
                     return True
-                group["own"].append((f"{j}.conv2.weight", 1))
-                group["own"].extend((f"{j}.bn2.{t}", 1) for t in BN)
+                conv = last_conv(layer)
+                group["own"].append((f"{j}.{conv}.weight", 1))
+                group["own"].extend((f"{j}.bn{conv[-1]}.{t}", 1) for t in BN)
                 continue
             if kind in ("conv2d", "linear"):
                 group["readers"].append((f"{j}.weight", block))
@@ -139,15 +165,23 @@ def permutation_groups(input_shape, layers):
 
     for i, layer in enumerate(layers):
         kind = layer["type"]
-        if kind == "residual":
+        if kind in BLOCKS:
             out = layer["out"]
-            inner = {"name": f"{i}.conv1.weight", "units": out}
-            inner["readers"] = [(f"{i}.conv2.weight", 1)]
-            inner["own"] = [(f"{i}.conv1.weight", 1)] + [(f"{i}.bn1.{t}", 1) for t in BN]
-            groups.append(inner)
+            if kind == "residual":
+                inners = [out]
+            else:
+                inner = layer.get("inner", out // 4)
+                inners = [inner, layer.get("middle", inner)]
+            for k, units in enumerate(inners, start=1):
+                group = {"name": f"{i}.conv{k}.weight", "units": units}
+                group["readers"] = [(f"{i}.conv{k + 1}.weight", 1)]
+                group["own"] = [(f"{i}.conv{k}.weight", 1)] + [(f"{i}.bn{k}.{t}", 1) for t in BN]
+                groups.append(group)
             if projection(c_in(i), layer):
-                stream = {"name": f"{i}.conv2.weight", "units": out, "readers": []}
-                stream["own"] = [(f"{i}.conv2.weight", 1)] + [(f"{i}.bn2.{t}", 1) for t in BN]
+                conv = last_conv(layer)
+                stream = {"name": f"{i}.{conv}.weight", "units": out, "readers": []}
+                stream["own"] = [(f"{i}.{conv}.weight", 1)]
+                stream["own"] += [(f"{i}.bn{conv[-1]}.{t}", 1) for t in BN]
                 stream["own"].append((f"{i}.shortcut.0.weight", 1))
                 stream["own"].extend((f"{i}.shortcut.1.{t}", 1) for t in BN)
                 if follow(stream, i + 1):
@@ -303,16 +337,18 @@ def fuse(args):
 # Test models and the check
 
 
-def resnet_layers(stem, stages, blocks, classes=10):
+def resnet_layers(stem, stages, blocks, classes=10, kind="residual"):
+    """A CIFAR-stem ResNet: `blocks` blocks of `kind` per stage (an int, or one per stage)."""
     layers = [
         {"type": "conv2d", "out": stem, "kernel": 3, "stride": 1, "padding": 1, "bias": False},
         {"type": "batchnorm2d"},
         {"type": "relu"},
     ]
-    for s, width in enumerate(stages):
-        for k in range(blocks):
+    per_stage = blocks if isinstance(blocks, list) else [blocks] * len(stages)
+    for s, (width, n) in enumerate(zip(stages, per_stage)):
+        for k in range(n):
             stride = 2 if s > 0 and k == 0 else 1
-            layers.append({"type": "residual", "out": width, "stride": stride, "norm": "batch"})
+            layers.append({"type": kind, "out": width, "stride": stride, "norm": "batch"})
     layers += [{"type": "global_avgpool"}, {"type": "flatten"}, {"type": "linear", "out": classes}]
     return layers
 
@@ -324,6 +360,8 @@ def toml_value(v):
 def make(args):
     if args.resnet18:
         layers = resnet_layers(64, [64, 128, 256, 512], 2)
+    elif args.resnet50:
+        layers = resnet_layers(64, [256, 512, 1024, 2048], [3, 4, 6, 3], kind="bottleneck")
     else:
         w = args.width
         layers = resnet_layers(w, [w, 2 * w, 4 * w], 3)
@@ -424,6 +462,7 @@ def main():
     m.add_argument("out_dir")
     m.add_argument("--width", type=int, default=16)
     m.add_argument("--resnet18", action="store_true")
+    m.add_argument("--resnet50", action="store_true")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--noise", type=float, default=0.05)
     m.add_argument("--copies", type=int, default=1)

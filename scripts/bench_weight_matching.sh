@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Weight matching of residual networks, fedfuse against the numpy reference
 # (scripts/bench_weight_matching.py; docs/BENCHMARKS.md, "Weight matching of residual
-# networks against numpy"). Usage: scripts/bench_weight_matching.sh [RUNS]
+# networks against numpy"). Usage: scripts/bench_weight_matching.sh [RUNS] [MODEL...]
 #
-# Makes the test models under target/wm (ResNet-20 at widths 16 and 64, a ResNet-18-sized
-# list; B is A with every permutation group permuted and 5 % noise), checks that both
+# Makes the test models under target/wm (MODEL: r20w16 and r20w64, ResNet-20 at widths 16 and
+# 64; r18, a ResNet-18-sized list; r50, a ResNet-50-sized one of bottlenecks; all but r50 by
+# default; B is A with every permutation group permuted and 5 % noise), checks that both
 # implementations recover the planted permutations with equal fused tensors, then runs each
 # pair RUNS times in turn (fedfuse, reference, fedfuse, ...) under /usr/bin/time and prints
 # the median wall seconds and the median peak resident memory of each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-9}
+shift || true
+models=("${@:-r20w16 r20w64 r18}")
 venv=target/wm-venv
 if [ ! -x $venv/bin/python ]; then
     python3 -m venv $venv
@@ -20,10 +23,10 @@ py=$venv/bin/python
 cargo build --release -p fedfuse
 bin=target/release/fedfuse
 median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
-for spec in "r20w16 --width 16" "r20w64 --width 64" "r18 --resnet18"; do
-    set -- $spec
-    d=target/wm/$1
-    shift
+declare -A how=([r20w16]="--width 16" [r20w64]="--width 64" [r18]=--resnet18 [r50]=--resnet50)
+for model in ${models[*]}; do
+    d=target/wm/$model
+    set -- ${how[$model]}
     $py scripts/bench_weight_matching.py make "$d" "$@"
     ours=("$bin" fuse "$d/a.safetensors" "$d/b.safetensors" --model "$d/model.toml"
         --method weight-matching --out "$d/fedfuse.safetensors")

@@ -187,6 +187,30 @@ fn fedma_resumes_within_a_pass_to_the_uninterrupted_result() {
 }
 
 #[test]
+fn fedma_on_a_resnet_resumes_within_a_pass_to_the_uninterrupted_result() {
+    // ResNet-20's third round fuses a block's inner channels while the stream's norm after
+    // that block's last convolution is fused already and the convolution is not (once the
+    // checkpoint of such a stage was refused for the norm's width).
+    let data = format!(
+        "data_dir={:?}",
+        repo().join("../shared/data/mnist").display().to_string()
+    );
+    run_killed_and_resumed_equals_whole(
+        "examples/mnist-fedavg.toml",
+        &[
+            &data,
+            "rounds=13",
+            "clients=2",
+            "dataset.train_samples=300",
+            "dataset.test_samples=100",
+            "model={kind=\"resnet20\", width=2}",
+            "method={name=\"fedma\", sigma=0.1}",
+        ],
+        3,
+    );
+}
+
+#[test]
 fn deep_gems_resumes_between_its_stages_to_the_uninterrupted_result() {
     // Fused hidden layers and the stage reached; each stage is one round.
     // Three near-IID learners and a looser criterion than the defaults, so the balls meet;

@@ -193,10 +193,15 @@ fn torchvision_resnets_travel_under_torchvisions_names() {
     ] {
         assert!(names.contains(&want), "{want} not in {names:?}");
     }
-    assert!(names.iter().all(|n| !n.starts_with(char::is_numeric)), "{names:?}");
+    assert!(
+        names.iter().all(|n| !n.starts_with(char::is_numeric)),
+        "{names:?}"
+    );
     let round = Record::from_params(fed.init.clone())
         .with_config("server-round", fedfuse_core::ConfigValue::Int(1));
-    let reply = fed.client_fit(0, &fed.wire.outgoing(round).unwrap()).unwrap();
+    let reply = fed
+        .client_fit(0, &fed.wire.outgoing(round).unwrap())
+        .unwrap();
     let replied: Vec<&str> = reply.arrays.iter().map(|a| a.key.as_str()).collect();
     assert_eq!(replied, names);
     // The same model under either name set scores the same.

@@ -166,9 +166,24 @@ impl FedMa {
                 "client {client}'s last assignments cover more than {matched} layers"
             ));
         }
-        let (layers, _) = self.view.at_widths(built).map_err(|e| e.to_string())?;
+        // The fused groups at their widths (a block's norm after its last convolution is fused
+        // with the stream, before the convolution itself: the widths come from the groups).
+        let layers = self.layers_at(&p.widths, None);
         let layout = self.view.layout(&layers).map_err(|e| e.to_string())?;
+        let fused: Vec<&String> = self.stages[..p.stage].iter().flatten().collect();
+        if let Some(missing) = fused.iter().find(|n| built.get(n).is_none()) {
+            return Err(format!(
+                "fused tensor `{missing}` of the {} stages done is missing",
+                p.stage
+            ));
+        }
         for (name, t) in built.iter() {
+            if !fused.contains(&&name.to_string()) {
+                return Err(format!(
+                    "fused tensor `{name}` is not one of the {} stages done",
+                    p.stage
+                ));
+            }
             match layout.iter().find(|s| s.name == name) {
                 Some(s) if s.shape == t.shape => {}
                 Some(s) => {

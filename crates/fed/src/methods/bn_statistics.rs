@@ -228,6 +228,13 @@ impl Method for BatchNormRounds {
         self.inner.aggregate_no_replies(inner_round(round), global)
     }
 
+    /// Once the method has built its final model, the statistics round after it still runs:
+    /// that is the round that repairs the final model (FedMA, GEMS and other methods that
+    /// finish early would otherwise end on their averaged statistics).
+    fn finished(&self) -> bool {
+        self.inner.finished() && self.last
+    }
+
     /// No streaming form: statistics rounds combine by batch counts, not the inner fold.
     fn fold(&self) -> Option<Box<dyn Fold>> {
         None

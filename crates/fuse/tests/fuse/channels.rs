@@ -405,6 +405,11 @@ fn logits(layers: &[LayerSpec], p: &Params, xs: &[Vec<f64>]) -> Vec<f64> {
         .collect()
 }
 
+/// A tensor's values in f64, for comparisons.
+pub(crate) fn f64s(data: &[f32]) -> Vec<f64> {
+    data.iter().map(|&v| f64::from(v)).collect()
+}
+
 pub(crate) fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
     let scale = b.iter().fold(1.0f64, |m, v| m.max(v.abs()));
     for (q, (x, y)) in a.iter().zip(b).enumerate() {
@@ -509,8 +514,7 @@ proptest! {
             // Client 0 opens the fused units in its order: the fused model is client 0's.
             for (name, t) in clients[0].iter() {
                 let f = fused.params.get(name).unwrap();
-                let want: Vec<f64> = t.data.iter().map(|&v| f64::from(v)).collect();
-                let got: Vec<f64> = f.data.iter().map(|&v| f64::from(v)).collect();
+                let (want, got) = (f64s(&t.data), f64s(&f.data));
                 assert_close(&got, &want, 1e-3, name);
             }
         }
@@ -941,8 +945,7 @@ proptest! {
         let want: Vec<&str> = uses[g].own.iter().map(|u| u.tensor.as_str()).collect();
         prop_assert_eq!(names, want);
         for (name, t) in m.tensors.iter() {
-            let want: Vec<f64> = p.get(name).unwrap().data.iter().map(|&v| f64::from(v)).collect();
-            let got: Vec<f64> = t.data.iter().map(|&v| f64::from(v)).collect();
+            let (want, got) = (f64s(&p.get(name).unwrap().data), f64s(&t.data));
             assert_close(&got, &want, 1e-3, name);
         }
     }

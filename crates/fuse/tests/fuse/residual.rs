@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
-use super::channels::{assert_close, assert_recovered, forward, random_params};
+use super::channels::{assert_close, assert_recovered, f64s, forward, random_params};
 
 /// A stem convolution with its norm, `stages` of residual blocks `(width, stride, blocks)`,
 /// global pooling and a linear classifier of 3 classes.
@@ -251,15 +251,8 @@ fn recovers(input: &[usize], layers: &[LayerSpec], noise: f32, seed: u64, matche
     assert_eq!(fused.layers, layers, "{matcher:?} noise {noise}: widths");
     assert_recovered(&fused.assignments, &[ident, perm]);
     for (name, t) in p.iter() {
-        let got: Vec<f64> = fused
-            .params
-            .get(name)
-            .unwrap()
-            .data
-            .iter()
-            .map(|&v| f64::from(v))
-            .collect();
-        let want: Vec<f64> = t.data.iter().map(|&v| f64::from(v)).collect();
+        let got = f64s(&fused.params.get(name).unwrap().data);
+        let want = f64s(&t.data);
         let tol = if name.ends_with("num_batches_tracked") {
             0.5
         } else {
@@ -471,15 +464,8 @@ fn fedma_stages_recover(input: &[usize], layers: &[LayerSpec], seed: u64) {
     }
     for client in &clients[1..] {
         for (name, t) in client.iter() {
-            let a: Vec<f64> = t.data.iter().map(|&v| f64::from(v)).collect();
-            let b: Vec<f64> = clients[0]
-                .get(name)
-                .unwrap()
-                .data
-                .iter()
-                .map(|&v| f64::from(v))
-                .collect();
-            assert_close(&a, &b, 1e-3, name);
+            let b = f64s(&clients[0].get(name).unwrap().data);
+            assert_close(&f64s(&t.data), &b, 1e-3, name);
         }
     }
 }

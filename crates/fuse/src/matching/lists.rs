@@ -425,6 +425,14 @@ pub fn spread_units(
             uses.layer
         )));
     }
+    // The width comes from the server's message: every tensor laid over it must stay within
+    // a tensor's bound, checked before anything that size is allocated.
+    for u in uses.all() {
+        let t = params
+            .get(&u.tensor)
+            .ok_or_else(|| FuseError::InvalidInput(format!("tensor `{}` is missing", u.tensor)))?;
+        laid_len(u, UnitAxis::of(u, &t.shape)?, width)?;
+    }
     let mut from = vec![None; width];
     for (u, &g) in to.iter().enumerate() {
         match from.get_mut(g) {
@@ -464,7 +472,8 @@ fn remap_units(
         )));
     }
     let new = UnitAxis { units, ..axis };
-    let mut data = vec![0.0; new.rows * units * new.span];
+    let len = laid_len(u, axis, units)?;
+    let mut data = vec![0.0; len];
     for r in 0..axis.rows {
         for k in 0..units {
             if let Some(old) = source(k) {
@@ -476,6 +485,22 @@ fn remap_units(
     t.shape = UnitAxis::resized(u, &t.shape, units);
     t.data = data;
     Ok(())
+}
+
+/// Values of the tensor of `u` (unit view `axis`) laid over `units` units, within a tensor's
+/// bound ([`layers::MAX_VALUES`]).
+fn laid_len(u: &UnitUse, axis: UnitAxis, units: usize) -> Result<usize> {
+    axis.rows
+        .checked_mul(units)
+        .and_then(|v| v.checked_mul(axis.span))
+        .filter(|&v| v <= layers::MAX_VALUES)
+        .ok_or_else(|| {
+            FuseError::InvalidInput(format!(
+                "tensor `{}` over {units} units would hold more than {} values",
+                u.tensor,
+                layers::MAX_VALUES
+            ))
+        })
 }
 
 /// Each client's weight in averages: its share of the examples (`class_counts` summed), or

@@ -721,6 +721,26 @@ fn pfnm_matches_clients_of_other_widths() {
     );
 }
 
+/// A fused width from a hostile server: past any tensor's bound, or one whose reader would
+/// outgrow it once laid over the fused units, is refused before anything that size is
+/// allocated; the client's model is left as it was.
+#[test]
+fn spreading_over_a_hostile_width_is_refused() {
+    let layers = conv_net([3, 4, 5], [true, false, false], true);
+    let mut rng = StdRng::seed_from_u64(7);
+    let p = random_params(&INPUT, &layers, &mut rng);
+    let uses = unit_uses(&INPUT, &layers).unwrap();
+    let to: Vec<usize> = (0..uses[0].units).collect();
+    // The next convolution (4 filters of 3x3 taps) laid over 2^30 units would hold 2^32 * 9
+    // values.
+    for width in [usize::MAX, 1 << 40, (1 << 31) + 1, 1 << 30] {
+        let mut q = p.clone();
+        let e = fedfuse_fuse::spread_units(&mut q, &uses[0], &to, width).unwrap_err();
+        assert!(e.to_string().contains("more than"), "{width}: {e}");
+        assert_eq!(q, p, "{width}");
+    }
+}
+
 #[test]
 fn refused_lists_name_the_layer() {
     let cfg = PfnmConfig {

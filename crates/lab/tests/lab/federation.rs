@@ -210,4 +210,12 @@ fn torchvision_resnets_travel_under_torchvisions_names() {
         fed.server_evaluate(&outside).unwrap(),
         fed.server_evaluate(&listed).unwrap()
     );
+    // A peer that sends one tensor under both names is refused, naming it.
+    let mut twice = outside.clone();
+    let stem = listed.arrays.iter().find(|a| a.key == "0.weight").unwrap();
+    twice.arrays.push(stem.clone());
+    let e = fed.server_evaluate(&twice).unwrap_err().to_string();
+    assert!(e.contains("0.weight"), "{e}");
+    let e = fed.client_fit(0, &twice).unwrap_err().to_string();
+    assert!(e.contains("0.weight"), "{e}");
 }

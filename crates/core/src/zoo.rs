@@ -202,16 +202,23 @@ impl ZooModel {
 /// torchvision's module names of a ResNet list: `conv1` and `bn1` for the stem,
 /// `layer{s}.{b}` for the blocks (a block's projection `downsample.0/1`), `fc` for the
 /// classifier. A stage begins at the first block and at each block that strides or changes
-/// width. Tensors of other layers keep the list's names.
+/// width. Of a Vision Transformer list (one with a tokens layer): `class_token`, `conv_proj`
+/// and `encoder.pos_embedding` for the tokens layer, `encoder.layers.encoder_layer_{k}` for the
+/// encoder blocks, `encoder.ln` for the layer norm after the class token and `heads.head` for
+/// the classifier. Tensors of other layers keep the list's names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TorchvisionNames {
-    /// Per layer of the list, its module name.
+    /// Per layer of the list, its module name (empty for the tokens layer, whose tensors sit
+    /// at the top and in `encoder`).
     modules: Vec<Option<String>>,
 }
 
 impl TorchvisionNames {
     /// The names for `layers`.
     pub fn of(layers: &[LayerSpec]) -> Self {
+        if layers.iter().any(|l| matches!(l, LayerSpec::Tokens { .. })) {
+            return Self::of_vit(layers);
+        }
         let mut modules: Vec<Option<String>> = vec![None; layers.len()];
         let (mut stage, mut block, mut width) = (0, 0, 0);
         let (mut stem_conv, mut stem_norm, mut fc) = (false, false, false);
@@ -244,11 +251,49 @@ impl TorchvisionNames {
         Self { modules }
     }
 
+    /// [`Self::of`] for a Vision Transformer list.
+    fn of_vit(layers: &[LayerSpec]) -> Self {
+        let mut modules: Vec<Option<String>> = vec![None; layers.len()];
+        let (mut encoders, mut after_class) = (0, false);
+        let (mut ln, mut head) = (false, false);
+        for (module, layer) in modules.iter_mut().zip(layers) {
+            *module = match *layer {
+                LayerSpec::Tokens { .. } => Some(String::new()),
+                LayerSpec::Encoder { .. } => {
+                    encoders += 1;
+                    Some(format!("encoder.layers.encoder_layer_{}", encoders - 1))
+                }
+                LayerSpec::ClassToken => {
+                    after_class = true;
+                    None
+                }
+                LayerSpec::LayerNorm { .. } if after_class && !ln => {
+                    ln = true;
+                    Some("encoder.ln".to_string())
+                }
+                LayerSpec::Linear { .. } if after_class && !head => {
+                    head = true;
+                    Some("heads.head".to_string())
+                }
+                _ => None,
+            };
+        }
+        Self { modules }
+    }
+
     /// torchvision's name for the list's tensor `name` (`4.shortcut.1.running_mean` ->
     /// `layer2.0.downsample.1.running_mean`), if its layer has one.
     pub fn torch_name(&self, name: &str) -> Option<String> {
         let (index, rest) = name.split_once('.')?;
         let module = self.modules.get(index.parse::<usize>().ok()?)?.as_ref()?;
+        if module.is_empty() {
+            // The tokens layer: the class token and patch convolution at the top, the
+            // positional embedding in the encoder.
+            return Some(match rest {
+                "pos_embedding" => "encoder.pos_embedding".to_string(),
+                _ => rest.to_string(),
+            });
+        }
         Some(match rest.strip_prefix("shortcut.") {
             Some(r) => format!("{module}.downsample.{r}"),
             None => format!("{module}.{rest}"),

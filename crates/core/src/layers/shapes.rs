@@ -37,6 +37,13 @@ pub enum FeatureShape {
     },
     /// A flat vector.
     Flat(usize),
+    /// A transformer's tokens, `[seq, hidden]`.
+    Tokens {
+        /// Tokens (patches and the class token).
+        seq: usize,
+        /// Features of a token.
+        hidden: usize,
+    },
 }
 
 impl FeatureShape {
@@ -61,6 +68,7 @@ impl FeatureShape {
         match self {
             Self::Image { c, h, w } => c.saturating_mul(h).saturating_mul(w),
             Self::Flat(d) => d,
+            Self::Tokens { seq, hidden } => seq.saturating_mul(hidden),
         }
     }
 
@@ -74,14 +82,16 @@ impl FeatureShape {
         match self {
             Self::Image { c, h, w } => vec![c, h, w],
             Self::Flat(d) => vec![d],
+            Self::Tokens { seq, hidden } => vec![seq, hidden],
         }
     }
 
-    /// Channels: `c` of an image, the width of a vector.
+    /// Channels: `c` of an image, the width of a vector, a token's features.
     pub fn channels(self) -> usize {
         match self {
             Self::Image { c, .. } => c,
             Self::Flat(d) => d,
+            Self::Tokens { hidden, .. } => hidden,
         }
     }
 }
@@ -137,6 +147,23 @@ impl LayerSpec {
             FeatureShape::Flat(d) => Err(format!(
                 "takes feature maps [channels, height, width] but gets {d} flat features"
             )),
+            FeatureShape::Tokens { seq, hidden } => Err(format!(
+                "takes feature maps [channels, height, width] but gets {seq} tokens of {hidden}"
+            )),
+        };
+        let tokens = || match input {
+            FeatureShape::Tokens { seq, hidden } => Ok((seq, hidden)),
+            other => Err(format!(
+                "takes tokens [seq, hidden] but gets {:?}; put a tokens layer before it",
+                other.dims()
+            )),
+        };
+        let probability = |what: &str, p: f64| {
+            if p.is_finite() && (0.0..1.0).contains(&p) {
+                Ok(())
+            } else {
+                Err(format!("{what} = {p} is outside [0, 1)"))
+            }
         };
         let window = |side: usize, kernel: usize, stride: usize, pad: usize| {
             let padded = side + 2 * pad;
@@ -276,17 +303,15 @@ impl LayerSpec {
             }
             Self::Relu => input,
             Self::Dropout { p } => {
-                if !(p.is_finite() && (0.0..1.0).contains(&p)) {
-                    return Err(format!("p = {p} is outside [0, 1)"));
-                }
+                probability("p", p)?;
                 input
             }
             Self::Flatten => FeatureShape::Flat(input.len()),
             Self::Linear { out, bias } => {
                 let FeatureShape::Flat(d) = input else {
                     return Err(format!(
-                        "takes flat features but gets feature maps {:?}; add {{ type = \
-                         \"flatten\" }} before it",
+                        "takes flat features but gets {:?}; add {{ type = \"flatten\" }} (or \
+                         {{ type = \"class_token\" }} after tokens) before it",
                         input.dims()
                     ));
                 };
@@ -373,6 +398,71 @@ impl LayerSpec {
                     norm_tensors(tensors, "shortcut.1", out);
                 }
                 FeatureShape::Image { c: out, h, w }
+            }
+            Self::Tokens {
+                hidden,
+                patch,
+                dropout,
+            } => {
+                let (c, h, w) = image()?;
+                if hidden == 0 {
+                    return Err("hidden = 0: a token needs at least one feature".into());
+                }
+                bounded("patch", patch)?;
+                probability("dropout", dropout)?;
+                if h % patch != 0 || w % patch != 0 {
+                    return Err(format!(
+                        "patch = {patch} does not divide the {h}x{w} image (torchvision's \
+                         VisionTransformer takes whole patches only)"
+                    ));
+                }
+                let seq = (h / patch) * (w / patch) + 1;
+                push(tensors, "class_token", &[1, 1, hidden]);
+                push(tensors, "conv_proj.weight", &[hidden, c, patch, patch]);
+                push(tensors, "conv_proj.bias", &[hidden]);
+                push(tensors, "pos_embedding", &[1, seq, hidden]);
+                FeatureShape::Tokens { seq, hidden }
+            }
+            Self::Encoder {
+                heads,
+                mlp,
+                dropout,
+                attention_dropout,
+                eps,
+            } => {
+                let (_, hidden) = tokens()?;
+                if heads == 0 || hidden % heads != 0 {
+                    return Err(format!(
+                        "heads = {heads} does not divide the tokens' {hidden} features"
+                    ));
+                }
+                if mlp == 0 {
+                    return Err("mlp = 0: the MLP needs at least one hidden unit".into());
+                }
+                probability("dropout", dropout)?;
+                probability("attention_dropout", attention_dropout)?;
+                check_eps(eps)?;
+                push(tensors, "ln_1.weight", &[hidden]);
+                push(tensors, "ln_1.bias", &[hidden]);
+                push(
+                    tensors,
+                    "self_attention.in_proj_weight",
+                    &[3 * hidden, hidden],
+                );
+                push(tensors, "self_attention.in_proj_bias", &[3 * hidden]);
+                push(tensors, "self_attention.out_proj.weight", &[hidden, hidden]);
+                push(tensors, "self_attention.out_proj.bias", &[hidden]);
+                push(tensors, "ln_2.weight", &[hidden]);
+                push(tensors, "ln_2.bias", &[hidden]);
+                push(tensors, "mlp.0.weight", &[mlp, hidden]);
+                push(tensors, "mlp.0.bias", &[mlp]);
+                push(tensors, "mlp.3.weight", &[hidden, mlp]);
+                push(tensors, "mlp.3.bias", &[hidden]);
+                input
+            }
+            Self::ClassToken => {
+                let (_, hidden) = tokens()?;
+                FeatureShape::Flat(hidden)
             }
         })
     }

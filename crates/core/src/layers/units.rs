@@ -310,6 +310,11 @@ pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>>
                     uses.readers.push(reader("weight", 1));
                     break;
                 }
+                // A convolution that cuts the channels into patch tokens.
+                LayerSpec::Tokens { .. } => {
+                    uses.readers.push(reader("conv_proj.weight", 1));
+                    break;
+                }
                 LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. } => {
                     uses.readers.push(reader("conv1.weight", 1));
                     if layer
@@ -496,6 +501,10 @@ fn follow_stream(
                 stream.readers.push(reader("weight", 1));
                 return true;
             }
+            LayerSpec::Tokens { .. } => {
+                stream.readers.push(reader("conv_proj.weight", 1));
+                return true;
+            }
             _ => pass_channelwise(stream, j, layer, at, &mut block),
         }
         stream.between.push(j);
@@ -543,6 +552,10 @@ fn pass_channelwise(
         | LayerSpec::Conv2d { .. }
         | LayerSpec::Linear { .. }
         | LayerSpec::Residual { .. }
-        | LayerSpec::Bottleneck { .. } => {}
+        | LayerSpec::Bottleneck { .. }
+        | LayerSpec::Tokens { .. } => {}
+        // They read tokens, which no walk from a grouped layer reaches (a tokens layer,
+        // which starts them, is a reader).
+        LayerSpec::Encoder { .. } | LayerSpec::ClassToken => {}
     }
 }

@@ -172,6 +172,42 @@ pub enum LayerSpec {
         #[serde(default, skip_serializing_if = "is_false")]
         project: bool,
     },
+    /// torchvision's Vision Transformer input: `conv_proj` (a `patch x patch` convolution with
+    /// stride `patch`, `hidden` filters) cuts the image into patch tokens in row-major order,
+    /// `class_token` goes in front of them and `pos_embedding` is added, then dropout:
+    /// `[c, h, w]` to `[(h / patch) * (w / patch) + 1, hidden]` tokens.
+    Tokens {
+        /// Width of a token (torchvision's `hidden_dim`).
+        hidden: usize,
+        /// Side of a patch; must divide the image's height and width.
+        patch: usize,
+        /// Dropout after the positional embedding.
+        #[serde(default, skip_serializing_if = "is_zero_f64")]
+        dropout: f64,
+    },
+    /// torchvision's pre-norm transformer `EncoderBlock`: `x + attention(ln_1(x))`, then
+    /// `y + mlp(ln_2(y))`; `self_attention` is `nn.MultiheadAttention(hidden, heads)` (q, k, v
+    /// packed in `in_proj_weight`), `mlp` is Linear, GELU, Dropout, Linear, Dropout (`mlp.0`,
+    /// `mlp.3`). Layer norms over each token's `hidden` features.
+    Encoder {
+        /// Attention heads; must divide the token width.
+        heads: usize,
+        /// Hidden units of the MLP (torchvision's `mlp_dim`).
+        mlp: usize,
+        /// Dropout after the attention and in the MLP.
+        #[serde(default, skip_serializing_if = "is_zero_f64")]
+        dropout: f64,
+        /// Dropout of the attention weights.
+        #[serde(default, skip_serializing_if = "is_zero_f64")]
+        attention_dropout: f64,
+        /// Added to the variance in both layer norms (torchvision's 1e-6).
+        #[serde(default = "vit_eps")]
+        eps: f64,
+    },
+    /// The class token (token 0) of `[seq, hidden]` tokens: `[hidden]` flat features, what
+    /// torchvision's heads read. A layer norm after it is torchvision's `encoder.ln` (each
+    /// token is normalised alone, so normalising token 0 after taking it is the same).
+    ClassToken,
 }
 
 /// One convolution of a residual block's main path: `conv{k}` with its norm `bn{k}`
@@ -248,6 +284,14 @@ fn two() -> usize {
 fn yes() -> bool {
     true
 }
+fn is_zero_f64(v: &f64) -> bool {
+    *v == 0.0
+}
+
+fn vit_eps() -> f64 {
+    1e-6
+}
+
 fn norm_eps() -> f64 {
     1e-5
 }
@@ -339,6 +383,7 @@ impl LayerSpec {
             | Self::Linear { out, .. }
             | Self::Residual { out, .. }
             | Self::Bottleneck { out, .. } => Some(out),
+            Self::Tokens { hidden, .. } => Some(hidden),
             _ => None,
         }
     }
@@ -410,6 +455,9 @@ impl LayerSpec {
             Self::Linear { .. } => "linear",
             Self::Residual { .. } => "residual",
             Self::Bottleneck { .. } => "bottleneck",
+            Self::Tokens { .. } => "tokens",
+            Self::Encoder { .. } => "encoder",
+            Self::ClassToken => "class_token",
         }
     }
 
@@ -427,7 +475,7 @@ impl LayerSpec {
 
 /// The layers without settings: serde's tagged enums let any key through on a variant without
 /// fields, so the reader below refuses them itself.
-const WITHOUT_KEYS: [&str; 3] = ["relu", "flatten", "global_avgpool"];
+const WITHOUT_KEYS: [&str; 4] = ["relu", "flatten", "global_avgpool", "class_token"];
 
 impl Serialize for LayerSpec {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

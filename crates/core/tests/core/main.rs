@@ -7,3 +7,4 @@ mod groups;
 mod layers;
 mod npz;
 mod sparse;
+mod vit;

@@ -1,0 +1,112 @@
+//! A Vision Transformer as a layer list: torchvision's `VisionTransformer(image_size=28,
+//! patch_size=4, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10)` on
+//! 3-channel images, its tensors in torchvision's order and shapes under torchvision's names
+//! (recorded from torchvision 0.29.2: 32 tensors, 20,682 parameters).
+
+use fedfuse_core::layers::{FeatureShape, chain};
+use fedfuse_core::{LayerSpec, TorchvisionNames};
+
+fn vit(layers: usize) -> Vec<LayerSpec> {
+    let mut list = vec![LayerSpec::Tokens {
+        hidden: 32,
+        patch: 4,
+        dropout: 0.0,
+    }];
+    for _ in 0..layers {
+        list.push(LayerSpec::Encoder {
+            heads: 4,
+            mlp: 64,
+            dropout: 0.0,
+            attention_dropout: 0.0,
+            eps: 1e-6,
+        });
+    }
+    list.extend([
+        LayerSpec::ClassToken,
+        LayerSpec::LayerNorm { eps: 1e-6 },
+        LayerSpec::linear(10),
+    ]);
+    list
+}
+
+#[test]
+fn a_vit_list_has_torchvisions_tensors_in_its_order() {
+    let layers = vit(2);
+    let input = FeatureShape::of(&[3, 28, 28]).unwrap();
+    let (shapes, tensors) = chain(input, &layers).unwrap();
+    assert_eq!(
+        shapes[0],
+        FeatureShape::Tokens {
+            seq: 50,
+            hidden: 32
+        }
+    );
+    assert_eq!(shapes[3], FeatureShape::Flat(32));
+    let names = TorchvisionNames::of(&layers);
+    let got: Vec<(String, Vec<usize>)> = tensors
+        .iter()
+        .map(|t| (names.torch_name(&t.name).unwrap(), t.shape.clone()))
+        .collect();
+    let mut want: Vec<(String, Vec<usize>)> = vec![
+        ("class_token".into(), vec![1, 1, 32]),
+        ("conv_proj.weight".into(), vec![32, 3, 4, 4]),
+        ("conv_proj.bias".into(), vec![32]),
+        ("encoder.pos_embedding".into(), vec![1, 50, 32]),
+    ];
+    for k in 0..2 {
+        let p = format!("encoder.layers.encoder_layer_{k}");
+        for (t, s) in [
+            ("ln_1.weight", vec![32]),
+            ("ln_1.bias", vec![32]),
+            ("self_attention.in_proj_weight", vec![96, 32]),
+            ("self_attention.in_proj_bias", vec![96]),
+            ("self_attention.out_proj.weight", vec![32, 32]),
+            ("self_attention.out_proj.bias", vec![32]),
+            ("ln_2.weight", vec![32]),
+            ("ln_2.bias", vec![32]),
+            ("mlp.0.weight", vec![64, 32]),
+            ("mlp.0.bias", vec![64]),
+            ("mlp.3.weight", vec![32, 64]),
+            ("mlp.3.bias", vec![32]),
+        ] {
+            want.push((format!("{p}.{t}"), s));
+        }
+    }
+    want.extend([
+        ("encoder.ln.weight".into(), vec![32]),
+        ("encoder.ln.bias".into(), vec![32]),
+        ("heads.head.weight".into(), vec![10, 32]),
+        ("heads.head.bias".into(), vec![10]),
+    ]);
+    assert_eq!(got, want);
+    let params: usize = tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>())
+        .sum();
+    assert_eq!(params, 20_682);
+}
+
+#[test]
+fn what_a_vit_list_cannot_do_is_refused() {
+    let input = FeatureShape::of(&[3, 30, 30]).unwrap();
+    let e = chain(input, &vit(1)).unwrap_err().to_string();
+    assert!(e.contains("patch = 4 does not divide the 30x30"), "{e}");
+    let input = FeatureShape::of(&[3, 28, 28]).unwrap();
+    let mut odd = vit(1);
+    odd[1] = LayerSpec::Encoder {
+        heads: 5,
+        mlp: 64,
+        dropout: 0.0,
+        attention_dropout: 0.0,
+        eps: 1e-6,
+    };
+    let e = chain(input, &odd).unwrap_err().to_string();
+    assert!(e.contains("heads = 5 does not divide"), "{e}");
+    // An encoder reads tokens, a linear layer does not.
+    let e = chain(input, &vit(1)[1..]).unwrap_err().to_string();
+    assert!(e.contains("takes tokens"), "{e}");
+    let e = chain(input, &[vit(1)[0].clone(), LayerSpec::linear(3)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("class_token"), "{e}");
+}

@@ -52,4 +52,4 @@ pub use npz::{decode_npy_array, encode_npy, load_npz, load_params, params_from_n
 pub use params::{Params, Tensor};
 pub use record::{ConfigValue, Record};
 pub use spec::{Activation, ModelSpec, ParamShape};
-pub use zoo::{TorchvisionNames, ZooModel};
+pub use zoo::{TorchvisionNames, VitShape, ZooModel};

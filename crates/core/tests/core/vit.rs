@@ -4,29 +4,19 @@
 //! (recorded from torchvision 0.29.2: 32 tensors, 20,682 parameters).
 
 use fedfuse_core::layers::{FeatureShape, chain};
+use fedfuse_core::zoo::VitShape;
 use fedfuse_core::{LayerSpec, TorchvisionNames};
 
 fn vit(layers: usize) -> Vec<LayerSpec> {
-    let mut list = vec![LayerSpec::Tokens {
-        hidden: 32,
+    VitShape {
         patch: 4,
-        dropout: 0.0,
-    }];
-    for _ in 0..layers {
-        list.push(LayerSpec::Encoder {
-            heads: 4,
-            mlp: 64,
-            dropout: 0.0,
-            attention_dropout: 0.0,
-            eps: 1e-6,
-        });
+        hidden: 32,
+        layers,
+        heads: 4,
+        mlp: 64,
+        ..VitShape::default()
     }
-    list.extend([
-        LayerSpec::ClassToken,
-        LayerSpec::LayerNorm { eps: 1e-6 },
-        LayerSpec::linear(10),
-    ]);
-    list
+    .layers(10)
 }
 
 #[test]

@@ -19,6 +19,7 @@ use fedfuse_core::{ModelSpec, Params};
 use crate::net::{LeNet5, Mlp, Net};
 use crate::seq::kernels::transpose;
 use crate::seq::norm::{Norm, NormKind, RunningStats, lock};
+use crate::seq::vit::{Encoder, TokenNorm, Tokens};
 use crate::seq::{Block, Layer, Op, OpKind, SeqNet};
 use crate::{Result, TrainError};
 
@@ -210,6 +211,23 @@ impl Source<'_> {
         Ok(Norm { weight, bias, kind })
     }
 
+    /// A linear layer of PyTorch's `[out, inp]` weight (and bias) as burn's `[inp, out]`.
+    fn linear(&mut self, inp: usize, out: usize) -> Result<Linear> {
+        let w = transpose(&self.next()?, out, inp);
+        Ok(Linear {
+            weight: param(w, [inp, out], self.device),
+            bias: Some(param(self.next()?, [out], self.device)),
+        })
+    }
+
+    fn token_norm(&mut self, hidden: usize, eps: f64) -> Result<TokenNorm> {
+        Ok(TokenNorm {
+            weight: param(self.next()?, [hidden], self.device),
+            bias: param(self.next()?, [hidden], self.device),
+            eps,
+        })
+    }
+
     fn block_norm(&mut self, norm: BlockNorm, groups: usize, c: usize) -> Result<Option<Norm>> {
         let kind = match norm {
             BlockNorm::None => return Ok(None),
@@ -249,7 +267,8 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
         stats: Vec::new(),
     };
     let mut built = Vec::with_capacity(layers.len());
-    for (layer, at) in layers.iter().zip(&ins) {
+    for (i, (layer, at)) in layers.iter().zip(&ins).enumerate() {
+        let out_len = shapes.get(i).map_or(0, |s| s.len());
         let c = at.channels();
         let op = |kind| Layer::Op(Op { kind });
         built.push(match *layer {
@@ -310,6 +329,32 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
                         .init(),
                 )
             }
+            LayerSpec::Tokens { hidden, patch, .. } => {
+                let seq = out_len / hidden.max(1);
+                let class_token = param(src.next()?, [hidden], device);
+                let conv_proj = src.conv([c, hidden], patch, patch, 0, 1, true)?;
+                let pos_embedding = param(src.next()?, [seq, hidden], device);
+                Layer::Tokens(Tokens {
+                    class_token,
+                    conv_proj,
+                    pos_embedding,
+                })
+            }
+            LayerSpec::Encoder {
+                heads, mlp, eps, ..
+            } => {
+                let hidden = c;
+                Layer::Encoder(Encoder {
+                    ln_1: src.token_norm(hidden, eps)?,
+                    in_proj: src.linear(hidden, 3 * hidden)?,
+                    out_proj: src.linear(hidden, hidden)?,
+                    ln_2: src.token_norm(hidden, eps)?,
+                    mlp_0: src.linear(hidden, mlp)?,
+                    mlp_3: src.linear(mlp, hidden)?,
+                    heads,
+                })
+            }
+            LayerSpec::ClassToken => op(OpKind::ClassToken),
             LayerSpec::GlobalAvgpool => op(OpKind::GlobalAvg),
             LayerSpec::Relu => op(OpKind::Relu),
             LayerSpec::Dropout { p } => op(OpKind::Dropout { p }),
@@ -375,6 +420,16 @@ struct Sink<'a> {
 }
 
 impl Sink<'_> {
+    /// burn's `[inp, out]` weight as PyTorch's `[out, inp]`, and the bias.
+    fn linear(&mut self, l: &Linear) -> Result<()> {
+        let [inp, out] = l.weight.val().dims();
+        self.out.push(transpose(&values(l.weight.val())?, inp, out));
+        if let Some(b) = &l.bias {
+            self.out.push(values(b.val())?);
+        }
+        Ok(())
+    }
+
     fn conv(&mut self, c: &Conv2d) -> Result<()> {
         self.out.push(values(c.weight.val())?);
         if let Some(b) = &c.bias {
@@ -408,13 +463,7 @@ fn read_seq(net: &SeqNet, spec: &ModelSpec) -> Result<Params> {
     for layer in &net.layers {
         match layer {
             Layer::Conv(c) => sink.conv(c)?,
-            Layer::Linear(l) => {
-                let [inp, out] = l.weight.val().dims();
-                sink.out.push(transpose(&values(l.weight.val())?, inp, out));
-                if let Some(b) = &l.bias {
-                    sink.out.push(values(b.val())?);
-                }
-            }
+            Layer::Linear(l) => sink.linear(l)?,
             Layer::Norm(n) => sink.norm(n)?,
             Layer::Block(b) => {
                 for (c, n) in b.convs.iter().zip(&b.norms) {
@@ -429,6 +478,21 @@ fn read_seq(net: &SeqNet, spec: &ModelSpec) -> Result<Params> {
                 if let Some(n) = &b.shortcut_norm {
                     sink.norm(n)?;
                 }
+            }
+            Layer::Tokens(t) => {
+                sink.out.push(values(t.class_token.val())?);
+                sink.conv(&t.conv_proj)?;
+                sink.out.push(values(t.pos_embedding.val())?);
+            }
+            Layer::Encoder(e) => {
+                sink.out.push(values(e.ln_1.weight.val())?);
+                sink.out.push(values(e.ln_1.bias.val())?);
+                sink.linear(&e.in_proj)?;
+                sink.linear(&e.out_proj)?;
+                sink.out.push(values(e.ln_2.weight.val())?);
+                sink.out.push(values(e.ln_2.bias.val())?);
+                sink.linear(&e.mlp_0)?;
+                sink.linear(&e.mlp_3)?;
             }
             Layer::MaxPool(_) | Layer::AvgPool(_) | Layer::Op(_) => {}
         }

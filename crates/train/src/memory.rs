@@ -68,7 +68,23 @@ fn kept_per_output(layer: &LayerSpec, input: FeatureShape) -> u128 {
         | LayerSpec::Conv2d { .. }
         | LayerSpec::Linear { .. }
         | LayerSpec::AvgPool2d { .. }
-        | LayerSpec::GlobalAvgpool => 1,
+        | LayerSpec::GlobalAvgpool
+        | LayerSpec::ClassToken => 1,
+        // The patch convolution's output, its transpose, the tokens with the class token and
+        // the sum with the positional embedding.
+        LayerSpec::Tokens { .. } => 4,
+        // In units of the block's `[seq, hidden]` output: both layer norms (3 each), q, k, v
+        // and their per-head copies, the attended values, the two residual sums and the
+        // output projection (about 11); the MLP's hidden units before and after GELU (2
+        // `mlp / hidden`); the attention scores and their softmax (`heads * seq` per token,
+        // twice, and a third for the gradient).
+        LayerSpec::Encoder { heads, mlp, .. } => match input {
+            FeatureShape::Tokens { seq, hidden } => {
+                let per = |v: usize| (v as u128).div_ceil(hidden.max(1) as u128);
+                17 + per(2 * mlp) + per(3 * heads * seq)
+            }
+            _ => 1,
+        },
     }
 }
 
@@ -82,6 +98,8 @@ fn conv_scratch(layer: &LayerSpec, input: FeatureShape, out: FeatureShape) -> (u
     let c_in = c as u128;
     let (c_out, pixels) = match out {
         FeatureShape::Image { c, h, w } => (c as u128, h as u128 * w as u128),
+        // The patch convolution's outputs: every token but the class token.
+        FeatureShape::Tokens { seq, hidden } => (hidden as u128, seq.saturating_sub(1) as u128),
         FeatureShape::Flat(_) => return (0, 0),
     };
     let one = |cg: u128, k: u128, c_out: u128, pixels: u128| {
@@ -90,6 +108,10 @@ fn conv_scratch(layer: &LayerSpec, input: FeatureShape, out: FeatureShape) -> (u
         (cg * k * k * pixels).max(winograd)
     };
     match *layer {
+        LayerSpec::Tokens { patch, .. } => {
+            let k = patch as u128;
+            (c_in * k * k * pixels, c_out * c_in * k * k)
+        }
         LayerSpec::Conv2d { kernel, groups, .. } => {
             let cg = c_in / groups as u128;
             (

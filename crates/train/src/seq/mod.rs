@@ -20,6 +20,7 @@ pub(crate) mod conv;
 mod linear;
 pub(crate) mod norm;
 pub(crate) mod pool;
+pub(crate) mod vit;
 mod winograd;
 
 use act::Act;
@@ -31,8 +32,12 @@ use norm::{Norm, SharedStats};
 pub(crate) enum OpKind {
     GlobalAvg,
     Relu,
-    Dropout { p: f64 },
+    Dropout {
+        p: f64,
+    },
     Flatten,
+    /// Token 0 of a transformer's tokens.
+    ClassToken,
 }
 
 /// A parameter-free layer.
@@ -62,6 +67,8 @@ pub(crate) enum Layer {
     MaxPool(MaxPool2d),
     AvgPool(AvgPool2d),
     Block(Block),
+    Tokens(vit::Tokens),
+    Encoder(vit::Encoder),
     Op(Op),
 }
 
@@ -150,11 +157,15 @@ impl SeqNet {
                     let own = self.gate_at[i].and_then(|slot| gates.get(slot..));
                     Act::Img(block.forward(a.img(), own, mode, &self.stats))
                 }
+                Layer::Tokens(t) => Act::Tokens(t.forward(a.img())),
+                Layer::Encoder(e) => Act::Tokens(e.forward(a.tokens())),
                 Layer::Op(op) => match op.kind {
                     OpKind::Relu => match a {
                         Act::Img(x) => Act::Img(relu(x)),
                         Act::Flat(x) => Act::Flat(relu(x)),
+                        Act::Tokens(x) => Act::Tokens(relu(x)),
                     },
+                    OpKind::ClassToken => Act::Flat(vit::class_token(a.tokens())),
                     OpKind::Flatten => Act::Flat(a.flat()),
                     OpKind::GlobalAvg => {
                         let x = a.img();
@@ -170,6 +181,10 @@ impl SeqNet {
                                 Act::Img((x.flatten(1, 3) * m.clone()).reshape(d))
                             }
                             (Some(m), Act::Flat(x)) => Act::Flat(x * m.clone()),
+                            (Some(m), Act::Tokens(x)) => {
+                                let d = x.dims();
+                                Act::Tokens((x.flatten(1, 2) * m.clone()).reshape(d))
+                            }
                             (None, a) => a,
                         }
                     }
@@ -263,6 +278,27 @@ impl SeqNet {
                         conv(f, c);
                     }
                     norm(f, &b.shortcut_norm);
+                }
+                Layer::Tokens(t) => {
+                    f(t.class_token.id, t.class_token.val());
+                    conv(f, &t.conv_proj);
+                    f(t.pos_embedding.id, t.pos_embedding.val().reshape([-1]));
+                }
+                Layer::Encoder(e) => {
+                    let lin = |f: &mut dyn FnMut(ParamId, Tensor<1>), l: &Linear| {
+                        f(l.weight.id, l.weight.val().reshape([-1]));
+                        if let Some(b) = &l.bias {
+                            f(b.id, b.val());
+                        }
+                    };
+                    f(e.ln_1.weight.id, e.ln_1.weight.val());
+                    f(e.ln_1.bias.id, e.ln_1.bias.val());
+                    lin(f, &e.in_proj);
+                    lin(f, &e.out_proj);
+                    f(e.ln_2.weight.id, e.ln_2.weight.val());
+                    f(e.ln_2.bias.id, e.ln_2.bias.val());
+                    lin(f, &e.mlp_0);
+                    lin(f, &e.mlp_3);
                 }
                 Layer::MaxPool(_) | Layer::AvgPool(_) | Layer::Op(_) => {}
             }

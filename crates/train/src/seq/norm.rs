@@ -99,7 +99,9 @@ impl Norm {
                         let d = x.dims();
                         (x.reshape([d[0], d[1], d[2] * d[3]]), Some(d))
                     }
-                    Act::Flat(x) => {
+                    // A checked spec puts no batch norm on tokens.
+                    x => {
+                        let x = x.flat();
                         let [n, c] = x.dims();
                         (x.reshape([n, c, 1]), None)
                     }
@@ -153,20 +155,22 @@ impl Norm {
                 Act::Img(y * w.reshape([1, c, 1, 1]) + b.reshape([1, c, 1, 1]))
             }
             NormKind::Layer { eps } => {
-                let (x2, dims) = match x {
+                let norm = |x2: Tensor<2>| {
+                    let centred = x2.clone() - x2.mean_dim(1);
+                    let var = centred.clone().square().mean_dim(1);
+                    centred * var.add_scalar(eps).sqrt().recip() * w.reshape([1, c])
+                        + b.reshape([1, c])
+                };
+                match x {
                     Act::Img(x) => {
                         let d = x.dims();
-                        (x.flatten(1, 3), Some(d))
+                        Act::Img(norm(x.flatten(1, 3)).reshape(d))
                     }
-                    Act::Flat(x) => (x, None),
-                };
-                let centred = x2.clone() - x2.mean_dim(1);
-                let var = centred.clone().square().mean_dim(1);
-                let y = centred * var.add_scalar(eps).sqrt().recip() * w.reshape([1, c])
-                    + b.reshape([1, c]);
-                match dims {
-                    Some(d) => Act::Img(y.reshape(d)),
-                    None => Act::Flat(y),
+                    Act::Flat(x) => Act::Flat(norm(x)),
+                    Act::Tokens(x) => {
+                        let d = x.dims();
+                        Act::Tokens(norm(x.flatten(1, 2)).reshape(d))
+                    }
                 }
             }
         }

@@ -1,0 +1,112 @@
+//! torchvision's Vision Transformer layers: the tokens layer (patch convolution, class token,
+//! positional embedding) and the pre-norm encoder block (multi-head self-attention and an MLP,
+//! each behind a per-token layer norm and added back). Written with burn's tensor operations,
+//! so autodiff gives the backward pass; the four products run through [`super::linear`].
+
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::nn::conv::Conv2d;
+use burn::tensor::Tensor;
+use burn::tensor::activation::{gelu, softmax};
+
+use super::{conv, linear};
+
+/// `conv_proj`, `class_token` and `pos_embedding`: images to `[n, seq, hidden]` tokens.
+#[derive(Module, Debug)]
+pub(crate) struct Tokens {
+    /// `[hidden]` (torchvision's `[1, 1, hidden]`).
+    pub(crate) class_token: Param<Tensor<1>>,
+    pub(crate) conv_proj: Conv2d,
+    /// `[seq, hidden]` (torchvision's `[1, seq, hidden]`).
+    pub(crate) pos_embedding: Param<Tensor<2>>,
+}
+
+impl Tokens {
+    pub(crate) fn forward(&self, x: Tensor<4>) -> Tensor<3> {
+        let y = conv::forward(&self.conv_proj, x);
+        let [n, hidden, gh, gw] = y.dims();
+        // Patches in row-major order, as torchvision's reshape and permute lay them.
+        let patches = y.reshape([n, hidden, gh * gw]).swap_dims(1, 2);
+        let class = self
+            .class_token
+            .val()
+            .reshape([1, 1, hidden])
+            .repeat_dim(0, n);
+        let tokens = Tensor::cat(vec![class, patches], 1);
+        let [seq, _] = self.pos_embedding.dims();
+        tokens + self.pos_embedding.val().reshape([1, seq, hidden])
+    }
+}
+
+/// A layer norm over each token's features.
+#[derive(Module, Debug)]
+pub(crate) struct TokenNorm {
+    pub(crate) weight: Param<Tensor<1>>,
+    pub(crate) bias: Param<Tensor<1>>,
+    #[module(skip)]
+    pub(crate) eps: f64,
+}
+
+impl TokenNorm {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [_, _, hidden] = x.dims();
+        let mean = x.clone().mean_dim(2);
+        let centred = x - mean;
+        let var = centred.clone().square().mean_dim(2);
+        let scaled = centred * var.add_scalar(self.eps).sqrt().recip();
+        scaled * self.weight.val().reshape([1, 1, hidden]) + self.bias.val().reshape([1, 1, hidden])
+    }
+}
+
+/// torchvision's `EncoderBlock`: `x + out_proj(attention(ln_1(x)))`, then `y + mlp(ln_2(y))`.
+/// The linear layers are burn's (`weight` `[in, out]`): `in_proj` packs q, k and v along its
+/// outputs, in that order.
+#[derive(Module, Debug)]
+pub(crate) struct Encoder {
+    pub(crate) ln_1: TokenNorm,
+    pub(crate) in_proj: Linear,
+    pub(crate) out_proj: Linear,
+    pub(crate) ln_2: TokenNorm,
+    pub(crate) mlp_0: Linear,
+    pub(crate) mlp_3: Linear,
+    #[module(skip)]
+    pub(crate) heads: usize,
+}
+
+/// `lin` on every token of `[n, seq, d]`.
+fn per_token(lin: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [n, seq, d] = x.dims();
+    let y = linear::forward(lin, x.reshape([n * seq, d]));
+    let [_, out] = y.dims();
+    y.reshape([n, seq, out])
+}
+
+impl Encoder {
+    pub(crate) fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [n, seq, hidden] = x.dims();
+        let (heads, hd) = (self.heads, hidden / self.heads);
+        let qkv = per_token(&self.in_proj, self.ln_1.forward(x.clone()));
+        // [n, seq, hidden] -> [n, heads, seq, head_dim]: head h holds features h*hd..(h+1)*hd.
+        let split = |k: usize| {
+            qkv.clone()
+                .narrow(2, k * hidden, hidden)
+                .reshape([n, seq, heads, hd])
+                .swap_dims(1, 2)
+        };
+        let (q, k, v) = (split(0), split(1), split(2));
+        let scores = q.matmul(k.swap_dims(2, 3)) / (hd as f64).sqrt();
+        let attended = softmax(scores, 3)
+            .matmul(v)
+            .swap_dims(1, 2)
+            .reshape([n, seq, hidden]);
+        let y = x + per_token(&self.out_proj, attended);
+        let hidden_units = gelu(per_token(&self.mlp_0, self.ln_2.forward(y.clone())));
+        y.clone() + per_token(&self.mlp_3, hidden_units)
+    }
+}
+
+/// Token 0 of `[n, seq, hidden]`: `[n, hidden]`.
+pub(crate) fn class_token(x: Tensor<3>) -> Tensor<2> {
+    let [n, _, hidden] = x.dims();
+    x.narrow(1, 0, 1).reshape([n, hidden])
+}

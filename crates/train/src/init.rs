@@ -1,6 +1,6 @@
 use std::collections::HashSet;
 
-use fedfuse_core::{ModelSpec, Params, TensorRole, layers};
+use fedfuse_core::{LayerSpec, ModelSpec, Params, TensorRole, layers};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand_distr::{Distribution, Normal, Uniform};
@@ -30,6 +30,11 @@ pub fn init_params(spec: &ModelSpec, init: Init, seed: u64) -> Params {
             .collect(),
         ModelSpec::Mlp { .. } | ModelSpec::LeNet5 { .. } => HashSet::new(),
     };
+    // A Vision Transformer's layers start as torchvision's (drawn after the loop below).
+    let vit: HashSet<String> = match (spec, init) {
+        (ModelSpec::Sequential { layers, .. }, Init::Default) => vit_tensors(layers),
+        _ => HashSet::new(),
+    };
     // fan_in of a layer is its weight's row length; biases take their weight's fan_in.
     let mut fan_in = 1usize;
     for (name, t) in params.iter_mut() {
@@ -50,6 +55,7 @@ pub fn init_params(spec: &ModelSpec, init: Init, seed: u64) -> Params {
             fan_in = t.row_len().max(1);
         }
         match (init, is_bias) {
+            (Init::Default, _) if vit.contains(name) => {}
             (Init::Default, _) => {
                 let bound = 1.0 / (fan_in as f32).sqrt();
                 if let Ok(u) = Uniform::new_inclusive(-bound, bound) {
@@ -64,7 +70,118 @@ pub fn init_params(spec: &ModelSpec, init: Init, seed: u64) -> Params {
             (Init::Pfnm, true) => t.data.iter_mut().for_each(|v| *v = 0.1),
         }
     }
+    if let ModelSpec::Sequential { layers, .. } = spec
+        && !vit.is_empty()
+    {
+        init_vit(layers, &mut params, &mut rng);
+    }
     params
+}
+
+/// The tensors of a Vision Transformer's tokens and encoder layers, and the head after its
+/// class token: what [`init_vit`] draws.
+fn vit_tensors(layers: &[LayerSpec]) -> HashSet<String> {
+    let mut names = HashSet::new();
+    let mut after_class = false;
+    for (i, layer) in layers.iter().enumerate() {
+        let own: &[&str] = match layer {
+            LayerSpec::Tokens { .. } => &[
+                "class_token",
+                "conv_proj.weight",
+                "conv_proj.bias",
+                "pos_embedding",
+            ],
+            LayerSpec::Encoder { .. } => &[
+                "self_attention.in_proj_weight",
+                "self_attention.in_proj_bias",
+                "self_attention.out_proj.weight",
+                "self_attention.out_proj.bias",
+                "mlp.0.weight",
+                "mlp.0.bias",
+                "mlp.3.weight",
+                "mlp.3.bias",
+            ],
+            LayerSpec::ClassToken => {
+                after_class = true;
+                &[]
+            }
+            LayerSpec::Linear { .. } if after_class => &["weight", "bias"],
+            _ => &[],
+        };
+        names.extend(own.iter().map(|t| format!("{i}.{t}")));
+    }
+    names
+}
+
+/// torchvision's initialisation of a Vision Transformer (its distributions, not its random
+/// stream): the patch convolution `N(0, 1 / fan_in)` (torchvision's truncation at +-2 never
+/// bites at these scales) with a zero bias, a zero class token, the positional embedding
+/// `N(0, 0.02^2)`, the packed q/k/v projection Xavier-uniform over its whole `[3h, h]` matrix
+/// with a zero bias, the output projection `nn.Linear`'s default with a zero bias, the MLP's
+/// weights Xavier-uniform and biases `N(0, 1e-12)`, the head after the class token zeros. The
+/// layer norms are set where every norm is (scale 1, shift 0).
+fn init_vit(layers: &[LayerSpec], params: &mut Params, rng: &mut StdRng) {
+    type Draw = Box<dyn Fn(&mut StdRng) -> f32>;
+    let set = |params: &mut Params, rng: &mut StdRng, name: String, draw: Draw| {
+        if let Some(t) = params.get_mut(&name) {
+            t.data.iter_mut().for_each(|v| *v = draw(rng));
+        }
+    };
+    let normal = |sd: f32| -> Draw {
+        Box::new(move |rng| Normal::new(0.0f32, sd).map_or(0.0, |n| n.sample(rng)))
+    };
+    let uniform = |bound: f32| -> Draw {
+        Box::new(move |rng| Uniform::new_inclusive(-bound, bound).map_or(0.0, |u| u.sample(rng)))
+    };
+    let xavier = |fan_in: usize, fan_out: usize| uniform((6.0 / (fan_in + fan_out) as f32).sqrt());
+    let zero = || -> Draw { Box::new(|_| 0.0) };
+    let row = |params: &Params, name: &str| params.get(name).map_or(1, |t| t.row_len().max(1));
+    let mut after_class = false;
+    for (i, layer) in layers.iter().enumerate() {
+        let n = |t: &str| format!("{i}.{t}");
+        match *layer {
+            LayerSpec::Tokens { .. } => {
+                let fan_in = row(params, &n("conv_proj.weight"));
+                set(params, rng, n("class_token"), zero());
+                set(
+                    params,
+                    rng,
+                    n("conv_proj.weight"),
+                    normal((1.0 / fan_in as f32).sqrt()),
+                );
+                set(params, rng, n("conv_proj.bias"), zero());
+                set(params, rng, n("pos_embedding"), normal(0.02));
+            }
+            LayerSpec::Encoder { mlp, .. } => {
+                let hidden = row(params, &n("self_attention.out_proj.weight"));
+                let out_bound = 1.0 / (hidden as f32).sqrt();
+                set(
+                    params,
+                    rng,
+                    n("self_attention.in_proj_weight"),
+                    xavier(hidden, 3 * hidden),
+                );
+                set(params, rng, n("self_attention.in_proj_bias"), zero());
+                set(
+                    params,
+                    rng,
+                    n("self_attention.out_proj.weight"),
+                    uniform(out_bound),
+                );
+                set(params, rng, n("self_attention.out_proj.bias"), zero());
+                set(params, rng, n("mlp.0.weight"), xavier(hidden, mlp));
+                set(params, rng, n("mlp.0.bias"), normal(1e-6));
+                set(params, rng, n("mlp.3.weight"), xavier(mlp, hidden));
+                set(params, rng, n("mlp.3.bias"), normal(1e-6));
+            }
+            LayerSpec::ClassToken => after_class = true,
+            LayerSpec::Linear { .. } if after_class => {
+                set(params, rng, n("weight"), zero());
+                set(params, rng, n("bias"), zero());
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]

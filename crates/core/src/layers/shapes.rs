@@ -618,6 +618,10 @@ pub fn norm_affine_names(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<St
         };
         match *layer {
             _ if layer.is_norm() => norm(i.to_string()),
+            LayerSpec::Encoder { .. } => {
+                norm(format!("{i}.ln_1"));
+                norm(format!("{i}.ln_2"));
+            }
             _ => {
                 if let Some(block) = layer.block()
                     && block.norm != BlockNorm::None

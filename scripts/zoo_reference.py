@@ -259,6 +259,26 @@ BOTTLENECKS = [
     {"type": "linear", "out": 4},
 ]
 
+# A small torchvision VisionTransformer, and the layer list that is the same network.
+VIT = [
+    {"type": "tokens", "hidden": 32, "patch": 4},
+    {"type": "encoder", "heads": 4, "mlp": 64},
+    {"type": "encoder", "heads": 4, "mlp": 64},
+    {"type": "class_token"},
+    {"type": "layernorm", "eps": 1e-6},
+    {"type": "linear", "out": 10},
+]
+
+
+def torchvision_vit(classes):
+    import torchvision
+
+    return torchvision.models.VisionTransformer(
+        image_size=28, patch_size=4, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64,
+        num_classes=classes,
+    )
+
+
 CASES = [
     # name, zoo entry (or None), input shape, classes, norm, module
     ("cnn-leaf", "cnn-leaf", [1, 28, 28], 62, None, lambda: cnn_leaf(62)),
@@ -276,9 +296,11 @@ CASES = [
     ("resnet18", "resnet18", [3, 64, 64], 10, "batch", lambda: torchvision_resnet("resnet18", 10)),
     ("resnet34", "resnet34", [3, 32, 32], 7, "batch", lambda: torchvision_resnet("resnet34", 7)),
     ("resnet50", "resnet50", [3, 32, 32], 10, "batch", lambda: torchvision_resnet("resnet50", 10)),
+    # torchvision's VisionTransformer (eval only: it holds dropout modules, at p = 0).
+    ("vit", None, [3, 28, 28], 10, None, lambda: torchvision_vit(10)),
 ]
 
-LISTS = {"custom": CUSTOM, "custom-bottleneck": BOTTLENECKS}
+LISTS = {"custom": CUSTOM, "custom-bottleneck": BOTTLENECKS, "vit": VIT}
 
 # Cases checked in eval mode only: ResNet-34's and ResNet-50's train-mode statistics would add
 # 300 KB and 1 MB for nothing ResNet-18's and custom-bottleneck's do not already check.

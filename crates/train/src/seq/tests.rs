@@ -133,11 +133,18 @@ fn the_zoo_and_layer_lists_match_pytorch() {
     for case in &fx.cases {
         let spec = spec_of(case);
         let shapes = spec.param_shapes();
-        // ResNet-18 and 34 go by torchvision's names.
-        let torch = case.zoo.as_deref().and_then(|name| {
-            let zoo: ZooModel = serde_json::from_value(serde_json::json!(name)).unwrap();
-            zoo.torchvision_names(spec.layer_list())
-        });
+        // torchvision's ResNets and Vision Transformers go by torchvision's names.
+        let vit = spec
+            .layer_list()
+            .iter()
+            .any(|l| matches!(l, LayerSpec::Tokens { .. }));
+        let torch = match case.zoo.as_deref() {
+            Some(name) => {
+                let zoo: ZooModel = serde_json::from_value(serde_json::json!(name)).unwrap();
+                zoo.torchvision_names(spec.layer_list())
+            }
+            None => vit.then(|| fedfuse_core::TorchvisionNames::of(spec.layer_list())),
+        };
         let torch_name = |n: &str| match &torch {
             Some(t) => t.torch_name(n).unwrap(),
             None => n.to_string(),

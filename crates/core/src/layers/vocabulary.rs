@@ -461,6 +461,14 @@ impl LayerSpec {
         }
     }
 
+    /// Whether the layer is one of a Vision Transformer's (tokens, encoder, class token).
+    pub fn is_transformer(&self) -> bool {
+        matches!(
+            self,
+            Self::Tokens { .. } | Self::Encoder { .. } | Self::ClassToken
+        )
+    }
+
     /// Whether the layer is a normalisation whose tensors FedBN keeps on the clients.
     pub fn is_norm(&self) -> bool {
         matches!(

@@ -135,7 +135,14 @@ impl FedDrop {
         if hidden.is_empty() {
             return Err(FedError::InvalidSetting {
                 field: "model",
-                reason: "FedDrop drops hidden units; the model has no hidden layer".into(),
+                reason: match spec.layer_list().iter().position(LayerSpec::is_transformer) {
+                    Some(i) => format!(
+                        "FedDrop drops hidden units, and a transformer's (its attention heads \
+                         and MLP units, model.layers[{i}] on) are not grouped yet; run it \
+                         with an averaging method"
+                    ),
+                    None => "FedDrop drops hidden units; the model has no hidden layer".into(),
+                },
             });
         }
         let masked = match spec {

@@ -135,6 +135,7 @@ impl ListClients {
 /// ([`layers::permutation_groups`]: a plain chain's are its layers, a residual stage's stream
 /// is one group) and the index of the layer that writes the logits.
 pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>, usize)> {
+    refuse_transformers(layers)?;
     let groups = layers::permutation_groups(input, layers)?;
     refuse_unsupported(input, layers, &groups)?;
     let Some(output) = layers
@@ -180,6 +181,7 @@ pub fn at_group_widths(
 /// of the layer that writes the logits. Refuses, naming the layer, grouped convolutions
 /// (their channel groups would need permutations within each).
 pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>, usize)> {
+    refuse_transformers(layers)?;
     for (i, layer) in layers.iter().enumerate() {
         if let LayerSpec::Conv2d { groups, .. } = *layer
             && groups > 1
@@ -212,6 +214,22 @@ pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses
         });
     }
     Ok((groups, output))
+}
+
+/// Refuses, naming the first, a Vision Transformer's layers: its groups (the residual stream,
+/// each block's heads and MLP units) are not derived yet.
+fn refuse_transformers(layers: &[LayerSpec]) -> Result<()> {
+    match layers.iter().position(LayerSpec::is_transformer) {
+        Some(i) => Err(FuseError::UnsupportedLayer {
+            layer: i,
+            kind: layers[i].type_name(),
+            reason: "matching a transformer (its residual stream, each block's attention \
+                     heads and MLP units) is not built yet; the averaging methods (fedavg, \
+                     fedprox, fedmedian, the robust aggregators, fedopt) run on it"
+                .into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Refuses, naming the layer, what neuron matching (which widens groups) cannot follow.

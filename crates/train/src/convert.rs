@@ -329,7 +329,11 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
                         .init(),
                 )
             }
-            LayerSpec::Tokens { hidden, patch, .. } => {
+            LayerSpec::Tokens {
+                hidden,
+                patch,
+                dropout,
+            } => {
                 let seq = out_len / hidden.max(1);
                 let class_token = param(src.next()?, [hidden], device);
                 let conv_proj = src.conv([c, hidden], patch, patch, 0, 1, true)?;
@@ -338,10 +342,15 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
                     class_token,
                     conv_proj,
                     pos_embedding,
+                    dropout,
                 })
             }
             LayerSpec::Encoder {
-                heads, mlp, eps, ..
+                heads,
+                mlp,
+                eps,
+                dropout,
+                attention_dropout,
             } => {
                 let hidden = c;
                 Layer::Encoder(Encoder {
@@ -352,6 +361,8 @@ fn build_seq(spec: &ModelSpec, params: &Params, device: &Device) -> Result<SeqNe
                     mlp_0: src.linear(hidden, mlp)?,
                     mlp_3: src.linear(mlp, hidden)?,
                     heads,
+                    dropout,
+                    attention_dropout,
                 })
             }
             LayerSpec::ClassToken => op(OpKind::ClassToken),

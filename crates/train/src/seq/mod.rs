@@ -157,8 +157,20 @@ impl SeqNet {
                     let own = self.gate_at[i].and_then(|slot| gates.get(slot..));
                     Act::Img(block.forward(a.img(), own, mode, &self.stats))
                 }
-                Layer::Tokens(t) => Act::Tokens(t.forward(a.img())),
-                Layer::Encoder(e) => Act::Tokens(e.forward(a.tokens())),
+                Layer::Tokens(t) => {
+                    let own = drop.get(next_drop..).unwrap_or_default();
+                    let mut masks = vit::Masks::new(own);
+                    let y = t.forward(a.img(), &mut masks);
+                    next_drop += masks.taken(own);
+                    Act::Tokens(y)
+                }
+                Layer::Encoder(e) => {
+                    let own = drop.get(next_drop..).unwrap_or_default();
+                    let mut masks = vit::Masks::new(own);
+                    let y = e.forward(a.tokens(), &mut masks);
+                    next_drop += masks.taken(own);
+                    Act::Tokens(y)
+                }
                 Layer::Op(op) => match op.kind {
                     OpKind::Relu => match a {
                         Act::Img(x) => Act::Img(relu(x)),
@@ -211,16 +223,22 @@ impl SeqNet {
             .for_each(norm::RunningStats::restart);
     }
 
-    /// `(values per sample, p)` of each dropout layer with `p > 0`, in order.
+    /// `(values per sample, p)` of each dropout with `p > 0`, in the order the forward pass
+    /// meets them: dropout layers, and the dropouts inside a transformer's layers.
     pub(crate) fn dropout_layers(&self) -> Vec<(usize, f64)> {
         self.layers
             .iter()
             .zip(&self.widths_in)
-            .filter_map(|(layer, &width)| match layer {
+            .flat_map(|(layer, &width)| match layer {
                 Layer::Op(Op {
                     kind: OpKind::Dropout { p },
-                }) if *p > 0.0 => Some((width, *p)),
-                _ => None,
+                }) if *p > 0.0 => vec![(width, *p)],
+                Layer::Tokens(t) => t.drop_sites(),
+                Layer::Encoder(e) => {
+                    let [hidden, _] = e.out_proj.weight.dims();
+                    e.drop_sites(width / hidden.max(1))
+                }
+                _ => Vec::new(),
             })
             .collect()
     }

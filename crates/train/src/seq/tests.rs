@@ -204,3 +204,102 @@ fn the_zoo_and_layer_lists_match_pytorch() {
         }
     }
 }
+
+/// A ViT's dropouts sit where torchvision's do: with every mask 1 training's forward pass is
+/// evaluation's, and zero masks on the attention's and the MLP's outputs make each block the
+/// identity, as zero `out_proj` and `mlp.3` tensors do.
+#[test]
+fn a_vits_dropout_masks_sit_on_its_residual_branches() {
+    let layers = fedfuse_core::VitShape {
+        patch: 4,
+        hidden: 8,
+        layers: 2,
+        heads: 2,
+        mlp: 12,
+        dropout: 0.25,
+        attention_dropout: 0.5,
+    }
+    .layers(3);
+    let spec = ModelSpec::sequential(&[1, 8, 8], layers);
+    spec.validate().unwrap();
+    let device = Device::flex();
+    let batch = 3;
+    let x: Vec<f32> = wave(batch * 64, 5).map(|v| v as f32).collect();
+    let input = || Tensor::<2>::from_data(TensorData::new(x.clone(), [batch, 64]), &device);
+    let logits = |net: &Net, masks: Option<&[Tensor<2>]>| -> Vec<f32> {
+        let Net::Seq(seq) = net else { panic!() };
+        let out = match masks {
+            Some(m) => seq.forward(input(), &[], m, super::Mode::Train),
+            None => seq.forward(input(), &[], &[], super::Mode::Eval),
+        };
+        out.into_data().try_into_vec().unwrap()
+    };
+    // Independent values per tensor (the fixture's waves are near multiples of one another,
+    // which a layer norm cannot tell apart).
+    let mut params = Params::new();
+    for (k, s) in spec.param_shapes().into_iter().enumerate() {
+        let n = s.shape.iter().product();
+        params
+            .push(s.name, s.shape, noise(n, 100 + k as u64))
+            .unwrap();
+    }
+    let net = convert::build(&spec, &params, &device).unwrap();
+    let Net::Seq(seq) = &net else { panic!() };
+    // seq = 2 * 2 + 1 = 5 tokens: the tokens' dropout, then per block the attention weights
+    // (2 heads x 5 x 5), the attention's output, the MLP's hidden units and its output.
+    let sites = seq.dropout_layers();
+    let per_block = [(50, 0.5), (40, 0.25), (60, 0.25), (40, 0.25)];
+    let want: Vec<(usize, f64)> = std::iter::once((40, 0.25))
+        .chain(per_block.iter().copied().cycle().take(8))
+        .collect();
+    assert_eq!(sites, want);
+
+    let mask = |units: usize, v: f32| {
+        Tensor::<2>::from_data(
+            TensorData::new(vec![v; batch * units], [batch, units]),
+            &device,
+        )
+    };
+    let ones: Vec<Tensor<2>> = sites.iter().map(|&(u, _)| mask(u, 1.0)).collect();
+    close(
+        "all-ones masks",
+        &logits(&net, Some(&ones)),
+        &logits(&net, None),
+        1e-6,
+    );
+
+    // Zero masks after the attention and after mlp.3 (sites 2 and 4 of each block).
+    let cut: Vec<Tensor<2>> = sites
+        .iter()
+        .enumerate()
+        .map(|(i, &(u, _))| {
+            mask(
+                u,
+                if i > 0 && (i - 1) % 4 % 2 == 1 {
+                    0.0
+                } else {
+                    1.0
+                },
+            )
+        })
+        .collect();
+    let mut identity = params.clone();
+    for (name, t) in identity.iter_mut() {
+        if name.contains("out_proj") || name.contains("mlp.3") {
+            t.data.iter_mut().for_each(|v| *v = 0.0);
+        }
+    }
+    let identity_net = convert::build(&spec, &identity, &device).unwrap();
+    let cut_logits = logits(&net, Some(&cut));
+    close(
+        "blocks cut",
+        &cut_logits,
+        &logits(&identity_net, None),
+        1e-6,
+    );
+    assert_ne!(
+        cut_logits,
+        logits(&net, None),
+        "the cut must change the logits"
+    );
+}

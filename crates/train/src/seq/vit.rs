@@ -19,10 +19,56 @@ pub(crate) struct Tokens {
     pub(crate) conv_proj: Conv2d,
     /// `[seq, hidden]` (torchvision's `[1, seq, hidden]`).
     pub(crate) pos_embedding: Param<Tensor<2>>,
+    /// Dropout after the positional embedding.
+    #[module(skip)]
+    pub(crate) dropout: f64,
+}
+
+/// `x` times a per-sample inverted-dropout mask over all its values (`[n, values]`), or `x`
+/// when there is none (evaluation, or p = 0).
+fn masked<const D: usize>(x: Tensor<D>, mask: Option<&Tensor<2>>) -> Tensor<D> {
+    match mask {
+        Some(m) => {
+            let dims = x.dims();
+            let [n, values] = m.dims();
+            (x.reshape([n, values]) * m.clone()).reshape(dims)
+        }
+        None => x,
+    }
+}
+
+/// Hands out a layer's dropout masks in [`Tokens::drop_sites`] / [`Encoder::drop_sites`]
+/// order: a site whose `p` is 0 has no mask.
+pub(crate) struct Masks<'a> {
+    masks: std::slice::Iter<'a, Tensor<2>>,
+}
+
+impl<'a> Masks<'a> {
+    /// `masks` holds this layer's masks first; none at all means evaluation.
+    pub(crate) fn new(masks: &'a [Tensor<2>]) -> Self {
+        Self {
+            masks: masks.iter(),
+        }
+    }
+
+    fn next(&mut self, p: f64) -> Option<&'a Tensor<2>> {
+        if p > 0.0 { self.masks.next() } else { None }
+    }
+
+    /// How many masks were taken.
+    pub(crate) fn taken(&self, from: &[Tensor<2>]) -> usize {
+        from.len() - self.masks.len()
+    }
 }
 
 impl Tokens {
-    pub(crate) fn forward(&self, x: Tensor<4>) -> Tensor<3> {
+    /// `(values per sample, p)` of each dropout this layer applies in training.
+    pub(crate) fn drop_sites(&self) -> Vec<(usize, f64)> {
+        let [seq, hidden] = self.pos_embedding.dims();
+        sites(&[(seq * hidden, self.dropout)])
+    }
+
+    pub(crate) fn forward(&self, x: Tensor<4>, masks: &mut Masks) -> Tensor<3> {
         let y = conv::forward(&self.conv_proj, x);
         let [n, hidden, gh, gw] = y.dims();
         // Patches in row-major order, as torchvision's reshape and permute lay them.
@@ -34,8 +80,14 @@ impl Tokens {
             .repeat_dim(0, n);
         let tokens = Tensor::cat(vec![class, patches], 1);
         let [seq, _] = self.pos_embedding.dims();
-        tokens + self.pos_embedding.val().reshape([1, seq, hidden])
+        let x = tokens + self.pos_embedding.val().reshape([1, seq, hidden]);
+        masked(x, masks.next(self.dropout))
     }
+}
+
+/// The sites with `p > 0`.
+fn sites(all: &[(usize, f64)]) -> Vec<(usize, f64)> {
+    all.iter().copied().filter(|&(_, p)| p > 0.0).collect()
 }
 
 /// A layer norm over each token's features.
@@ -71,6 +123,12 @@ pub(crate) struct Encoder {
     pub(crate) mlp_3: Linear,
     #[module(skip)]
     pub(crate) heads: usize,
+    /// After the attention and after each MLP linear (torchvision's `mlp.2`, `mlp.4`).
+    #[module(skip)]
+    pub(crate) dropout: f64,
+    /// Of the attention weights.
+    #[module(skip)]
+    pub(crate) attention_dropout: f64,
 }
 
 /// `lin` on every token of `[n, seq, d]`.
@@ -82,7 +140,21 @@ fn per_token(lin: &Linear, x: Tensor<3>) -> Tensor<3> {
 }
 
 impl Encoder {
-    pub(crate) fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+    /// `(values per sample, p)` of each dropout this block applies in training to `seq`
+    /// tokens, in the order the forward pass meets them: the attention weights, the
+    /// attention's output, the MLP's hidden units, the MLP's output.
+    pub(crate) fn drop_sites(&self, seq: usize) -> Vec<(usize, f64)> {
+        let [hidden, _] = self.out_proj.weight.dims();
+        let [_, mlp] = self.mlp_0.weight.dims();
+        sites(&[
+            (self.heads * seq * seq, self.attention_dropout),
+            (seq * hidden, self.dropout),
+            (seq * mlp, self.dropout),
+            (seq * hidden, self.dropout),
+        ])
+    }
+
+    pub(crate) fn forward(&self, x: Tensor<3>, masks: &mut Masks) -> Tensor<3> {
         let [n, seq, hidden] = x.dims();
         let (heads, hd) = (self.heads, hidden / self.heads);
         let qkv = per_token(&self.in_proj, self.ln_1.forward(x.clone()));
@@ -95,13 +167,14 @@ impl Encoder {
         };
         let (q, k, v) = (split(0), split(1), split(2));
         let scores = q.matmul(k.swap_dims(2, 3)) / (hd as f64).sqrt();
-        let attended = softmax(scores, 3)
-            .matmul(v)
-            .swap_dims(1, 2)
-            .reshape([n, seq, hidden]);
-        let y = x + per_token(&self.out_proj, attended);
+        let weights = masked(softmax(scores, 3), masks.next(self.attention_dropout));
+        let attended = weights.matmul(v).swap_dims(1, 2).reshape([n, seq, hidden]);
+        let attention = per_token(&self.out_proj, attended);
+        let y = x + masked(attention, masks.next(self.dropout));
         let hidden_units = gelu(per_token(&self.mlp_0, self.ln_2.forward(y.clone())));
-        y.clone() + per_token(&self.mlp_3, hidden_units)
+        let hidden_units = masked(hidden_units, masks.next(self.dropout));
+        let out = per_token(&self.mlp_3, hidden_units);
+        y + masked(out, masks.next(self.dropout))
     }
 }
 

@@ -127,6 +127,7 @@ impl FedDrop {
     /// FedDrop for `spec`, dropping a `fraction` in [0, 1) ([`FedDropSettings::check`]);
     /// the model needs a hidden layer.
     pub fn new(fraction: f64, spec: &ModelSpec, seed: u64) -> Result<Self> {
+        super::refuse_transformer(spec, "FedDrop drops hidden units")?;
         let hidden: Vec<usize> = GroupLayout::of_model(spec)
             .layers()
             .iter()
@@ -135,14 +136,7 @@ impl FedDrop {
         if hidden.is_empty() {
             return Err(FedError::InvalidSetting {
                 field: "model",
-                reason: match spec.layer_list().iter().position(LayerSpec::is_transformer) {
-                    Some(i) => format!(
-                        "FedDrop drops hidden units, and a transformer's (its attention heads \
-                         and MLP units, model.layers[{i}] on) are not grouped yet; run it \
-                         with an averaging method"
-                    ),
-                    None => "FedDrop drops hidden units; the model has no hidden layer".into(),
-                },
+                reason: "FedDrop drops hidden units; the model has no hidden layer".into(),
             });
         }
         let masked = match spec {

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fedfuse_core::{ConfigValue, GroupLayout, LayerSpec, ModelSpec, ParamShape, Params, Record};
+use fedfuse_core::{ConfigValue, GroupLayout, ModelSpec, ParamShape, Params, Record};
 use fedfuse_fuse::{
     FedSparseConfig, FedSparseServer, ServerOptimizer, SparseReply, total_variation,
 };
@@ -173,18 +173,12 @@ impl FedSparse {
                 reason: "client and server must use the same gate temperature".into(),
             });
         }
+        super::refuse_transformer(spec, "FedSparse gates hidden units")?;
         let layout = GroupLayout::of_model(spec);
         if layout.layers().is_empty() {
             return Err(FedError::InvalidSetting {
                 field: "model",
-                reason: match spec.layer_list().iter().position(LayerSpec::is_transformer) {
-                    Some(i) => format!(
-                        "FedSparse gates hidden units, and a transformer's (its attention heads \
-                         and MLP units, model.layers[{i}] on) are not grouped yet; run it \
-                         with an averaging method"
-                    ),
-                    None => "FedSparse gates hidden units; the model has no hidden layer".into(),
-                },
+                reason: "FedSparse gates hidden units; the model has no hidden layer".into(),
             });
         }
         Ok(Self {

@@ -6,7 +6,7 @@ use crate::error::{Context, Result, bail_setting};
 use crate::pipeline::SyntheticTables;
 use std::path::PathBuf;
 
-use fedfuse_core::{BlockNorm, LayerSpec, ModelSpec, TorchvisionNames, ZooModel};
+use fedfuse_core::{BlockNorm, LayerSpec, ModelSpec, TorchvisionNames, VitShape, ZooModel};
 use fedfuse_data::CdcSplit;
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig};
 use serde::{Deserialize, Serialize};
@@ -262,6 +262,9 @@ pub enum ModelKind {
     /// `model.width`).
     #[serde(rename = "resnet50")]
     Resnet50,
+    /// torchvision's Vision Transformer (`[model.vit]`), with its tensor names.
+    #[serde(rename = "vit")]
+    Vit,
 }
 
 impl ModelKind {
@@ -274,7 +277,7 @@ impl ModelKind {
             Self::Resnet18 => Some(ZooModel::Resnet18),
             Self::Resnet34 => Some(ZooModel::Resnet34),
             Self::Resnet50 => Some(ZooModel::Resnet50),
-            Self::Mlp | Self::Lenet5 | Self::Sequential => None,
+            Self::Mlp | Self::Lenet5 | Self::Sequential | Self::Vit => None,
         }
     }
 
@@ -290,6 +293,7 @@ impl ModelKind {
             Self::Resnet18 => "resnet18",
             Self::Resnet34 => "resnet34",
             Self::Resnet50 => "resnet50",
+            Self::Vit => "vit",
         }
     }
 
@@ -319,6 +323,11 @@ pub struct ModelSection {
     /// later stages have 2, 4 (and 8) times it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub width: Option<usize>,
+    /// `kind = "vit"`'s settings: `patch`, `hidden`, `layers` (encoder blocks), `heads`, `mlp`,
+    /// `dropout`, `attention_dropout`, torchvision's `VisionTransformer` arguments (patch 4,
+    /// hidden 128, 6 layers, 4 heads, mlp 256 by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vit: Option<VitShape>,
     /// Initialisation: `default` (PyTorch's) or `pfnm` (N(0, 0.1) weights, 0.1 biases).
     #[serde(default)]
     pub init: Init,
@@ -544,6 +553,49 @@ impl ModelSection {
                 }
             }
         }
+        if self.vit.is_some() && self.kind != ModelKind::Vit {
+            bail_setting!(
+                "model.vit",
+                "[model.vit] applies to `vit` only; remove it for `{kind}`"
+            );
+        }
+        if let Some(v) = &self.vit {
+            // Bounds before any list is built: the layer list has `layers` entries.
+            for (key, value, most) in [
+                ("patch", v.patch, 1024),
+                ("hidden", v.hidden, 1 << 16),
+                ("layers", v.layers, 256),
+                ("heads", v.heads, 1024),
+                ("mlp", v.mlp, 1 << 18),
+            ] {
+                if !(1..=most).contains(&value) {
+                    bail_setting!(
+                        format!("model.vit.{key}"),
+                        "model.vit.{key} = {value} must lie in 1..={most}"
+                    );
+                }
+            }
+            if v.hidden % v.heads != 0 {
+                bail_setting!(
+                    "model.vit.heads",
+                    "model.vit.heads = {} must divide model.vit.hidden = {} (each head reads \
+                     hidden / heads features)",
+                    v.heads,
+                    v.hidden
+                );
+            }
+            for (key, p) in [
+                ("dropout", v.dropout),
+                ("attention_dropout", v.attention_dropout),
+            ] {
+                if !(0.0..1.0).contains(&p) {
+                    bail_setting!(
+                        format!("model.vit.{key}"),
+                        "model.vit.{key} = {p} must lie in [0, 1)"
+                    );
+                }
+            }
+        }
         if let Some(w) = self.width
             && !(1..=1024).contains(&w)
         {
@@ -573,7 +625,11 @@ impl ModelSection {
                 LayerSpec::BatchNorm1d { .. } | LayerSpec::BatchNorm2d { .. } => true,
                 _ => l.block().is_some_and(|b| b.norm == BlockNorm::Batch),
             }),
-            ModelKind::Mlp | ModelKind::Lenet5 | ModelKind::CnnLeaf | ModelKind::Vgg9 => false,
+            ModelKind::Mlp
+            | ModelKind::Lenet5
+            | ModelKind::CnnLeaf
+            | ModelKind::Vgg9
+            | ModelKind::Vit => false,
         }
     }
 
@@ -586,18 +642,34 @@ impl ModelSection {
                 None => l.is_norm(),
             })
         };
-        match self.kind.zoo() {
-            // The class count does not change which layers a zoo network has.
-            Some(zoo) => has(&zoo.layers(10, self.norm.unwrap_or_default(), self.width(zoo))),
+        // The class count does not change which layers a network has.
+        match self.zoo_layers(10) {
+            Some(layers) => has(&layers),
             None => has(&self.layers),
         }
     }
 
-    /// torchvision's tensor names for this network (ResNet-18, 34 and 50), which its files use.
+    /// torchvision's tensor names for this network (ResNet-18, 34 and 50, the Vision
+    /// Transformer), which its files use.
     pub fn torchvision_names(&self) -> Option<TorchvisionNames> {
-        let zoo = self.kind.zoo()?;
         // The names follow from the list's structure, which the class count does not change.
-        zoo.torchvision_names(&zoo.layers(1, self.norm.unwrap_or_default(), self.width(zoo)))
+        let layers = self.zoo_layers(1)?;
+        match self.kind.zoo() {
+            Some(zoo) => zoo.torchvision_names(&layers),
+            None => Some(TorchvisionNames::of(&layers)),
+        }
+    }
+
+    /// The layer list a zoo network or the Vision Transformer expands to for `classes`
+    /// classes; `None` for the other kinds.
+    fn zoo_layers(&self, classes: usize) -> Option<Vec<LayerSpec>> {
+        match (self.kind, self.kind.zoo()) {
+            (ModelKind::Vit, _) => Some(self.vit.unwrap_or_default().layers(classes)),
+            (_, Some(zoo)) => {
+                Some(zoo.layers(classes, self.norm.unwrap_or_default(), self.width(zoo)))
+            }
+            (_, None) => None,
+        }
     }
 
     /// A residual network's first-stage width: `model.width`, else the paper's.
@@ -609,7 +681,7 @@ impl ModelSection {
     /// it expanded to.
     pub fn showing_layers(&self, spec: &ModelSpec) -> Self {
         let mut shown = self.clone();
-        if self.kind.zoo().is_some() {
+        if self.kind.zoo().is_some() || self.kind == ModelKind::Vit {
             shown.layers = spec.layer_list().to_vec();
         }
         shown
@@ -648,10 +720,10 @@ impl ModelSection {
             | ModelKind::Resnet20
             | ModelKind::Resnet18
             | ModelKind::Resnet34
-            | ModelKind::Resnet50 => {
+            | ModelKind::Resnet50
+            | ModelKind::Vit => {
                 image()?;
-                let zoo = self.kind.zoo().unwrap_or(ZooModel::CnnLeaf);
-                let layers = zoo.layers(classes, self.norm.unwrap_or_default(), self.width(zoo));
+                let layers = self.zoo_layers(classes).unwrap_or_default();
                 if !self.layers.is_empty() && self.layers != layers {
                     bail_setting!(
                         "model.layers",

@@ -610,6 +610,9 @@ fn list_widths(input: &[usize], layers: &[LayerSpec]) -> Vec<usize> {
         .chain(layers.iter().flat_map(|l| {
             match l {
                 LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => vec![*out],
+                // A ViT: the stream's width, then each block's MLP units.
+                LayerSpec::Tokens { hidden, .. } => vec![*hidden],
+                LayerSpec::Encoder { mlp, .. } => vec![*mlp],
                 // A residual block: its inner channels, then its output stream.
                 _ => l
                     .block()

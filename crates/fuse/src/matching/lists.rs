@@ -181,7 +181,12 @@ pub fn at_group_widths(
 /// of the layer that writes the logits. Refuses, naming the layer, grouped convolutions
 /// (their channel groups would need permutations within each).
 pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>, usize)> {
-    refuse_transformers(layers)?;
+    if layers.iter().any(LayerSpec::is_transformer) {
+        // A ViT's groups hold parts of axes, which unit uses do not express: weight matching
+        // takes them from `transformer::VitGroups`, and this list gives none.
+        let vit = super::transformer::VitGroups::of(layers)?;
+        return Ok((Vec::new(), vit.head));
+    }
     for (i, layer) in layers.iter().enumerate() {
         if let LayerSpec::Conv2d { groups, .. } = *layer
             && groups > 1
@@ -216,16 +221,18 @@ pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses
     Ok((groups, output))
 }
 
-/// Refuses, naming the first, a Vision Transformer's layers: its groups (the residual stream,
-/// each block's heads and MLP units) are not derived yet.
+/// Refuses, naming the first, a Vision Transformer's layers, for matchers that widen groups:
+/// a ViT's groups (the residual stream, each block's heads and MLP units) are permuted only
+/// (weight matching).
 fn refuse_transformers(layers: &[LayerSpec]) -> Result<()> {
     match layers.iter().position(LayerSpec::is_transformer) {
         Some(i) => Err(FuseError::UnsupportedLayer {
             layer: i,
             kind: layers[i].type_name(),
-            reason: "matching a transformer (its residual stream, each block's attention \
-                     heads and MLP units) is not built yet; the averaging methods (fedavg, \
-                     fedprox, fedmedian, the robust aggregators, fedopt) run on it"
+            reason: "matching that widens a transformer's groups (its residual stream, each \
+                     block's attention heads and MLP units) is not built yet; weight matching \
+                     (which keeps the widths) and the averaging methods (fedavg, fedprox, \
+                     fedmedian, the robust aggregators, fedopt) run on it"
                 .into(),
         }),
         None => Ok(()),

@@ -86,6 +86,16 @@ pub fn weight_matching_fuse<R: Rng + ?Sized>(
             list.len()
         )));
     }
+    if layers.iter().any(LayerSpec::is_transformer) {
+        return super::transformer::weight_matching_vit(
+            input,
+            layers,
+            &list.params,
+            class_counts,
+            cfg.max_iters,
+            rng,
+        );
+    }
     let uses = &list.uses[0];
     let reference = &list.params[0];
     let mut aligned = vec![reference.clone()];

@@ -10,3 +10,4 @@ mod matching;
 mod mixture;
 mod residual;
 mod serveropt;
+mod vit;

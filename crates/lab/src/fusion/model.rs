@@ -220,7 +220,8 @@ impl FuseModel {
             bail!("no client models given");
         };
         let torch = self.section.torchvision_names();
-        let first_map = map_names(first, &layout, torch.as_ref(), first_name, &self.source)?;
+        let first_map = map_names(first, &layout, torch.as_ref(), first_name, &self.source)
+            .map_err(|e| self.vit_hint(e))?;
         let candidates: Vec<Vec<usize>> = match &self.input {
             Some(input) => vec![input.clone()],
             None => self.inferred_inputs(&template, first, &first_map),
@@ -242,13 +243,13 @@ impl FuseModel {
             }
         }
         let Some((input, list, client)) = found else {
-            return Err(first_error.unwrap_or_else(|| {
+            return Err(self.vit_hint(first_error.unwrap_or_else(|| {
                 LabError::Invalid(format!(
                     "{first_name}: no sample shape fits {} to these tensors; give a TOML file \
                      with model.input",
                     self.what()
                 ))
-            }));
+            })));
         };
         let mut clients = vec![client];
         for (name, p) in &models[1..] {
@@ -294,6 +295,20 @@ impl FuseModel {
             })
             .collect();
         Ok((input, groups))
+    }
+
+    /// `e`, for `vit` named without its settings, with what to give instead: `vit` alone is
+    /// the default ViT, and a file's heads cannot be read from its tensors.
+    fn vit_hint(&self, e: LabError) -> LabError {
+        if self.section.kind != ModelKind::Vit || self.section.vit.is_some() {
+            return e;
+        }
+        LabError::Invalid(format!(
+            "{e}. `vit` is the default ViT (patch 4, hidden 128, 6 layers, 4 heads, mlp 256); \
+             for another, give a TOML file with [model] kind = \"vit\", input = [channels, \
+             height, width] and a [model.vit] table of patch, hidden, layers, heads and mlp \
+             (heads cannot be read from the tensors)"
+        ))
     }
 
     fn what(&self) -> String {

@@ -17,4 +17,5 @@ mod ngm;
 mod privacy;
 mod residual;
 mod shipped;
+mod transformer;
 mod zoo;

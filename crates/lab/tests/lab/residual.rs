@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 /// `n` samples of `data` whose label is in `keep` with probability 0.85 (else any other).
-fn skewed(data: &Dataset, keep: &[u32], n: usize, rng: &mut StdRng) -> Dataset {
+pub(crate) fn skewed(data: &Dataset, keep: &[u32], n: usize, rng: &mut StdRng) -> Dataset {
     let mut idx: Vec<usize> = (0..data.len()).collect();
     idx.shuffle(rng);
     let (mut mine, mut other): (Vec<usize>, Vec<usize>) =

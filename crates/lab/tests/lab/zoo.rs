@@ -761,9 +761,9 @@ batch_size = 32
     Config::parse(&shown, &["rounds=1".into()]).unwrap();
 }
 
-/// A tiny ViT on 300 MNIST images: every averaging method, FedMix, central DP and
-/// `local_norm` run a round on it; the methods that act on unit groups or match units are
-/// refused at load, naming its first transformer layer.
+/// A tiny ViT on 300 MNIST images: every averaging method, FedMix, central DP, `local_norm`
+/// and weight matching run a round on it; the methods that act on unit groups or widen them
+/// are refused at load, naming its first transformer layer.
 #[test]
 fn every_method_runs_on_a_vit_or_is_refused_naming_its_first_transformer_layer() {
     let base = vec![
@@ -782,6 +782,7 @@ fn every_method_runs_on_a_vit_or_is_refused_naming_its_first_transformer_layer()
     let own: &[(&str, &[&str])] = &[
         ("fedavg", &[]),
         ("local_norm", &["model.local_norm=true", "local_eval=true"]),
+        ("weight-matching", &["method={name=\"weight-matching\"}"]),
     ];
     for (name, sets) in AGGREGATOR_RUNS.iter().chain(own) {
         // The ViT's norms are layer norms already: the list that central DP's run swaps in
@@ -803,7 +804,6 @@ fn every_method_runs_on_a_vit_or_is_refused_naming_its_first_transformer_layer()
         "{name=\"pfnm\"}",
         "{name=\"gpi-fnm\"}",
         "{name=\"fedma\"}",
-        "{name=\"weight-matching\"}",
     ] {
         let set = format!("method={method}");
         let e = match parse(&[&set]) {

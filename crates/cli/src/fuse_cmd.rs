@@ -211,9 +211,19 @@ pub fn show_groups(model: &str, input: Option<&[usize]>, json: bool) -> Result<(
                 group.units / t
             ),
         };
-        println!("group {g}: {} units{tied}", group.units);
+        let heads = match group.heads {
+            Some(h) => format!(
+                ", in {h} heads of {}: a head moves whole, its features within it",
+                group.units / h.max(1)
+            ),
+            None => String::new(),
+        };
+        println!("group {g}: {} units{tied}{heads}", group.units);
         println!("  holds:   {}", group.holds.join(", "));
-        println!("  read by: {}", group.read_by.join(", "));
+        match (group.read_by.is_empty(), group.heads) {
+            (true, Some(_)) => println!("  read by: the attention's q . k products (no tensor)"),
+            _ => println!("  read by: {}", group.read_by.join(", ")),
+        }
     }
     Ok(())
 }

@@ -338,6 +338,40 @@ impl Default for VitShape {
 }
 
 impl VitShape {
+    /// The settings whose [`Self::layers`] are `layers` (for some class count), if any.
+    pub fn of_layers(layers: &[LayerSpec]) -> Option<Self> {
+        let (
+            Some(&LayerSpec::Tokens {
+                hidden,
+                patch,
+                dropout,
+            }),
+            Some(LayerSpec::Linear { out, .. }),
+        ) = (layers.first(), layers.last())
+        else {
+            return None;
+        };
+        let (heads, mlp, attention_dropout) = match layers.get(1) {
+            Some(&LayerSpec::Encoder {
+                heads,
+                mlp,
+                attention_dropout,
+                ..
+            }) => (heads, mlp, attention_dropout),
+            _ => (1, 1, 0.0),
+        };
+        let shape = Self {
+            patch,
+            hidden,
+            layers: layers.len().checked_sub(4)?,
+            heads,
+            mlp,
+            dropout,
+            attention_dropout,
+        };
+        (shape.layers(*out) == layers).then_some(shape)
+    }
+
     /// The layer list for `classes` classes: tokens, the encoder blocks, the class token, the
     /// final layer norm (`encoder.ln`) and the head (`heads.head`).
     pub fn layers(&self, classes: usize) -> Vec<LayerSpec> {

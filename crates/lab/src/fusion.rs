@@ -8,7 +8,7 @@ mod model;
 use std::collections::HashMap;
 
 use fedfuse_core::layers::{self, LayerSpec, is_counter};
-use fedfuse_core::{ModelSpec, Params, Tensor};
+use fedfuse_core::{ModelSpec, Params, Tensor, VitShape};
 use fedfuse_fuse::{
     FusedLayers, MatchOrder, PfnmConfig, WeightMatchingConfig, pfnm_fuse, pfnm_fuse_layers,
     weight_matching_fuse, weighted_mean_params,
@@ -136,7 +136,22 @@ impl Fusion {
         );
         if let Some(spec) = &self.model {
             let mut root = toml::Table::new();
-            root.insert("model".into(), toml::Value::try_from(spec)?);
+            // A ViT is stored by its settings (`kind = "vit"`), under which its files'
+            // torchvision names are read back; other lists as the list.
+            let model = match spec {
+                ModelSpec::Sequential { input, layers } => match VitShape::of_layers(layers) {
+                    Some(vit) => {
+                        let mut t = toml::Table::new();
+                        t.insert("kind".into(), "vit".into());
+                        t.insert("input".into(), toml::Value::try_from(input)?);
+                        t.insert("vit".into(), toml::Value::try_from(vit)?);
+                        toml::Value::Table(t)
+                    }
+                    None => toml::Value::try_from(spec)?,
+                },
+                _ => toml::Value::try_from(spec)?,
+            };
+            root.insert("model".into(), model);
             out.insert(MODEL_KEY.to_string(), toml::to_string(&root)?);
         }
         Ok(out)
@@ -712,8 +727,27 @@ fn fuse_list(
         }
     };
     // The groups the assignments are of: the list's permutation groups (a plain chain's
-    // layers; a residual stage's stream is one).
-    let uses = layers::permutation_groups(input, &fused.layers)?;
+    // layers; a residual stage's stream is one; a ViT's stream, heads and MLP units), as
+    // (units, holds, read by) under the list's names.
+    let groups: Vec<(usize, Vec<String>, Vec<String>)> =
+        if fused.layers.iter().any(LayerSpec::is_transformer) {
+            fedfuse_fuse::vit_groups(&fused.layers)?
+                .into_iter()
+                .map(|g| {
+                    let holds = g.holds.into_iter().map(|(t, _)| t).collect();
+                    (g.units, holds, g.read_by)
+                })
+                .collect()
+        } else {
+            layers::permutation_groups(input, &fused.layers)?
+                .into_iter()
+                .map(|u| {
+                    let names =
+                        |us: &[layers::UnitUse]| us.iter().map(|o| o.tensor.clone()).collect();
+                    (u.units, names(&u.own), names(&u.readers))
+                })
+                .collect()
+        };
     let own = |list_name: &str| {
         first
             .own
@@ -725,22 +759,16 @@ fn fuse_list(
         .assignments
         .into_iter()
         .enumerate()
-        .map(|(g, assignments)| LayerAssignments {
-            layer: g,
-            tensor: uses
-                .get(g)
-                .and_then(|u| u.own.first())
-                .map_or_else(String::new, |u| own(&u.tensor)),
-            global_units: uses.get(g).map_or(0, |u| u.units),
-            assignments,
-            holds: uses
-                .get(g)
-                .map(|u| u.own.iter().map(|o| own(&o.tensor)).collect())
-                .unwrap_or_default(),
-            read_by: uses
-                .get(g)
-                .map(|u| u.readers.iter().map(|r| own(&r.tensor)).collect())
-                .unwrap_or_default(),
+        .map(|(g, assignments)| {
+            let (units, holds, read_by) = groups.get(g).cloned().unwrap_or_default();
+            LayerAssignments {
+                layer: g,
+                tensor: holds.first().map_or_else(String::new, |t| own(t)),
+                global_units: units,
+                assignments,
+                holds: holds.iter().map(|t| own(t)).collect(),
+                read_by: read_by.iter().map(|t| own(t)).collect(),
+            }
         })
         .collect();
     let mut params = Params::new();

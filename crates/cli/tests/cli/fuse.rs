@@ -309,3 +309,110 @@ fn gpi_fnm_fuses_npz_files_as_in_memory() {
         "{stderr}"
     );
 }
+
+/// Two torchvision-named ViT files (random weights, the second a relabelled copy of the
+/// first): `fedfuse groups` shows the heads, weight matching gives the first back under
+/// torchvision's names, and the fused file fuses again without `--model` (its metadata keeps
+/// the ViT's settings).
+#[test]
+fn vit_files_fuse_by_weight_matching_under_torchvisions_names() {
+    use fedfuse_core::{TorchvisionNames, VitShape};
+    use rand::seq::SliceRandom;
+    let dir = tempfile::tempdir().unwrap();
+    let shape = VitShape {
+        patch: 7,
+        hidden: 8,
+        layers: 1,
+        heads: 2,
+        mlp: 6,
+        ..VitShape::default()
+    };
+    let layers = shape.layers(10);
+    let spec = ModelSpec::sequential(&[1, 28, 28], layers.clone());
+    let p = init_params(&spec, Init::Pfnm, 3);
+    let mut rng = StdRng::seed_from_u64(4);
+    let mut shuffled = |n: usize| {
+        let mut v: Vec<usize> = (0..n).collect();
+        v.shuffle(&mut rng);
+        v
+    };
+    // Stream; the block's query-key and value groups (heads swapped, features within kept);
+    // its MLP units.
+    let perms = vec![
+        shuffled(8),
+        vec![4, 5, 6, 7, 0, 1, 2, 3],
+        vec![4, 5, 6, 7, 0, 1, 2, 3],
+        shuffled(6),
+    ];
+    let q = fedfuse_fuse::permute_vit(&layers, &p, &perms).unwrap();
+    let names = TorchvisionNames::of(&layers);
+    let torch = |params: &Params, file: &str| {
+        let path = dir.path().join(file);
+        let renamed = params.clone().renamed(|n| names.torch_name(n)).unwrap();
+        save_safetensors(&renamed, &path).unwrap();
+        path
+    };
+    let (a, b) = (torch(&p, "a.safetensors"), torch(&q, "b.safetensors"));
+    let model = dir.path().join("vit.toml");
+    std::fs::write(
+        &model,
+        "[model]\nkind = \"vit\"\ninput = [1, 28, 28]\n[model.vit]\npatch = 7\nhidden = 8\n\
+         layers = 1\nheads = 2\nmlp = 6\n",
+    )
+    .unwrap();
+    let model = model.to_str().unwrap();
+    let out = fedfuse(&["groups", "--model", model]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("4 permutation groups") && text.contains("in 2 heads of 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("encoder.layers.encoder_layer_0.self_attention.in_proj_weight (rows 8:16)")
+    );
+
+    let fused = dir.path().join("fused.safetensors");
+    let run = |args: &[&str]| {
+        let out = fedfuse(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "fuse",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--model",
+        model,
+        "--method",
+        "weight-matching",
+        "--out",
+        fused.to_str().unwrap(),
+    ]);
+    let got = load_safetensors(&fused).unwrap();
+    let want = p.clone().renamed(|n| names.torch_name(n)).unwrap();
+    assert_eq!(got.names(), want.names());
+    for (name, t) in want.iter() {
+        let g = &got.get(name).unwrap().data;
+        let worst = g
+            .iter()
+            .zip(&t.data)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-6, "{name}: {worst}");
+    }
+    // Without --model: the settings come from the fused file's metadata.
+    let again = dir.path().join("again.safetensors");
+    run(&[
+        "fuse",
+        fused.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--method",
+        "weight-matching",
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+}

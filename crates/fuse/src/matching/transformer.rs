@@ -531,6 +531,55 @@ pub fn permute_vit(layers: &[LayerSpec], params: &Params, perms: &[Vec<usize>]) 
     vit.apply(params, perms, &[])
 }
 
+/// One of a ViT's permutation groups as `fedfuse groups` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VitGroupView {
+    /// Its units (features).
+    pub units: usize,
+    /// For a block's query-key and value groups, its heads: a head's features move whole, to
+    /// one head, permuted within it.
+    pub heads: Option<usize>,
+    /// The tensors that hold the units, with where: `""` for the first axis, `"rows a:b"` for
+    /// a part of it (a third of `in_proj`), `"last axis"` for the class token and the
+    /// positional embedding.
+    pub holds: Vec<(String, String)>,
+    /// The tensors that read the units as their inputs.
+    pub read_by: Vec<String>,
+}
+
+/// The permutation groups of a ViT list (the stream, then per block its query-key, value and
+/// MLP groups: `permute_vit`'s order); refused, naming the layer, for another list.
+pub fn vit_groups(layers: &[LayerSpec]) -> Result<Vec<VitGroupView>> {
+    let vit = VitGroups::of(layers)?;
+    Ok(vit
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(g, group)| {
+            let (holds, read_by): (Vec<&Hold>, Vec<&Hold>) =
+                group.holds.iter().partition(|h| h.axis != 1);
+            VitGroupView {
+                units: group.units,
+                heads: (g % 3 != 0).then(|| vit.heads[(g - 1) / 3]),
+                holds: holds
+                    .into_iter()
+                    .map(|h| {
+                        let at = match h.axis {
+                            0 if h.tensor.contains("in_proj") => {
+                                format!("rows {}:{}", h.offset, h.offset + group.units * h.block)
+                            }
+                            0 => String::new(),
+                            _ => "last axis".to_string(),
+                        };
+                        (h.tensor.clone(), at)
+                    })
+                    .collect(),
+                read_by: read_by.into_iter().map(|h| h.tensor.clone()).collect(),
+            }
+        })
+        .collect())
+}
+
 fn is_permutation(p: &[usize], n: usize) -> bool {
     let mut seen = vec![false; n];
     p.len() == n

@@ -55,6 +55,10 @@ pub struct GroupView {
     pub units: usize,
     /// Group-norm blocks a permutation must keep each unit inside (1: none).
     pub tied: usize,
+    /// A transformer block's query-key or value group: its heads, whose features move whole
+    /// (a head to a head, its features permuted within it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
     /// Every tensor that holds the units along its first axis.
     pub holds: Vec<String>,
     /// Every tensor that reads them as its inputs.
@@ -284,12 +288,35 @@ impl FuseModel {
                 .and_then(|t| t.torch_name(n))
                 .unwrap_or_else(|| n.to_string())
         };
+        if list.iter().any(LayerSpec::is_transformer) {
+            let groups = fedfuse_fuse::vit_groups(&list)
+                .map_err(LabError::from)
+                .with_context(|| self.what())?
+                .into_iter()
+                .map(|g| GroupView {
+                    units: g.units,
+                    tied: 1,
+                    heads: g.heads,
+                    holds: g
+                        .holds
+                        .iter()
+                        .map(|(t, at)| match at.is_empty() {
+                            true => name(t),
+                            false => format!("{} ({at})", name(t)),
+                        })
+                        .collect(),
+                    read_by: g.read_by.iter().map(|t| name(t)).collect(),
+                })
+                .collect();
+            return Ok((input, groups));
+        }
         let groups = layers::permutation_groups(&input, &list)
             .with_context(|| self.what())?
             .into_iter()
             .map(|g| GroupView {
                 units: g.units,
                 tied: g.tied,
+                heads: None,
                 holds: g.own.iter().map(|u| name(&u.tensor)).collect(),
                 read_by: g.readers.iter().map(|u| name(&u.tensor)).collect(),
             })

@@ -33,6 +33,11 @@ def mlp():
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 100), nn.ReLU(), nn.Linear(100, 10))
 
 
+def vit():
+    from torchvision.models import VisionTransformer
+    return VisionTransformer(32, 4, 6, 4, 128, 256, num_classes=10)
+
+
 def mnist(folder, n):
     with gzip.open(os.path.join(folder, "train-images-idx3-ubyte.gz")) as f:
         x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
@@ -55,6 +60,8 @@ def cases(data_dir):
         "cnn-leaf": ("cnn-leaf 28x28x1", lambda: cnn_leaf(10), lambda: mnist(data_dir, 2000), 32),
         "vgg9": ("VGG-9 32x32x3", lambda: vgg9(10), lambda: synthetic(1000), 32),
         "resnet20": ("ResNet-20 32x32x3", lambda: resnet20(10, "batch"), lambda: synthetic(1000), 32),
+        # fedfuse's default ViT: patch 4, 6 blocks of 4 heads, width 128, MLP 256.
+        "vit": ("ViT (default) 32x32x3", vit, lambda: synthetic(500), 32),
     }
 
 
@@ -75,7 +82,7 @@ def main():
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--models", default="mlp,lenet5,cnn-leaf,vgg9,resnet20")
+    ap.add_argument("--models", default="mlp,lenet5,cnn-leaf,vgg9,resnet20,vit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     table = cases(args.data_dir)

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use fedfuse_core::{BlockNorm, ModelSpec, Params, Record, ZooModel};
+use fedfuse_core::{BlockNorm, ModelSpec, Params, Record, VitShape, ZooModel};
 use fedfuse_data::{ClientData, Dataset, load_dataset};
 use fedfuse_fed::{
     Aggregate, ClientContext, ClientsPerRound, FedAvg, Fold, Method, Population, Reply, SimConfig,
@@ -97,7 +97,7 @@ fn time_epochs(
 
 /// The networks `fedfuse bench train` times, with the samples and batch size of each: what
 /// `scripts/bench_torch_train.py` runs in PyTorch.
-pub const TRAIN_MODELS: [&str; 5] = ["mlp", "lenet5", "cnn-leaf", "vgg9", "resnet20"];
+pub const TRAIN_MODELS: [&str; 6] = ["mlp", "lenet5", "cnn-leaf", "vgg9", "resnet20", "vit"];
 
 /// `n` samples of 32x32x3 values in [0, 1) and 10 classes from a seeded generator: the
 /// conv benchmarks time arithmetic, which does not depend on what the pixels show.
@@ -165,6 +165,13 @@ pub fn train(
                     "VGG-9 32x32x3",
                     zoo(ZooModel::Vgg9, &[3, 32, 32])?,
                     &synthetic_images(1000)?,
+                    32,
+                    repeats,
+                )?,
+                "vit" => time_epochs(
+                    "ViT (default) 32x32x3",
+                    ModelSpec::sequential(&[3, 32, 32], VitShape::default().layers(10)),
+                    &synthetic_images(500)?,
                     32,
                     repeats,
                 )?,

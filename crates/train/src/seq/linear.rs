@@ -96,6 +96,13 @@ impl Dims {
         self.batch * self.d_out
     }
 
+    /// Whether products are written row-major directly: when the batch outnumbers the
+    /// weight's sides (a transformer's per-token layers: thousands of tokens, a few hundred
+    /// features), packing the weight is cheap and transposing a batch-sized result is not.
+    fn row_major(&self) -> bool {
+        self.batch >= self.d_in.max(self.d_out)
+    }
+
     /// gemm's threads for a product of this layer's size: one thread below the size where
     /// burn-flex starts splitting (its `PARALLEL_THRESHOLD`, 2^18 multiply-adds).
     fn parallelism(&self) -> Parallelism {
@@ -109,14 +116,18 @@ impl Dims {
 /// `y = x·w + b`: `x` is `[batch, d_in]`, `w` burn's `[d_in, d_out]`, all row-major; the
 /// product is computed column-major (`yt` is `yᵀ`), so gemm packs the small `x`.
 fn linear_forward(x: &[f32], w: &[f32], bias: Option<&[f32]>, d: &Dims) -> Vec<f32> {
-    let mut yt = vec![0f32; d.y_len()];
     let xs = Mat::rows(x, d.batch, d.d_in, d.d_in);
     let ws = Mat::rows(w, d.d_in, d.d_out, d.d_out);
-    matmul_on(&mut yt, (1, d.batch), xs, ws, false, d.parallelism());
     let mut y = vec![0f32; d.y_len()];
-    for (i, row) in yt.chunks_exact(d.batch).enumerate() {
-        for (s, &v) in row.iter().enumerate() {
-            y[s * d.d_out + i] = v;
+    if d.row_major() {
+        matmul_on(&mut y, (d.d_out, 1), xs, ws, false, d.parallelism());
+    } else {
+        let mut yt = vec![0f32; d.y_len()];
+        matmul_on(&mut yt, (1, d.batch), xs, ws, false, d.parallelism());
+        for (i, row) in yt.chunks_exact(d.batch).enumerate() {
+            for (s, &v) in row.iter().enumerate() {
+                y[s * d.d_out + i] = v;
+            }
         }
     }
     if let Some(bias) = bias {
@@ -160,12 +171,16 @@ impl AffineState for LinearState {
         let [need_x, need_w, need_b] = need;
         let dys = Mat::rows(dy, d.batch, d.d_out, d.d_out);
         let dx = need_x.then(|| {
+            let wt = Mat::rows(w, d.d_in, d.d_out, d.d_out).t();
+            let mut dx = vec![0f32; d.x_len()];
+            if d.row_major() {
+                matmul_on(&mut dx, (d.d_in, 1), dys, wt, false, d.parallelism());
+                return flex(dx, &[d.batch, d.d_in]);
+            }
             // `dX = dY·Wᵀ` written column-major (`dxt` is `dXᵀ`, `[d_in, batch]`): gemm packs
             // `dY` and reads `Wᵀ` (column-major) in place.
             let mut dxt = vec![0f32; d.x_len()];
-            let wt = Mat::rows(w, d.d_in, d.d_out, d.d_out).t();
             matmul_on(&mut dxt, (1, d.batch), dys, wt, false, d.parallelism());
-            let mut dx = vec![0f32; d.x_len()];
             for (i, row) in dxt.chunks_exact(d.batch).enumerate() {
                 for (s, &v) in row.iter().enumerate() {
                     dx[s * d.d_in + i] = v;

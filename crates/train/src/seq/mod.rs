@@ -17,6 +17,7 @@ mod act;
 mod affine;
 mod batch_norm;
 pub(crate) mod conv;
+mod gelu;
 mod linear;
 pub(crate) mod norm;
 pub(crate) mod pool;

@@ -7,8 +7,9 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::nn::conv::Conv2d;
 use burn::tensor::Tensor;
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::softmax;
 
+use super::gelu::gelu;
 use super::{conv, linear};
 
 /// `conv_proj`, `class_token` and `pos_embedding`: images to `[n, seq, hidden]` tokens.

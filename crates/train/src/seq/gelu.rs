@@ -48,7 +48,7 @@ fn erf(x: f32) -> f32 {
 /// value): `2^n e^r` with `n` the nearest integer to `x / ln 2` and `|r| <= ln 2 / 2`, `e^r`
 /// by its Taylor polynomial of degree 6 (within 3e-7 of libm's, relatively); e^-87 below -87.
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(super) fn exp_nonpositive(x: f32) -> f32 {
     // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = x.max(-87.0);

@@ -15,9 +15,11 @@ pub(crate) mod kernels;
 
 mod act;
 mod affine;
+mod attention;
 mod batch_norm;
 pub(crate) mod conv;
 mod gelu;
+mod layer_norm;
 mod linear;
 pub(crate) mod norm;
 pub(crate) mod pool;

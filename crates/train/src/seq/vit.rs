@@ -101,7 +101,18 @@ pub(crate) struct TokenNorm {
 }
 
 impl TokenNorm {
-    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+    pub(crate) fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [n, seq, hidden] = x.dims();
+        let rows = x.clone().reshape([n * seq, hidden]);
+        let (w, b) = (self.weight.val(), self.bias.val());
+        match super::layer_norm::forward(&rows, &w, &b, self.eps) {
+            Some(y) => y.reshape([n, seq, hidden]),
+            None => self.forward_burn(x),
+        }
+    }
+
+    /// The same with burn's operations (other backends, and the custom op's reference).
+    pub(crate) fn forward_burn(&self, x: Tensor<3>) -> Tensor<3> {
         let [_, _, hidden] = x.dims();
         let mean = x.clone().mean_dim(2);
         let centred = x - mean;
@@ -156,9 +167,28 @@ impl Encoder {
     }
 
     pub(crate) fn forward(&self, x: Tensor<3>, masks: &mut Masks) -> Tensor<3> {
-        let [n, seq, hidden] = x.dims();
-        let (heads, hd) = (self.heads, hidden / self.heads);
         let qkv = per_token(&self.in_proj, self.ln_1.forward(x.clone()));
+        let mask = masks.next(self.attention_dropout);
+        let attended = match super::attention::attend(&qkv, self.heads, mask) {
+            Some(a) => a,
+            None => self.attend_burn(qkv, mask),
+        };
+        let attention = per_token(&self.out_proj, attended);
+        let y = x + masked(attention, masks.next(self.dropout));
+        let hidden_units = gelu(per_token(&self.mlp_0, self.ln_2.forward(y.clone())));
+        let hidden_units = masked(hidden_units, masks.next(self.dropout));
+        let out = per_token(&self.mlp_3, hidden_units);
+        y + masked(out, masks.next(self.dropout))
+    }
+}
+
+impl Encoder {
+    /// The attention of packed `qkv` (`[n, seq, 3 · hidden]`) with burn's operations (other
+    /// backends, and the custom op's reference): `mask` multiplies the weights.
+    pub(crate) fn attend_burn(&self, qkv: Tensor<3>, mask: Option<&Tensor<2>>) -> Tensor<3> {
+        let [n, seq, packed] = qkv.dims();
+        let hidden = packed / 3;
+        let (heads, hd) = (self.heads, hidden / self.heads);
         // [n, seq, hidden] -> [n, heads, seq, head_dim]: head h holds features h*hd..(h+1)*hd.
         let split = |k: usize| {
             qkv.clone()
@@ -168,14 +198,8 @@ impl Encoder {
         };
         let (q, k, v) = (split(0), split(1), split(2));
         let scores = q.matmul(k.swap_dims(2, 3)) / (hd as f64).sqrt();
-        let weights = masked(softmax(scores, 3), masks.next(self.attention_dropout));
-        let attended = weights.matmul(v).swap_dims(1, 2).reshape([n, seq, hidden]);
-        let attention = per_token(&self.out_proj, attended);
-        let y = x + masked(attention, masks.next(self.dropout));
-        let hidden_units = gelu(per_token(&self.mlp_0, self.ln_2.forward(y.clone())));
-        let hidden_units = masked(hidden_units, masks.next(self.dropout));
-        let out = per_token(&self.mlp_3, hidden_units);
-        y + masked(out, masks.next(self.dropout))
+        let weights = masked(softmax(scores, 3), mask);
+        weights.matmul(v).swap_dims(1, 2).reshape([n, seq, hidden])
     }
 }
 

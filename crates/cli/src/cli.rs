@@ -183,7 +183,8 @@ enum BenchCommand {
         /// Worker threads for the tensor library.
         #[arg(long, default_value_t = 1)]
         threads: usize,
-        /// The networks to time, comma-separated: mlp, lenet5, cnn-leaf, vgg9, resnet20.
+        /// The networks to time, comma-separated: mlp, lenet5, cnn-leaf, vgg9, resnet20, vit
+        /// (the default ViT on 32x32x3 images; not in the default list).
         #[arg(
             long,
             value_delimiter = ',',

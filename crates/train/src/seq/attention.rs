@@ -44,7 +44,25 @@ impl Dims {
     }
 }
 
-/// `row` scaled by `scale`, then its softmax, in place.
+/// Lanes of the softmax's sums: fixed here, so every vector width adds in the same order.
+const LANES: usize = 8;
+
+/// The sum of `row` over [`LANES`] partial sums (then the remainder), vectorisable.
+#[inline(always)]
+fn lane_sum(row: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `row` scaled by `scale`, then its softmax, in place. Separate loops, so that the scaling,
+/// the exponentials and the division vectorise (a running sum beside `exp` would not).
 #[inline(always)]
 fn softmax_body(row: &mut [f32], scale: f32) {
     let mut max = f32::NEG_INFINITY;
@@ -52,12 +70,10 @@ fn softmax_body(row: &mut [f32], scale: f32) {
         *v *= scale;
         max = max.max(*v);
     }
-    let mut sum = 0.0;
     for v in row.iter_mut() {
         *v = exp_nonpositive(*v - max);
-        sum += *v;
     }
-    let inv = 1.0 / sum;
+    let inv = 1.0 / lane_sum(row);
     for v in row.iter_mut() {
         *v *= inv;
     }
@@ -68,10 +84,15 @@ widest!(fn softmax_row => softmax_body(row: &mut [f32], scale: f32));
 /// `ds = p ⊙ (dp − Σ dp ⊙ p) · scale` for one row of weights.
 #[inline(always)]
 fn softmax_grad_body(p: &[f32], dp: &mut [f32], scale: f32) {
-    let mut dot = 0.0;
-    for (&p, &g) in p.iter().zip(dp.iter()) {
-        dot += p * g;
+    let mut acc = [0f32; LANES];
+    let (mut pc, mut gc) = (p.chunks_exact(LANES), dp.chunks_exact(LANES));
+    for (pc, gc) in (&mut pc).zip(&mut gc) {
+        for ((a, &p), &g) in acc.iter_mut().zip(pc).zip(gc) {
+            *a += p * g;
+        }
     }
+    let tail: f32 = pc.remainder().iter().zip(gc.remainder()).map(|(p, g)| p * g).sum();
+    let dot = acc.iter().sum::<f32>() + tail;
     for (g, &p) in dp.iter_mut().zip(p) {
         *g = p * (*g - dot) * scale;
     }

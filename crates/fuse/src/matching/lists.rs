@@ -542,6 +542,33 @@ pub(super) fn client_weights(class_counts: Option<&[Vec<f64>]>, clients: usize) 
     }
 }
 
+/// The fixed-width fusion of clients already aligned to the first: every tensor's weighted
+/// mean (`weights` from [`client_weights`]), as the list at `input` lays them out.
+pub(super) fn fuse_aligned(
+    input: &[usize],
+    layers: &[LayerSpec],
+    aligned: &[Params],
+    weights: &[f64],
+    assignments: Vec<Vec<Vec<usize>>>,
+) -> Result<FusedLayers> {
+    let Some(reference) = aligned.first() else {
+        return Err(FuseError::Empty);
+    };
+    let mut fused = HashMap::new();
+    for (name, _) in reference.iter() {
+        let at: Vec<&Tensor> = aligned
+            .iter()
+            .map(|p| p.require(name))
+            .collect::<std::result::Result<_, _>>()?;
+        fused.insert(name.to_string(), mean_tensor(name, &at, weights)?);
+    }
+    Ok(FusedLayers {
+        params: assemble(input, layers, fused)?,
+        layers: layers.to_vec(),
+        assignments,
+    })
+}
+
 /// Weighted mean of one tensor over clients (same shape at each), in f64; batch norm's
 /// `num_batches_tracked` is rounded to a whole count.
 pub(super) fn mean_tensor(name: &str, tensors: &[&Tensor], weights: &[f64]) -> Result<Tensor> {

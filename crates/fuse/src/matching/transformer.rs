@@ -26,7 +26,7 @@ use fedfuse_core::{Params, Tensor};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
-use super::lists::{FusedLayers, assemble, client_weights, mean_tensor};
+use super::lists::{FusedLayers, client_weights, fuse_aligned};
 use super::score::product_nt;
 use crate::{FuseError, Result};
 
@@ -482,19 +482,7 @@ pub(crate) fn weight_matching_vit<R: Rng + ?Sized>(
         }
     }
     let weights = client_weights(weights, clients.len());
-    let mut fused = HashMap::new();
-    for (name, _) in reference.iter() {
-        let at: Vec<&Tensor> = aligned
-            .iter()
-            .map(|p| p.require(name))
-            .collect::<std::result::Result<_, _>>()?;
-        fused.insert(name.to_string(), mean_tensor(name, &at, &weights)?);
-    }
-    Ok(FusedLayers {
-        params: assemble(input, layers, fused)?,
-        layers: layers.to_vec(),
-        assignments,
-    })
+    fuse_aligned(input, layers, &aligned, &weights, assignments)
 }
 
 /// Applies one permutation per group of a ViT list to `params` (`perms[g][u]`: where unit `u`
@@ -578,6 +566,37 @@ pub fn vit_groups(layers: &[LayerSpec]) -> Result<Vec<VitGroupView>> {
             }
         })
         .collect())
+}
+
+/// Random permutations of every group of a ViT list, in [`permute_vit`]'s order: the stream;
+/// per block whole heads, each head's query-key and value features within it (the same head
+/// mapping for both), and the MLP units. A relabelling that keeps the network's function.
+pub fn random_vit_permutations<R: Rng + ?Sized>(
+    layers: &[LayerSpec],
+    rng: &mut R,
+) -> Result<Vec<Vec<usize>>> {
+    let vit = VitGroups::of(layers)?;
+    let mut shuffled = |n: usize| {
+        let mut p: Vec<usize> = (0..n).collect();
+        p.shuffle(rng);
+        p
+    };
+    let mut perms = vec![shuffled(vit.groups[0].units)];
+    for (b, &heads) in vit.heads.iter().enumerate() {
+        let e = vit.groups[1 + 3 * b].units;
+        let hd = e / heads.max(1);
+        let head_to = shuffled(heads);
+        let (mut qk, mut vo) = (vec![0; e], vec![0; e]);
+        for (y, &x) in head_to.iter().enumerate() {
+            let (wq, wv) = (shuffled(hd), shuffled(hd));
+            for j in 0..hd {
+                qk[y * hd + j] = x * hd + wq[j];
+                vo[y * hd + j] = x * hd + wv[j];
+            }
+        }
+        perms.extend([qk, vo, shuffled(vit.groups[3 + 3 * b].units)]);
+    }
+    Ok(perms)
 }
 
 fn is_permutation(p: &[usize], n: usize) -> bool {

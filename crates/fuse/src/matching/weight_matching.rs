@@ -23,7 +23,7 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 
 use super::lists::{
-    FusedLayers, ListClients, UnitAxis, assemble, client_weights, mean_tensor, permute_units,
+    FusedLayers, ListClients, UnitAxis, client_weights, fuse_aligned, permute_units,
 };
 use super::score::product_nt;
 use crate::{FuseError, Result};
@@ -111,19 +111,7 @@ pub fn weight_matching_fuse<R: Rng + ?Sized>(
         aligned.push(p);
     }
     let weights = client_weights(class_counts, list.len());
-    let mut fused = HashMap::new();
-    for (name, _) in reference.iter() {
-        let at: Vec<&Tensor> = aligned
-            .iter()
-            .map(|p| p.require(name))
-            .collect::<std::result::Result<_, _>>()?;
-        fused.insert(name.to_string(), mean_tensor(name, &at, &weights)?);
-    }
-    Ok(FusedLayers {
-        params: assemble(input, layers, fused)?,
-        layers: layers.to_vec(),
-        assignments,
-    })
+    fuse_aligned(input, layers, &aligned, &weights, assignments)
 }
 
 /// Which permutation group a weight's rows (axis 0) and its input columns (axis 1) belong to.

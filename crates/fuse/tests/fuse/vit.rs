@@ -5,10 +5,11 @@
 
 use fedfuse_core::layers::LayerSpec;
 use fedfuse_core::{Params, VitShape};
-use fedfuse_fuse::{WeightMatchingConfig, permute_vit, weight_matching_fuse};
+use fedfuse_fuse::{
+    WeightMatchingConfig, permute_vit, random_vit_permutations, weight_matching_fuse,
+};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
 use super::channels::{assert_close, assert_recovered, f64s, random_params};
@@ -165,33 +166,6 @@ fn logits(layers: &[LayerSpec], p: &Params, xs: &[Vec<f64>]) -> Vec<f64> {
     xs.iter().flat_map(|x| forward(layers, p, x)).collect()
 }
 
-fn shuffled(n: usize, rng: &mut StdRng) -> Vec<usize> {
-    let mut p: Vec<usize> = (0..n).collect();
-    p.shuffle(rng);
-    p
-}
-
-/// Random permutations of every group: the stream; per block whole heads, each head's
-/// query-key and value features within it, and the MLP units.
-fn planted(blocks: usize, rng: &mut StdRng) -> Vec<Vec<usize>> {
-    let (e, heads, mlp) = (8, 2, 6);
-    let hd = e / heads;
-    let mut perms = vec![shuffled(e, rng)];
-    for _ in 0..blocks {
-        let head_to = shuffled(heads, rng);
-        let (mut qk, mut vo) = (vec![0; e], vec![0; e]);
-        for (y, &x) in head_to.iter().enumerate() {
-            let (wq, wv) = (shuffled(hd, rng), shuffled(hd, rng));
-            for j in 0..hd {
-                qk[y * hd + j] = x * hd + wq[j];
-                vo[y * hd + j] = x * hd + wv[j];
-            }
-        }
-        perms.extend([qk, vo, shuffled(mlp, rng)]);
-    }
-    perms
-}
-
 fn images(n: usize, rng: &mut StdRng) -> Vec<Vec<f64>> {
     let len: usize = INPUT.iter().product();
     (0..n)
@@ -214,7 +188,7 @@ proptest! {
         let mut rng = StdRng::seed_from_u64(seed);
         let layers = vit(blocks);
         let p = random_params(&INPUT, &layers, &mut rng);
-        let perms = planted(blocks, &mut rng);
+        let perms = random_vit_permutations(&layers, &mut rng).unwrap();
         let q = permute_vit(&layers, &p, &perms).unwrap();
         let xs = images(3, &mut rng);
         assert_close(&logits(&layers, &q, &xs), &logits(&layers, &p, &xs), 1e-5, "permuted");

@@ -7,11 +7,13 @@
 
 use fedfuse_core::{ModelSpec, Params, VitShape};
 use fedfuse_data::{Dataset, load_dataset};
-use fedfuse_fuse::{WeightMatchingConfig, permute_vit, weight_matching_fuse, weighted_mean_params};
+use fedfuse_fuse::{
+    WeightMatchingConfig, permute_vit, random_vit_permutations, weight_matching_fuse,
+    weighted_mean_params,
+};
 use fedfuse_train::{Init, OptimizerConfig, TrainConfig, Trainer, init_params};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 
 use super::residual::skewed;
 
@@ -24,32 +26,6 @@ const SHAPE: VitShape = VitShape {
     dropout: 0.0,
     attention_dropout: 0.0,
 };
-
-fn shuffled(n: usize, rng: &mut StdRng) -> Vec<usize> {
-    let mut p: Vec<usize> = (0..n).collect();
-    p.shuffle(rng);
-    p
-}
-
-/// Random permutations of a [`SHAPE`] ViT's groups, in `permute_vit`'s order.
-fn relabelling(rng: &mut StdRng) -> Vec<Vec<usize>> {
-    let (e, heads) = (SHAPE.hidden, SHAPE.heads);
-    let hd = e / heads;
-    let mut perms = vec![shuffled(e, rng)];
-    for _ in 0..SHAPE.layers {
-        let head_to = shuffled(heads, rng);
-        let (mut qk, mut vo) = (vec![0; e], vec![0; e]);
-        for (y, &x) in head_to.iter().enumerate() {
-            let (wq, wv) = (shuffled(hd, rng), shuffled(hd, rng));
-            for j in 0..hd {
-                qk[y * hd + j] = x * hd + wq[j];
-                vo[y * hd + j] = x * hd + wv[j];
-            }
-        }
-        perms.extend([qk, vo, shuffled(SHAPE.mlp, rng)]);
-    }
-    perms
-}
 
 /// Accuracies on 1,000 test images of: the two fine-tuned copies averaged as saved (one
 /// relabelled), weight-matched, averaged in one order (what matching should reach), and each
@@ -90,7 +66,8 @@ fn one_seed(seed: u64) -> (f64, f64, f64, [f64; 2]) {
         fit(&pretrained, &a, 2, seed + 1),
         fit(&pretrained, &b, 2, seed + 2),
     );
-    let pb_saved = permute_vit(&layers, &pb, &relabelling(&mut rng)).unwrap();
+    let relabelling = random_vit_permutations(&layers, &mut rng).unwrap();
+    let pb_saved = permute_vit(&layers, &pb, &relabelling).unwrap();
     let acc = |p: &Params| trainer.evaluate(p, &test).unwrap().accuracy;
     let mean = |x: &Params, y: &Params| weighted_mean_params(&[(x, 1.0), (y, 1.0)]).unwrap();
     let matched = weight_matching_fuse(

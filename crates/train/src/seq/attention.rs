@@ -91,7 +91,12 @@ fn softmax_grad_body(p: &[f32], dp: &mut [f32], scale: f32) {
             *a += p * g;
         }
     }
-    let tail: f32 = pc.remainder().iter().zip(gc.remainder()).map(|(p, g)| p * g).sum();
+    let tail: f32 = pc
+        .remainder()
+        .iter()
+        .zip(gc.remainder())
+        .map(|(p, g)| p * g)
+        .sum();
     let dot = acc.iter().sum::<f32>() + tail;
     for (g, &p) in dp.iter_mut().zip(p) {
         *g = p * (*g - dot) * scale;
@@ -362,6 +367,7 @@ pub(crate) fn attend(qkv: &Tensor<3>, heads: usize, mask: Option<&Tensor<2>>) ->
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
     use super::attend;
+    use crate::seq::tests::close;
     use crate::seq::tests::noise;
     use crate::seq::vit::Encoder;
     use burn::nn::LinearConfig;
@@ -427,17 +433,8 @@ mod tests {
             };
             let (mine, theirs) = (run(true), run(false));
             for (what, a, b) in [("y", &mine.0, &theirs.0), ("dqkv", &mine.1, &theirs.1)] {
-                assert_eq!(a.len(), b.len(), "{what}");
-                let worst = a
-                    .iter()
-                    .zip(b)
-                    .map(|(p, q)| (p - q).abs() / q.abs().max(1.0))
-                    .fold(0f32, f32::max);
                 // Float rounding: the sums run in another order.
-                assert!(
-                    worst < 5e-5,
-                    "{what} (mask {with_mask}): largest difference {worst:e}"
-                );
+                close(&format!("{what} (mask {with_mask})"), a, b, 5e-5);
             }
         }
     }

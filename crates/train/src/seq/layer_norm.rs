@@ -183,7 +183,7 @@ pub(crate) fn forward(x: &Tensor<2>, w: &Tensor<1>, b: &Tensor<1>, eps: f64) -> 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 mod tests {
-    use crate::seq::tests::noise;
+    use crate::seq::tests::{close, noise};
     use crate::seq::vit::TokenNorm;
     use burn::module::Param;
     use burn::tensor::{Device, Tensor, TensorData};
@@ -228,13 +228,7 @@ mod tests {
         };
         let (mine, theirs) = (run(true), run(false));
         for (what, (a, b)) in ["y", "dx", "dw", "db"].iter().zip(mine.iter().zip(&theirs)) {
-            assert_eq!(a.len(), b.len(), "{what}");
-            let worst = a
-                .iter()
-                .zip(b)
-                .map(|(p, q)| (p - q).abs() / q.abs().max(1.0))
-                .fold(0f32, f32::max);
-            assert!(worst < 1e-4, "{what}: largest difference {worst:e}");
+            close(what, a, b, 1e-4);
         }
     }
 }

@@ -112,7 +112,7 @@ fn spec_of(case: &Case) -> ModelSpec {
     }
 }
 
-fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+pub(super) fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let worst = got
         .iter()

@@ -453,3 +453,60 @@ fn batch_norm_rounds_refuse_bad_settings_at_load() {
     let e = refused(QUICKSTART, &[&on("")]);
     assert!(e.contains("no batch norm"), "{e}");
 }
+
+/// `[model.vit]` and the ViT layer types: huge, zero, negative, NaN and non-dividing values
+/// are refused at load, naming the key or layer, before any list or tensor is built.
+#[test]
+fn hostile_vit_settings_are_refused_by_name() {
+    const VIT: &str = include_str!("../../../../examples/mnist-vit.toml");
+    let data = format!("data_dir={:?}", mnist().display().to_string());
+    let cases: &[(&str, &str)] = &[
+        ("model.vit.layers=100000000", "model.vit.layers"),
+        ("model.vit.layers=0", "model.vit.layers"),
+        ("model.vit.heads=0", "model.vit.heads"),
+        ("model.vit.heads=3", "must divide"),
+        ("model.vit.hidden=0", "model.vit.hidden"),
+        ("model.vit.mlp=1000000000000", "model.vit.mlp"),
+        ("model.vit.patch=-1", "patch"),
+        ("model.vit.patch=5", "does not divide"),
+        ("model.vit.dropout=nan", "model.vit.dropout"),
+        (
+            "model.vit.attention_dropout=-0.5",
+            "model.vit.attention_dropout",
+        ),
+        ("model.vit.dropout=1.0", "model.vit.dropout"),
+        // Within every key's bound: past a tensor's bound, or the parameter limit.
+        (
+            "model.vit={hidden=65536, mlp=262144, layers=256}",
+            "holds more than",
+        ),
+        (
+            "model.vit={hidden=4096, mlp=16384, layers=256}",
+            "parameters",
+        ),
+        ("model.vit.bogus=1", "bogus"),
+        ("model.kind=\"mlp\"", "[model.vit] applies to `vit` only"),
+    ];
+    for (set, want) in cases {
+        let e = refused(VIT, &[&data, set]);
+        assert!(e.contains(want), "{set}: {e}");
+    }
+    let list = |layers: &str| {
+        refused(
+            VIT,
+            &[
+                &data,
+                "model={kind=\"sequential\"}",
+                &format!("model.layers={layers}"),
+            ],
+        )
+    };
+    let e = list("[{type=\"tokens\", hidden=0, patch=7}]");
+    assert!(e.contains("hidden = 0"), "{e}");
+    let e = list("[{type=\"tokens\", hidden=8, patch=7}, {type=\"encoder\", heads=0, mlp=4}]");
+    assert!(e.contains("heads = 0"), "{e}");
+    let e = list("[{type=\"tokens\", hidden=8, patch=7}, {type=\"encoder\", heads=2, mlp=0}]");
+    assert!(e.contains("mlp = 0"), "{e}");
+    let e = list("[{type=\"encoder\", heads=2, mlp=4}]");
+    assert!(e.contains("model.layers[0]"), "{e}");
+}

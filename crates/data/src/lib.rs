@@ -54,9 +54,11 @@ pub use download::{
     sha256_file, verify, verify_files,
 };
 pub use error::{DataError, Result};
+pub use femnist::leaf::{MAX_LEAF_SHARD_BYTES, read_leaf_femnist};
+pub use femnist::parquet::{MAX_FEMNIST_IMAGES, MAX_PARQUET_FILE_BYTES, read_parquet_femnist};
 pub use femnist::{
-    FEMNIST_CLASSES, FEMNIST_PIXELS, MAX_LEAF_SHARD_BYTES, WRITER_COLUMN, find_leaf_dir,
-    read_leaf_femnist,
+    FEMNIST_CLASSES, FEMNIST_PIXELS, FemnistFiles, ParquetFiles, WRITER_COLUMN, find_femnist,
+    find_leaf_dir, find_parquet_files, read_femnist,
 };
 pub use ggm::{Ggm, GgmConfig, GraphShape, cholesky, conditional_mean, sample_ggm};
 pub use idx::{read_idx_images, read_idx_labels, write_idx};

@@ -169,9 +169,11 @@ static DATASETS: &[DatasetInfo] = &[
         name: "femnist",
         files: &[],
         mirrors: &[],
-        description: "FEMNIST (LEAF): 805,263 28x28 grey images of digits and letters by 3,550 \
-                      writers, 62 classes, as LEAF's JSON shards (train/ and test/); not \
-                      downloaded by fedfuse (`fedfuse data info femnist` says how to make them)",
+        description: "FEMNIST (LEAF): 28x28 grey images of digits and letters by writer, 62 \
+                      classes, as Flower Datasets' Parquet files (flwrlabs/femnist: 814,277 \
+                      images, 3,597 writers) or LEAF's JSON shards (train/ and test/); not \
+                      downloaded by fedfuse (`fedfuse data info femnist` says where to get \
+                      them)",
         citation: "S. Caldas et al., LEAF: A Benchmark for Federated Settings, arXiv:1812.01097, \
                    2018; from NIST Special Database 19 (P. Grother and K. Hanaoka, 2016)",
     },
@@ -187,13 +189,20 @@ static DATASETS: &[DatasetInfo] = &[
 
 /// How to obtain FEMNIST, which no stable public location publishes in a form fedfuse reads
 /// with checksums.
-pub const FEMNIST_HOW_TO_GET: &str = "FEMNIST is LEAF's: clone LEAF (its repository is \
-    TalwalkarLab/leaf on GitHub), run `./preprocess.sh -s niid --sf 1.0 -k 0 -t sample` in \
-    data/femnist (it downloads NIST SD 19, about 1.5 GB, and writes JSON shards into \
-    data/train/ and data/test/), then pass --data-dir LEAF/data/femnist/data (or copy its \
-    train/ and test/ folders into the cache folder femnist/). LEAF publishes no checksums of \
-    its output, which depends on its sampling settings; fedfuse checks every shard as it reads \
-    it instead.";
+pub const FEMNIST_HOW_TO_GET: &str = "FEMNIST comes in two forms fedfuse reads. (1) Flower \
+    Datasets' flwrlabs/femnist, a dataset repository on the Hugging Face Hub: its Parquet files \
+    data/train-*.parquet (814,277 images of 3,597 writers, about 200 MB; the Hub lists each \
+    file's size and SHA-256), e.g. `huggingface-cli download flwrlabs/femnist --repo-type \
+    dataset --local-dir DIR`, then --data-dir DIR. Published as one train split: each \
+    writer's every tenth image is held out as its test samples (files named test-*.parquet \
+    beside them are read as the test split instead). (2) LEAF's JSON shards: clone LEAF (its \
+    repository is TalwalkarLab/leaf on GitHub), run `./preprocess.sh -s niid --sf 1.0 -k 0 -t \
+    sample` in data/femnist (it downloads NIST SD 19, about 1.5 GB, and writes shards into \
+    data/train/ and data/test/), then pass --data-dir LEAF/data/femnist/data. Either can also \
+    be copied into the cache folder femnist/. fedfuse downloads neither: it downloads only files \
+    whose SHA-256 it carries, and has none recorded for the Hub's files; LEAF's output depends \
+    on its sampling settings and has no published checksums. Every file is checked as it is \
+    read instead.";
 
 /// How to obtain the dataset `name` where fedfuse downloads nothing, if it is one of those.
 pub fn how_to_get(name: &str) -> Option<&'static str> {
@@ -281,12 +290,14 @@ pub fn load_dataset(name: &str, data_dir: Option<&Path>) -> Result<TrainTest> {
         "cifar100-coarse" => load_cifar100(info, data_dir, Cifar100Label::Coarse),
         "femnist" => {
             let base = data_dir.map_or_else(|| default_dataset_dir(info.name), Path::to_path_buf);
-            match crate::femnist::find_leaf_dir(&base) {
-                Some(dir) => crate::femnist::read_leaf_femnist(&dir),
+            match crate::femnist::find_femnist(&base) {
+                Some(files) => crate::femnist::read_femnist(&files),
                 None => Err(DataError::MissingFiles {
                     name: info.name.into(),
                     dir: base,
-                    missing: "train/*.json, test/*.json".into(),
+                    missing: "LEAF's train/*.json and test/*.json, or Flower Datasets' \
+                              train-*.parquet"
+                        .into(),
                     next: FEMNIST_HOW_TO_GET.into(),
                 }),
             }

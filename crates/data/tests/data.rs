@@ -13,7 +13,9 @@ mod digits;
 #[path = "data/download.rs"]
 mod download;
 #[path = "data/femnist.rs"]
-pub mod femnist;
+mod femnist;
+#[path = "data/femnist_files.rs"]
+pub mod femnist_files;
 #[path = "data/fuzz.rs"]
 mod fuzz;
 #[path = "data/idx.rs"]

@@ -1,65 +1,17 @@
-//! FEMNIST from LEAF's JSON shards: counts, labels, pixel order and scale, the writers, and
-//! refusals of shards that are truncated or lie about themselves.
+//! FEMNIST from LEAF's JSON shards and from Flower Datasets' Parquet files: counts, labels,
+//! pixel order and scale, the writers, the same bits from both forms, and refusals of files
+//! that are truncated or lie about themselves.
 
-use std::path::Path;
-
-use fedfuse_data::{load_dataset, read_leaf_femnist};
+use fedfuse_data::{
+    ParquetFiles, find_femnist, find_parquet_files, load_dataset, read_leaf_femnist,
+    read_parquet_femnist,
+};
 use serde_json::json;
 
-/// Pixel `p` of sample `k` of writer `w`: a value in [0, 1] the test can recompute, so that a
-/// transposed or shifted image fails.
-pub fn pixel(w: usize, k: usize, p: usize) -> f32 {
-    ((w * 131 + k * 17 + p * 7) % 256) as f32 / 255.0
-}
-
-/// Label of sample `k` of writer `w` (all 62 classes appear across writers).
-pub fn label(w: usize, k: usize) -> u32 {
-    ((w * 13 + k * 5) % 62) as u32
-}
-
-/// A LEAF shard holding `writers` (index, name, samples), samples numbered from `first`.
-pub fn shard(writers: &[(usize, &str, usize)], first: usize) -> serde_json::Value {
-    let mut users = Vec::new();
-    let mut counts = Vec::new();
-    let mut data = serde_json::Map::new();
-    for &(w, name, n) in writers {
-        users.push(json!(name));
-        counts.push(json!(n));
-        let x: Vec<Vec<f32>> = (first..first + n)
-            .map(|k| (0..784).map(|p| pixel(w, k, p)).collect())
-            .collect();
-        let y: Vec<u32> = (first..first + n).map(|k| label(w, k)).collect();
-        data.insert(name.into(), json!({ "x": x, "y": y }));
-    }
-    json!({ "users": users, "num_samples": counts, "user_data": data })
-}
-
-/// LEAF's layout under `dir`: writers 0-2 train on samples 0..n, test on n..n+2; writer 3
-/// only in train; two train shards.
-pub fn write_leaf(dir: &Path) {
-    let train = dir.join("train");
-    let test = dir.join("test");
-    std::fs::create_dir_all(&train).unwrap();
-    std::fs::create_dir_all(&test).unwrap();
-    let put = |p: std::path::PathBuf, v: serde_json::Value| {
-        std::fs::write(p, serde_json::to_vec(&v).unwrap()).unwrap()
-    };
-    put(
-        train.join("all_data_0_niid_1_keep_0_train_9.json"),
-        shard(&[(0, "f0003_12", 4), (1, "f0001_40", 3)], 0),
-    );
-    put(
-        train.join("all_data_1_niid_1_keep_0_train_9.json"),
-        shard(&[(2, "f0002_07", 5), (3, "f0100_99", 2)], 0),
-    );
-    put(
-        test.join("all_data_0_niid_1_keep_0_test_9.json"),
-        shard(
-            &[(0, "f0003_12", 2), (1, "f0001_40", 2), (2, "f0002_07", 2)],
-            10,
-        ),
-    );
-}
+use crate::femnist_files::{
+    Row, SCHEMA, label, pixel, png, png_sized, row, shard, write_leaf, write_parquet,
+    write_parquet_like_leaf, write_parquet_with,
+};
 
 #[test]
 fn leaf_shards_read_with_their_writers_pixels_and_labels() {
@@ -209,5 +161,198 @@ fn hostile_shards_are_refused_naming_the_file_and_writer() {
     for cut in (0..whole.len()).step_by(997) {
         std::fs::write(&file, &whole[..cut]).unwrap();
         assert!(read_leaf_femnist(dir.path()).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn parquet_files_give_the_bits_leaf_shards_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let (leaf, hub) = (dir.path().join("leaf"), dir.path().join("hub"));
+    write_leaf(&leaf);
+    write_parquet_like_leaf(&hub.join("data"));
+    let from_leaf = read_leaf_femnist(&leaf).unwrap();
+    let files = find_parquet_files(&hub).unwrap();
+    assert_eq!(
+        files,
+        ParquetFiles {
+            train: vec![
+                hub.join("data/train-00000-of-00002.parquet"),
+                hub.join("data/train-00001-of-00002.parquet"),
+            ],
+            test: vec![hub.join("data/test-00000-of-00001.parquet")],
+        }
+    );
+    let from_parquet = read_parquet_femnist(&files).unwrap();
+    // The same samples in the same order, the same writers, the same bits.
+    assert_eq!(from_parquet, from_leaf);
+    assert_eq!(load_dataset("femnist", Some(&hub)).unwrap(), from_leaf);
+    // Where both forms lie under one folder, LEAF's shards are read.
+    write_parquet_like_leaf(&leaf);
+    assert!(matches!(
+        find_femnist(&leaf),
+        Some(fedfuse_data::FemnistFiles::Leaf(_))
+    ));
+}
+
+#[test]
+fn without_a_test_split_each_writers_every_tenth_image_is_held_out() {
+    let dir = tempfile::tempdir().unwrap();
+    // Writer 0's samples 0-11, writer 1's 0-8, writer 0's 12-22, in that file order.
+    let order: Vec<(usize, usize)> = (0..12)
+        .map(|k| (0, k))
+        .chain((0..9).map(|k| (1, k)))
+        .chain((12..23).map(|k| (0, k)))
+        .collect();
+    let name = |w: usize| ["f0500_01", "f0501_02"][w];
+    let rows: Vec<Row> = order.iter().map(|&(w, k)| row(w, name(w), k)).collect();
+    write_parquet(&dir.path().join("train-00000-of-00001.parquet"), &rows);
+    let data = load_dataset("femnist", Some(dir.path())).unwrap();
+    // Writer 0's 10th and 20th images (samples 9 and 19); writer 1 has 9, none held out.
+    let held = [(0, 9), (0, 19)];
+    assert_eq!(data.test.len(), 2);
+    assert_eq!(data.train.len(), order.len() - 2);
+    let kept: Vec<_> = order.iter().filter(|s| !held.contains(s)).collect();
+    for (i, &&(w, k)) in kept.iter().enumerate() {
+        assert_eq!(data.train.y[i], label(w, k), "train sample {i}");
+        assert_eq!(data.train.sample(i)[400], pixel(w, k, 400));
+        let ids = data.train.ids.as_ref().unwrap();
+        assert_eq!(ids.names[ids.of[i] as usize], name(w));
+    }
+    for (i, &(w, k)) in held.iter().enumerate() {
+        assert_eq!(data.test.y[i], label(w, k));
+        assert_eq!(data.test.sample(i)[783], pixel(w, k, 783));
+    }
+}
+
+/// A change made to the rows of a one-file Parquet dataset.
+type Edit = Box<dyn Fn(&mut Vec<Row>)>;
+
+#[test]
+fn hostile_parquet_files_are_refused_naming_the_file_and_row() {
+    let base = || -> Vec<Row> { (0..5).map(|k| row(0, "f0003_12", k)).collect() };
+    let cases: Vec<(&str, Edit)> = vec![
+        (
+            "row 3: character 62",
+            Box::new(|r| r[3].character = Some(62)),
+        ),
+        (
+            "row 0: character -1",
+            Box::new(|r| r[0].character = Some(-1)),
+        ),
+        ("row 1: no character", Box::new(|r| r[1].character = None)),
+        ("row 2: no image bytes", Box::new(|r| r[2].png = None)),
+        ("row 4: no writer_id", Box::new(|r| r[4].writer = None)),
+        (
+            "writer_id of 0 bytes",
+            Box::new(|r| r[1].writer = Some(String::new())),
+        ),
+        (
+            "a 29x28 image",
+            Box::new(|r| {
+                r[2].png = Some(png_sized(&[9; 29 * 28], 29, 28, png::ColorType::Grayscale))
+            }),
+        ),
+        (
+            "8-bit grey",
+            Box::new(|r| r[2].png = Some(png_sized(&[9; 3 * 784], 28, 28, png::ColorType::Rgb))),
+        ),
+        (
+            "not a readable PNG",
+            Box::new(|r| r[0].png = Some(b"\x89PNG but not really".to_vec())),
+        ),
+        (
+            "a damaged PNG",
+            Box::new(|r| {
+                let mut p = png(&[7; 784]);
+                let n = p.len();
+                p.truncate(n - 20);
+                r[4].png = Some(p);
+            }),
+        ),
+        (
+            "over the 65536",
+            Box::new(|r| r[1].png = Some(vec![0; 70_000])),
+        ),
+    ];
+    for (want, edit) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = base();
+        edit(&mut rows);
+        write_parquet(&dir.path().join("train-00000-of-00001.parquet"), &rows);
+        let e = load_dataset("femnist", Some(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(want) && e.contains("train-00000-of-00001.parquet"),
+            "{want}: {e}"
+        );
+    }
+
+    // Columns missing or of another type.
+    let schemas = [
+        (
+            SCHEMA.replace("optional int64 character;", ""),
+            "no `character` column",
+        ),
+        (
+            SCHEMA.replace(
+                "optional int64 character;",
+                "optional binary character (STRING);",
+            ),
+            "column `character` holds BYTE_ARRAY",
+        ),
+    ];
+    for (schema, want) in schemas {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("train-00000-of-00001.parquet");
+        write_parquet_with(&file, &schema, &base(), 2);
+        let e = load_dataset("femnist", Some(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+
+    // Not Parquet at all; over the size bound (a sparse file: no disk used), refused before
+    // it is read; a footer claiming more than the file holds.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train-00000-of-00001.parquet");
+    std::fs::write(&file, json!({"users": []}).to_string()).unwrap();
+    let e = load_dataset("femnist", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a Parquet file"), "{e}");
+    let huge = std::fs::File::create(&file).unwrap();
+    huge.set_len(fedfuse_data::MAX_PARQUET_FILE_BYTES + 1)
+        .unwrap();
+    let e = load_dataset("femnist", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("over the"), "{e}");
+    write_parquet(&file, &base());
+    let mut whole = std::fs::read(&file).unwrap();
+    let n = whole.len();
+    whole[n - 8..n - 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&file, &whole).unwrap();
+    let e = load_dataset("femnist", Some(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("footer declares"), "{e}");
+
+    // Every truncation is an error, and no flipped byte panics (most are refused; a flip in
+    // a pixel's compressed bytes may still decode).
+    write_parquet(&file, &base());
+    let whole = std::fs::read(&file).unwrap();
+    for cut in 0..whole.len() {
+        std::fs::write(&file, &whole[..cut]).unwrap();
+        assert!(
+            load_dataset("femnist", Some(dir.path())).is_err(),
+            "cut at {cut}"
+        );
+    }
+    for at in 0..whole.len() {
+        let mut flipped = whole.clone();
+        flipped[at] ^= 0x5a;
+        std::fs::write(&file, &flipped).unwrap();
+        let _ = load_dataset("femnist", Some(dir.path()));
     }
 }

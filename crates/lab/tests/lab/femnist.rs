@@ -1,6 +1,6 @@
-//! FEMNIST in a run: LEAF's shards under --data-dir, one client per writer
-//! (`partition.kind = "natural_id"` on `writer_id`), each testing on its own LEAF test samples,
-//! and the digits or letters alone.
+//! FEMNIST in a run: LEAF's shards or Flower Datasets' Parquet files under --data-dir, one
+//! client per writer (`partition.kind = "natural_id"` on `writer_id`), each testing on its own
+//! test samples, and the digits or letters alone.
 
 use std::path::Path;
 
@@ -191,4 +191,47 @@ fn digits_or_letters_alone_and_what_other_datasets_refuse() {
         Config::parse(text, &["dataset.classes=\"digits\"".into()]).unwrap_err()
     );
     assert!(e.contains("dataset.classes"), "{e}");
+}
+
+/// The same samples as LEAF's shards and as Flower Datasets' Parquet files: the same clients,
+/// the same samples, and a run with the same bits.
+#[test]
+fn parquet_and_leaf_files_make_the_same_federation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (leaf, hub) = (dir.path().join("leaf"), dir.path().join("hub"));
+    crate::femnist_files::write_leaf(&leaf);
+    crate::femnist_files::write_parquet_like_leaf(&hub.join("data"));
+    let writers = crate::femnist_files::WRITERS.len();
+    let sets = [format!("clients={writers}"), "clients_per_round=2".into()];
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let (from_leaf, from_parquet) = (
+        config(&leaf, BY_WRITER, &sets),
+        config(&hub, BY_WRITER, &sets),
+    );
+    let clients = |cfg: &Config| match Federation::prepare(cfg).unwrap().data {
+        FederationData::Labelled { clients, test, .. } => (clients, test),
+        _ => panic!("not labelled"),
+    };
+    let (leaf_clients, leaf_test) = clients(&from_leaf);
+    let (parquet_clients, parquet_test) = clients(&from_parquet);
+    assert_eq!(leaf_clients.len(), writers);
+    assert_eq!(parquet_clients, leaf_clients);
+    assert_eq!(parquet_test, leaf_test);
+    let run = |cfg: &Config, out: &str| {
+        fedfuse_lab::run::run(cfg, &dir.path().join(out), &fedfuse_lab::Silent).unwrap()
+    };
+    let (a, b) = (
+        run(&from_leaf, "runs/leaf"),
+        run(&from_parquet, "runs/parquet"),
+    );
+    assert_eq!(a.rounds.len(), 2);
+    assert_eq!(a.params, b.params);
+    // Every round's figures but its wall time.
+    let untimed = |r: &fedfuse_fed::RoundMetrics| fedfuse_fed::RoundMetrics {
+        seconds: 0.0,
+        ..r.clone()
+    };
+    for (x, y) in a.rounds.iter().zip(&b.rounds) {
+        assert_eq!(untimed(x), untimed(y));
+    }
 }

@@ -7,6 +7,10 @@ mod docs;
 mod federation;
 mod fedmix;
 mod femnist;
+// FEMNIST files in both forms, written as the data tests write them.
+#[allow(dead_code)]
+#[path = "../../../data/tests/data/femnist_files.rs"]
+mod femnist_files;
 mod fuzz;
 mod golden;
 mod hostile;

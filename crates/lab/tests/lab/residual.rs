@@ -239,12 +239,12 @@ const STATISTICS_ROUND: [&str; 2] = ["rounds=2", "batch_norm={reestimate=true}"]
 /// Dirichlet(0.5) split of 4,000 MNIST images, then a `[batch_norm]` statistics round, in
 /// which the clients re-estimate the merged model's statistics on their own data and the
 /// server combines them. One seed (a check that the round does its job, the fusion test above
-/// makes the claim on two): 0.17 after the merge, 0.78 after the statistics round.
+/// makes the claim on two): 0.17 after the merge, 0.78 after the statistics round. Round 0 is
+/// the merge as a one-round run would leave it: the statistics round comes after it.
 #[test]
 fn a_statistics_round_repairs_the_merged_resnet_in_a_federation() {
-    let method = r#"name = "weight-matching""#;
-    let merged = resnet_federation(method, 8, 4000, &[])[0].global_accuracy;
-    let repaired = resnet_federation(method, 8, 4000, &STATISTICS_ROUND)[1].global_accuracy;
+    let rounds = resnet_federation(r#"name = "weight-matching""#, 8, 4000, &STATISTICS_ROUND);
+    let (merged, repaired) = (rounds[0].global_accuracy, rounds[1].global_accuracy);
     eprintln!("merged {merged:.3}, after a statistics round {repaired:.3}");
     assert!(repaired > merged + 0.3, "{merged} -> {repaired}");
 }

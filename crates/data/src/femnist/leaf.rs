@@ -1,31 +1,20 @@
-//! FEMNIST (Caldas et al. 2018, LEAF): handwritten digits and letters by writer, 28x28
-//! grayscale, 62 classes (`0`-`9`, then `A`-`Z`, then `a`-`z`), read from the JSON shards that
-//! LEAF's preprocessing writes.
-//!
-//! A shard is `{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[784
-//! values], ...], "y": [labels]}}}`; `x` holds each image row by row, scaled to `[0, 1]`
-//! (LEAF's `pixel / 255`: the background is 1). LEAF splits every writer's samples into its
-//! `train/` and `test/` folders. The writer becomes each sample's natural id (`writer_id`), for
-//! a `natural_id` partition: one client per writer.
+//! LEAF's JSON shards. A shard is `{"users": [...], "num_samples": [...], "user_data": {user:
+//! {"x": [[784 values], ...], "y": [labels]}}}`; `x` holds each image row by row, scaled to
+//! `[0, 1]` (LEAF's `pixel / 255`). LEAF splits every writer's samples into its `train/` and
+//! `test/` folders.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::dataset::{Dataset, SampleIds, TrainTest};
+use super::{FEMNIST_CLASSES, FEMNIST_PIXELS, Samples, assemble};
+use crate::dataset::TrainTest;
 use crate::error::{DataError, Result};
 
-/// Pixels per image (28 x 28).
-pub const FEMNIST_PIXELS: usize = 784;
-/// Classes: 10 digits, 26 upper-case and 26 lower-case letters.
-pub const FEMNIST_CLASSES: usize = 62;
 /// The largest shard read (LEAF's are a few hundred MB): a bigger file is refused before it
 /// is read.
 pub const MAX_LEAF_SHARD_BYTES: u64 = 1 << 30;
-/// The column FEMNIST's writers go by (Flower Datasets' name).
-pub const WRITER_COLUMN: &str = "writer_id";
 
 #[derive(Deserialize)]
 struct Shard {
@@ -40,29 +29,8 @@ struct UserData {
     y: Vec<i64>,
 }
 
-/// One split's samples before the writers are numbered.
-#[derive(Default)]
-struct Samples {
-    x: Vec<f32>,
-    y: Vec<u32>,
-    writers: Vec<String>,
-}
-
-/// The folder of LEAF's output that holds `train/` and `test/`: `dir` itself, `dir/femnist`,
-/// `dir/femnist/data` or `dir/data` (LEAF's own `data/femnist/data`).
-pub fn find_leaf_dir(dir: &Path) -> Option<PathBuf> {
-    [
-        dir.to_path_buf(),
-        dir.join("femnist"),
-        dir.join("femnist").join("data"),
-        dir.join("data"),
-    ]
-    .into_iter()
-    .find(|d| d.join("train").is_dir() && d.join("test").is_dir())
-}
-
 /// Reads FEMNIST from LEAF's JSON shards under `dir` (which holds `train/` and `test/`, see
-/// [`find_leaf_dir`]): every `*.json` file of each folder, in name order. Samples are
+/// [`super::find_leaf_dir`]): every `*.json` file of each folder, in name order. Samples are
 /// `[1, 28, 28]`, labels `0..62`, and each carries its writer as `writer_id` (the writers of
 /// both splits share one sorted list of names). Errors name the file, the writer and what is
 /// wrong: a shard over [`MAX_LEAF_SHARD_BYTES`], counts that disagree, an image of another
@@ -70,26 +38,7 @@ pub fn find_leaf_dir(dir: &Path) -> Option<PathBuf> {
 pub fn read_leaf_femnist(dir: &Path) -> Result<TrainTest> {
     let train = read_split(&dir.join("train"))?;
     let test = read_split(&dir.join("test"))?;
-    let mut names: Vec<String> = train.writers.iter().chain(&test.writers).cloned().collect();
-    names.sort_unstable();
-    names.dedup();
-    let names: Arc<[String]> = names.into();
-    let dataset = |s: Samples| -> Result<Dataset> {
-        let of = s
-            .writers
-            .iter()
-            .map(|w| names.binary_search(w).unwrap_or_default() as u32)
-            .collect();
-        Dataset::new(s.x, s.y, vec![1, 28, 28], FEMNIST_CLASSES)?.with_ids(SampleIds {
-            column: WRITER_COLUMN.into(),
-            names: Arc::clone(&names),
-            of,
-        })
-    };
-    Ok(TrainTest {
-        train: dataset(train)?,
-        test: dataset(test)?,
-    })
+    assemble(train, test)
 }
 
 /// Every shard of one split's folder, in name order.

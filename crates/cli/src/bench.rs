@@ -86,7 +86,7 @@ fn time_epochs(
     }
     let (median, min, max) = summary(&mut secs);
     let (cpu_median, ..) = summary(&mut cpu);
-    println!(
+    outln!(
         "{name}: {} samples, batch {batch_size}: median {median:.3} s/epoch (min {min:.3}, max {max:.3}) \
          = {:.0} samples/s; CPU {cpu_median:.2} s/epoch",
         data.len(),
@@ -127,7 +127,7 @@ pub fn train(
         .num_threads(threads)
         .build()
         .context("thread pool")?;
-    println!(
+    outln!(
         "local training, {threads} thread(s), {repeats} repeats, gemm kernels {}",
         fedfuse_train::gemm_kernels()
     );
@@ -186,7 +186,7 @@ pub fn train(
         }
         Ok(())
     })?;
-    println!("peak memory {:.0} MiB", peak_rss_mib());
+    outln!("peak memory {:.0} MiB", peak_rss_mib());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -285,13 +285,13 @@ pub fn sim(
         .map(|r| r.clients as f64 / r.seconds)
         .collect();
     let (median, min, max) = summary(&mut rates);
-    println!(
+    outln!(
         "simulation: {clients} clients x {rounds} rounds, model {} params, step `{step}`, {} threads{}",
         spec.num_params(),
         rayon::current_num_threads(),
         if collect { ", all replies held" } else { "" }
     );
-    println!(
+    outln!(
         "client updates/s per round: median {median:.0} (min {min:.0}, max {max:.0}); \
          total {total:.2} s; peak RSS {:.0} MiB",
         peak_rss_mib()

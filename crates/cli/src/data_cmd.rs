@@ -74,14 +74,14 @@ pub fn run(cmd: DataCommand) -> Result<ExitCode> {
             let mut ok = true;
             for (file, status) in &statuses {
                 match status {
-                    VerifyStatus::Ok => println!("ok        {file}"),
+                    VerifyStatus::Ok => outln!("ok        {file}"),
                     VerifyStatus::Missing => {
                         ok = false;
-                        println!("missing   {file}");
+                        outln!("missing   {file}");
                     }
                     VerifyStatus::Mismatch { actual } => {
                         ok = false;
-                        println!("mismatch  {file} (sha256 {actual})");
+                        outln!("mismatch  {file} (sha256 {actual})");
                     }
                 }
             }
@@ -98,16 +98,16 @@ pub fn run(cmd: DataCommand) -> Result<ExitCode> {
                 Some(n) => vec![dataset_info(&n)?],
                 None => known_datasets().iter().collect(),
             };
-            println!("digits: bundled UCI optical digits (1,797 8x8 images), offline");
+            outln!("digits: bundled UCI optical digits (1,797 8x8 images), offline");
             for info in infos {
                 match fedfuse_data::how_to_get(info.name) {
-                    Some(how) => println!(
+                    Some(how) => outln!(
                         "{}: {}; read from --data-dir or {}. {how}",
                         info.name,
                         info.description,
                         default_dataset_dir(info.name).display()
                     ),
-                    None => println!(
+                    None => outln!(
                         "{}: {} files, cached in {}",
                         info.name,
                         info.files.len(),
@@ -168,7 +168,7 @@ fn partition(
         })
         .collect();
     eprintln!("{}", fed.summary);
-    print!("{}", histogram_table(&counts));
+    out!("{}", histogram_table(&counts));
     if let Some(path) = plot {
         let title = format!("{}: samples per class and client", cfg.partition.kind());
         fedfuse_lab::plot::write_class_histogram(path, &title, &counts)?;

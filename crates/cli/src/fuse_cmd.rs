@@ -195,10 +195,10 @@ pub fn show_groups(model: &str, input: Option<&[usize]>, json: bool) -> Result<(
     let model = FuseModel::parse(model)?;
     let (input, groups) = model.groups(input)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&groups)?);
+        outln!("{}", serde_json::to_string_pretty(&groups)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "model `{}` on samples of shape {input:?}: {} permutation groups",
         model.source(),
         groups.len()
@@ -218,11 +218,11 @@ pub fn show_groups(model: &str, input: Option<&[usize]>, json: bool) -> Result<(
             ),
             None => String::new(),
         };
-        println!("group {g}: {} units{tied}{heads}", group.units);
-        println!("  holds:   {}", group.holds.join(", "));
+        outln!("group {g}: {} units{tied}{heads}", group.units);
+        outln!("  holds:   {}", group.holds.join(", "));
         match (group.read_by.is_empty(), group.heads) {
-            (true, Some(_)) => println!("  read by: the attention's q . k products (no tensor)"),
-            _ => println!("  read by: {}", group.read_by.join(", ")),
+            (true, Some(_)) => outln!("  read by: the attention's q . k products (no tensor)"),
+            _ => outln!("  read by: {}", group.read_by.join(", ")),
         }
     }
     Ok(())

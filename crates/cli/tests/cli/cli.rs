@@ -399,3 +399,27 @@ fn data_verify_accepts_the_shared_mnist() {
         "{stdout}"
     );
 }
+
+/// Output into a pipe whose reader has gone (`fedfuse groups ... | head` once head has read
+/// its lines) ends the command quietly with success, not with a panic: the reader is closed
+/// before anything is written, so every command's first write meets the broken pipe.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    for args in [
+        &["groups", "--model", "examples/fuse/mnist-vit.toml"][..],
+        &["data", "info", "femnist"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_fedfuse"))
+            .args(args)
+            .current_dir(repo())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}\n{stderr}", out.status);
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+}

@@ -38,7 +38,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fuse_torch_cnns import (  # noqa: E402
-    fit, import_fedfuse, label_skew, mnist, npy, parse_args, torch_accuracy,
+    FedfuseScorer, fit, import_fedfuse, label_skew, mnist, parse_args, torch_accuracy,
 )
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -75,11 +75,12 @@ def train(seed, x, y):
     return fit(model, torch.optim.Adam(model.parameters(), lr=LR), seed, x, y, EPOCHS, BATCH)
 
 
-class FedfuseScorer:
+class VitScorer(FedfuseScorer):
     """fedfuse's server evaluation of examples/fuse/mnist-vit.toml's ViT on the first TEST
     MNIST test images; the arrays keep torchvision's names, as a ViT's do over Flower."""
 
     def __init__(self, data_dir, tmp):
+        # Its own config: the parent's writes a layer list, a ViT is a [model.vit] table.
         import fedfuse._core as core
 
         config = os.path.join(tmp, "score.toml")
@@ -91,12 +92,6 @@ class FedfuseScorer:
                     '[method]\nname = "fedavg"\n\n[model]\nkind = "vit"\n\n'
                     f"[model.vit]\n{vit_table}")
         self.server = core.Server(config, [])
-
-    def accuracy(self, state_dict):
-        arrays = [(k, "float32", list(v.shape), "numpy.ndarray", npy(v.float().numpy()))
-                  for k, v in state_dict.items()]
-        _, acc = self.server.evaluate((arrays, [], []))
-        return acc
 
 
 def main():
@@ -125,7 +120,7 @@ def main():
         "seeds": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
-        scorer = FedfuseScorer(args.data_dir, tmp)
+        scorer = VitScorer(args.data_dir, tmp)
         for seed in SEEDS:
             rng = np.random.default_rng(seed)
             pick = rng.permutation(len(y_all))[:TRAIN_SLICE]

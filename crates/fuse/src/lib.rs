@@ -46,7 +46,7 @@ pub use matching::{
     VitGroupView, WeightMatchingConfig, at_group_widths, gpi_cost, layerwise_stages, match_layer,
     matchable, permutable, permute_units, permute_vit, pfnm_fuse, pfnm_fuse_layers, pfnm_fuse_list,
     pfnm_fuse_mlp, pfnm_match_layer, pfnm_scores, random_vit_permutations, select_units,
-    spread_units, vit_groups, weight_matching_fuse,
+    spread_units, vit_groups, vit_part, weight_matching_fuse,
 };
 pub use mixture::{
     GaussianMixture, MixtureConfig, MixtureStep, responsibilities_from_sq_distances,

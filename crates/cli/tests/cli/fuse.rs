@@ -311,9 +311,9 @@ fn gpi_fnm_fuses_npz_files_as_in_memory() {
 }
 
 /// Two torchvision-named ViT files (random weights, the second a relabelled copy of the
-/// first): `fedfuse groups` shows the heads, weight matching gives the first back under
-/// torchvision's names, and the fused file fuses again without `--model` (its metadata keeps
-/// the ViT's settings).
+/// first): `fedfuse groups` shows the heads, weight matching and PFNM (at a sharp prior) give
+/// the first back under torchvision's names, and the fused file fuses again without `--model`
+/// (its metadata keeps the ViT's settings).
 #[test]
 fn vit_files_fuse_by_weight_matching_under_torchvisions_names() {
     use fedfuse_core::{TorchvisionNames, VitShape};
@@ -403,6 +403,34 @@ fn vit_files_fuse_by_weight_matching_under_torchvisions_names() {
             .map(|(x, y)| (x - y).abs())
             .fold(0f32, f32::max);
         assert!(worst < 1e-6, "{name}: {worst}");
+    }
+    // PFNM at a sharp prior pairs the same units: the first network back, at its widths.
+    let pfnm = dir.path().join("pfnm.safetensors");
+    run(&[
+        "fuse",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--model",
+        model,
+        "--method",
+        "pfnm",
+        "--sigma",
+        "0.0001",
+        "--out",
+        pfnm.to_str().unwrap(),
+    ]);
+    let got = load_safetensors(&pfnm).unwrap();
+    assert_eq!(got.names(), want.names());
+    for (name, t) in want.iter() {
+        let g = got.get(name).unwrap();
+        assert_eq!(g.shape, t.shape, "{name}");
+        let worst = g
+            .data
+            .iter()
+            .zip(&t.data)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-3, "{name}: {worst}");
     }
     // Without --model: the settings come from the fused file's metadata.
     let again = dir.path().join("again.safetensors");

@@ -481,7 +481,7 @@ fn check_eps(eps: f64) -> std::result::Result<(), String> {
 /// Every convolution's and linear layer's `out` is its weight's rows; a residual block's `out`
 /// is its last convolution's, and its inner widths its other convolutions' (`None` where they
 /// are the default). A block whose model holds a projection keeps it (`project`) where the new
-/// widths alone would not call for one.
+/// widths alone would not call for one. A transformer encoder's `mlp` is its `mlp.0` rows.
 pub fn at_widths(layers: &[LayerSpec], rows: impl Fn(&str) -> Option<usize>) -> Vec<LayerSpec> {
     let mut own = layers.to_vec();
     // The channels entering each layer, as far as the list says (a list that starts with a
@@ -533,6 +533,11 @@ pub fn at_widths(layers: &[LayerSpec], rows: impl Fn(&str) -> Option<usize>) -> 
                 *inner = (first != *out / 4).then_some(first);
                 *middle = (second != first).then_some(second);
                 keep_projection(*out, *stride, project);
+            }
+            LayerSpec::Encoder { mlp, .. } => {
+                if let Some(r) = of("mlp.0.weight") {
+                    *mlp = r;
+                }
             }
             _ => {}
         }

@@ -4,7 +4,7 @@
 
 use fedfuse_core::layers::{self, FeatureShape, LayerSpec, UnitUses};
 use fedfuse_core::{ModelSpec, ParamShape, Params};
-use fedfuse_fuse::{matchable, permutable, select_units};
+use fedfuse_fuse::{matchable, permutable, select_units, vit_groups, vit_part};
 
 /// What a matcher can follow in a list: its units and the layer that writes the logits.
 type Units = fn(&[usize], &[LayerSpec]) -> fedfuse_fuse::Result<(Vec<UnitUses>, usize)>;
@@ -106,6 +106,9 @@ impl ListView {
     /// those units, in its own order. Without `picks` (a client not in the last fusion), the
     /// first units of each layer, as many as the clients' widths.
     pub(crate) fn part(&self, global: &Params, picks: Option<&[Vec<usize>]>) -> Result<Params> {
+        if self.layers.iter().any(LayerSpec::is_transformer) {
+            return self.vit_part(global, picks);
+        }
         let mut part = self.listed(global)?;
         let widths: Vec<usize> = layers::permutation_groups(&self.input, &self.layers)?
             .iter()
@@ -120,6 +123,26 @@ impl ListView {
             select_units(&mut part, &uses[g], &kept)?;
         }
         Ok(part)
+    }
+
+    /// [`Self::part`] of a ViT: its groups are `fedfuse_fuse::vit_groups`' (the stream, per
+    /// block its query-key, value and MLP groups), whose units a client takes in its own
+    /// order; the first units of each without `picks`.
+    fn vit_part(&self, global: &Params, picks: Option<&[Vec<usize>]>) -> Result<Params> {
+        let global = self.listed(global)?;
+        let fused = layers::at_widths(&self.layers, |n| {
+            global.get(n).and_then(|t| t.shape.first().copied())
+        });
+        let own = vit_groups(&self.layers).map_err(in_method)?;
+        let picks: Vec<Vec<usize>> = own
+            .iter()
+            .enumerate()
+            .map(|(g, group)| match picks.and_then(|p| p.get(g)) {
+                Some(a) if a.len() == group.units => a.clone(),
+                _ => (0..group.units).collect(),
+            })
+            .collect();
+        vit_part(&fused, &global, &picks).map_err(in_method)
     }
 
     /// The model at the widths `params` holds.

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 use super::layer::{MatchTimings, OrderSource, RngOrder, match_rows};
 use super::lists::{
     FusedLayers, ListClients, UnitAxis, assemble, at_group_widths, client_weights, matchable,
-    mean_tensor,
+    mean_tensor, refuse_layerwise_transformers,
 };
 use super::mlp::{MatchOrder, PfnmConfig, class_shares, output_bias};
 use super::score::{self, ClientRows};
@@ -100,6 +100,9 @@ pub fn pfnm_fuse_list(
     orders: &mut dyn OrderSource,
 ) -> Result<(FusedLayers, Vec<MatchTimings>)> {
     cfg.check()?;
+    if layers.iter().any(LayerSpec::is_transformer) {
+        return super::vit_pfnm::pfnm_fuse_vit(input, layers, clients, class_counts, cfg, orders);
+    }
     let list = ListClients::new(input, layers, clients)?;
     let n_matched = list.matched();
     if cfg.order == MatchOrder::TopDown && n_matched > 1 {
@@ -175,6 +178,7 @@ pub fn pfnm_match_layer(
     orders: &mut dyn OrderSource,
 ) -> Result<MatchedLayer> {
     cfg.check()?;
+    refuse_layerwise_transformers(layers)?;
     let list = ListClients::new(input, layers, clients)?;
     let n_matched = list.matched();
     if g >= n_matched {
@@ -402,6 +406,7 @@ impl Plan {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn layerwise_stages(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<Vec<String>>> {
+    refuse_layerwise_transformers(layers)?;
     let (uses, output) = matchable(input, layers)?;
     let (_, layout) = layers::chain(FeatureShape::of(input)?, layers)?;
     let order: HashMap<&str, (usize, usize)> = layout

@@ -135,7 +135,12 @@ impl ListClients {
 /// ([`layers::permutation_groups`]: a plain chain's are its layers, a residual stage's stream
 /// is one group) and the index of the layer that writes the logits.
 pub fn matchable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses>, usize)> {
-    refuse_transformers(layers)?;
+    if layers.iter().any(LayerSpec::is_transformer) {
+        // A ViT's groups hold parts of axes, which unit uses do not express: PFNM takes them
+        // from `transformer::VitGroups`, and this list gives none.
+        let vit = super::transformer::VitGroups::of(layers)?;
+        return Ok((Vec::new(), vit.head));
+    }
     let groups = layers::permutation_groups(input, layers)?;
     refuse_unsupported(input, layers, &groups)?;
     let Some(output) = layers
@@ -221,18 +226,17 @@ pub fn permutable(input: &[usize], layers: &[LayerSpec]) -> Result<(Vec<UnitUses
     Ok((groups, output))
 }
 
-/// Refuses, naming the first, a Vision Transformer's layers, for matchers that widen groups:
-/// a ViT's groups (the residual stream, each block's heads and MLP units) are permuted only
-/// (weight matching).
-fn refuse_transformers(layers: &[LayerSpec]) -> Result<()> {
+/// Refuses, naming the first, a Vision Transformer's layers for layer-wise matching (FedMA's
+/// stages follow unit maps, which a ViT's groups, parts of axes, do not fit).
+pub(super) fn refuse_layerwise_transformers(layers: &[LayerSpec]) -> Result<()> {
     match layers.iter().position(LayerSpec::is_transformer) {
         Some(i) => Err(FuseError::UnsupportedLayer {
             layer: i,
             kind: layers[i].type_name(),
-            reason: "matching that widens a transformer's groups (its residual stream, each \
-                     block's attention heads and MLP units) is not built yet; weight matching \
-                     (which keeps the widths) and the averaging methods (fedavg, fedprox, \
-                     fedmedian, the robust aggregators, fedopt) run on it"
+            reason: "layer-wise matching (FedMA) of a transformer is not built: its stages \
+                     would retrain each block's heads and MLP units in turn; PFNM, GPI-FNM and \
+                     weight matching fuse it, as do the averaging methods (fedavg, fedprox, \
+                     fedmedian, the robust aggregators, fedopt)"
                 .into(),
         }),
         None => Ok(()),

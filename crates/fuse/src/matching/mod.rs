@@ -20,6 +20,7 @@ mod score;
 mod settings;
 mod transformer;
 mod types;
+mod vit_pfnm;
 mod weight_matching;
 
 pub use channels::{
@@ -36,6 +37,6 @@ pub use mlp::{
 };
 pub use score::{gpi_cost, pfnm_scores};
 pub use settings::{MAX_ITERS, MatchPrior, UnknownKeys};
-pub use transformer::{VitGroupView, permute_vit, random_vit_permutations, vit_groups};
+pub use transformer::{VitGroupView, permute_vit, random_vit_permutations, vit_groups, vit_part};
 pub use types::{GlobalUnits, LayerPrior, LayerSettings, Matrix, POPULARITY_CAP};
 pub use weight_matching::{WeightMatchingConfig, weight_matching_fuse};

@@ -33,9 +33,9 @@ use crate::{FuseError, Result};
 /// One group's hold on one axis of a tensor: indices `offset + u * block .. + block` of `axis`
 /// are unit `u`'s.
 #[derive(Clone, Debug)]
-struct Hold {
-    tensor: String,
-    axis: usize,
+pub(super) struct Hold {
+    pub(super) tensor: String,
+    pub(super) axis: usize,
     offset: usize,
     block: usize,
 }
@@ -76,22 +76,76 @@ impl Hold {
 
     /// Moves unit `u` of `t` to `perm[u]`.
     fn permute(&self, t: &mut Tensor, perm: &[usize]) -> Result<()> {
-        let (outer, len, inner) = self.frame(t, perm.len())?;
-        let old = t.data.clone();
-        for o in 0..outer {
-            for (u, &to) in perm.iter().enumerate() {
-                for j in 0..self.block {
-                    let at = |unit: usize| (o * len + self.offset + unit * self.block + j) * inner;
-                    let (src, dst) = (at(u), at(to));
-                    t.data[dst..dst + inner].copy_from_slice(&old[src..src + inner]);
-                }
-            }
-        }
+        *t = self.spread(t, perm, perm.len())?;
         Ok(())
     }
 
+    /// `t` (`to.len()` units here) with its unit `u` at unit `to[u]` of `width`, zeros at the
+    /// units none goes to.
+    pub(super) fn spread(&self, t: &Tensor, to: &[usize], width: usize) -> Result<Tensor> {
+        let mut src_of = vec![None; width];
+        for (u, &d) in to.iter().enumerate() {
+            match src_of.get_mut(d) {
+                Some(s) => *s = Some(u),
+                None => {
+                    return Err(FuseError::InvalidInput(format!(
+                        "tensor `{}`: unit {u} sent to {d} of {width}",
+                        self.tensor
+                    )));
+                }
+            }
+        }
+        self.relayout(t, to.len(), &src_of)
+    }
+
+    /// `t` with `src_of.len()` units here, unit `u` being `t`'s unit `src_of[u]` (of `units`)
+    /// or zeros for `None`. The count may change only where the hold spans its whole axis.
+    pub(super) fn relayout(
+        &self,
+        t: &Tensor,
+        units: usize,
+        src_of: &[Option<usize>],
+    ) -> Result<Tensor> {
+        let (outer, len, inner) = self.frame(t, units)?;
+        let whole = self.offset == 0 && len == units * self.block;
+        if src_of.len() != units && !whole || src_of.iter().flatten().any(|&u| u >= units) {
+            return Err(FuseError::InvalidInput(format!(
+                "tensor `{}` {:?}: {} units asked of {units} on axis {}",
+                self.tensor,
+                t.shape,
+                src_of.len(),
+                self.axis
+            )));
+        }
+        let new_len = len - units * self.block + src_of.len() * self.block;
+        let mut shape = t.shape.clone();
+        shape[self.axis] = new_len;
+        // Outside the hold (other thirds of `in_proj`) the values stay where they are.
+        let mut data = if whole {
+            vec![0.0; outer * new_len * inner]
+        } else {
+            t.data.clone()
+        };
+        for o in 0..outer {
+            for (u, src) in src_of.iter().enumerate() {
+                for j in 0..self.block {
+                    let dst = (o * new_len + self.offset + u * self.block + j) * inner;
+                    let to = &mut data[dst..dst + inner];
+                    match src {
+                        Some(v) => {
+                            let at = (o * len + self.offset + v * self.block + j) * inner;
+                            to.copy_from_slice(&t.data[at..at + inner]);
+                        }
+                        None => to.fill(0.0),
+                    }
+                }
+            }
+        }
+        Ok(Tensor::new(&self.tensor, shape, data)?)
+    }
+
     /// The `units` units of `t` as rows of `outer * block * inner` values, in f64.
-    fn rows(&self, t: &Tensor, units: usize) -> Result<Vec<f64>> {
+    pub(super) fn rows(&self, t: &Tensor, units: usize) -> Result<Vec<f64>> {
         let (outer, len, inner) = self.frame(t, units)?;
         let k = outer * self.block * inner;
         let mut out = vec![0.0; units * k];
@@ -115,9 +169,9 @@ impl Hold {
 
 /// A permutation group: its units and every hold on them.
 #[derive(Clone, Debug)]
-struct Group {
-    units: usize,
-    holds: Vec<Hold>,
+pub(super) struct Group {
+    pub(super) units: usize,
+    pub(super) holds: Vec<Hold>,
 }
 
 /// A step's outcome: the new permutations of its groups (`(group, permutation)`), the
@@ -137,11 +191,11 @@ enum Step {
 /// query-key, value and MLP groups.
 #[derive(Clone, Debug)]
 pub(crate) struct VitGroups {
-    groups: Vec<Group>,
+    pub(super) groups: Vec<Group>,
     /// Heads of each block.
-    heads: Vec<usize>,
+    pub(super) heads: Vec<usize>,
     /// Holds of the stream on tensors whose inputs are the image (the first bottom-up step).
-    stream_inputs: usize,
+    pub(super) stream_inputs: usize,
     /// Index of the head (the layer that writes the logits).
     pub(crate) head: usize,
 }
@@ -255,12 +309,17 @@ impl VitGroups {
         })
     }
 
-    fn blocks(&self) -> usize {
+    pub(super) fn blocks(&self) -> usize {
         self.heads.len()
     }
 
     /// `params` with every group's permutation applied but those in `skip`.
-    fn apply(&self, params: &Params, perms: &[Vec<usize>], skip: &[usize]) -> Result<Params> {
+    pub(super) fn apply(
+        &self,
+        params: &Params,
+        perms: &[Vec<usize>],
+        skip: &[usize],
+    ) -> Result<Params> {
         let mut out = params.clone();
         for (g, group) in self.groups.iter().enumerate() {
             if skip.contains(&g) || is_identity(&perms[g]) {
@@ -381,11 +440,11 @@ impl VitGroups {
     }
 }
 
-fn missing(name: &str) -> FuseError {
+pub(super) fn missing(name: &str) -> FuseError {
     FuseError::InvalidInput(format!("tensor `{name}` is missing"))
 }
 
-fn is_identity(perm: &[usize]) -> bool {
+pub(super) fn is_identity(perm: &[usize]) -> bool {
     perm.iter().enumerate().all(|(u, &p)| u == p)
 }
 
@@ -396,7 +455,7 @@ fn total(cost: &[f64], n: usize, perm: &[usize]) -> f64 {
 
 /// The assignment maximising `sum_b cost[perm[b], b]` of an `n x n` score (reference units
 /// as rows): `perm[b]` is the reference unit of client unit `b`, and the score it reaches.
-fn assign(cost: &[f64], n: usize) -> Result<(Vec<usize>, f64)> {
+pub(super) fn assign(cost: &[f64], n: usize) -> Result<(Vec<usize>, f64)> {
     if n == 0 {
         return Ok((Vec::new(), 0.0));
     }
@@ -414,7 +473,7 @@ fn assign(cost: &[f64], n: usize) -> Result<(Vec<usize>, f64)> {
 /// The best block-structured permutations of a block's query-key and value features
 /// (`n` features in `heads` heads): a head goes whole to one head, its query-key features and
 /// its value features each permuted within it.
-fn heads_assignment(
+pub(super) fn heads_assignment(
     cost_qk: &[f64],
     cost_vo: &[f64],
     n: usize,
@@ -502,21 +561,70 @@ pub fn permute_vit(layers: &[LayerSpec], params: &Params, perms: &[Vec<usize>]) 
             vit.groups.len()
         )));
     }
-    for (b, &h) in vit.heads.iter().enumerate() {
-        let hd = vit.groups[1 + 3 * b].units / h.max(1);
-        let (qk, vo) = (&perms[1 + 3 * b], &perms[2 + 3 * b]);
-        let whole = (0..h).all(|y| {
-            let x = qk[y * hd] / hd.max(1);
-            (0..hd).all(|j| qk[y * hd + j] / hd == x && vo[y * hd + j] / hd == x)
-        });
-        if !whole {
-            return Err(FuseError::InvalidInput(format!(
-                "block {b}: the query-key and value permutations must move whole heads, the \
-                 same way"
-            )));
+    vit.check_whole_heads(perms)?;
+    vit.apply(params, perms, &[])
+}
+
+impl VitGroups {
+    /// Refuses query-key and value permutations (`perms` in [`permute_vit`]'s order) that
+    /// split a head or send its two parts to different heads.
+    fn check_whole_heads(&self, perms: &[Vec<usize>]) -> Result<()> {
+        for (b, &h) in self.heads.iter().enumerate() {
+            let hd = self.groups[1 + 3 * b].units / h.max(1);
+            let (qk, vo) = (&perms[1 + 3 * b], &perms[2 + 3 * b]);
+            let whole = (0..h).all(|y| {
+                let x = qk[y * hd] / hd.max(1);
+                (0..hd).all(|j| qk[y * hd + j] / hd == x && vo[y * hd + j] / hd == x)
+            });
+            if !whole {
+                return Err(FuseError::InvalidInput(format!(
+                    "block {b}: the query-key and value permutations must move whole heads, \
+                     the same way"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The part of a fused ViT that a client runs (PFNM's later rounds): `global` holds `layers`
+/// at the fused widths, and `picks[g][u]` is the fused unit of the client's unit `u` of group
+/// `g` ([`permute_vit`]'s order): the client's unit `u` takes it, so the part has the
+/// client's widths and order. Fixed-width groups (the stream and the heads) take
+/// permutations that move whole heads; an MLP group takes distinct fused units.
+pub fn vit_part(layers: &[LayerSpec], global: &Params, picks: &[Vec<usize>]) -> Result<Params> {
+    let vit = VitGroups::of(layers)?;
+    let bad = |g: usize, why: &str| {
+        FuseError::InvalidInput(format!("group {g} of the fused ViT: the picks {why}"))
+    };
+    if picks.len() != vit.groups.len() {
+        return Err(bad(picks.len(), "are not one per group"));
+    }
+    for (g, (p, group)) in picks.iter().zip(&vit.groups).enumerate() {
+        let mlp = g % 3 == 0 && g > 0;
+        let mut seen = vec![false; group.units];
+        let distinct = p
+            .iter()
+            .all(|&u| seen.get_mut(u).is_some_and(|s| !std::mem::replace(s, true)));
+        if !distinct || (!mlp && p.len() != group.units) || p.is_empty() {
+            return Err(bad(g, "are not distinct units of it, as many as it keeps"));
         }
     }
-    vit.apply(params, perms, &[])
+    vit.check_whole_heads(picks)?;
+    let mut out = global.clone();
+    for (group, p) in vit.groups.iter().zip(picks) {
+        if p.len() == group.units && is_identity(p) {
+            continue;
+        }
+        let src_of: Vec<Option<usize>> = p.iter().map(|&u| Some(u)).collect();
+        for hold in &group.holds {
+            let t = out
+                .get_mut(&hold.tensor)
+                .ok_or_else(|| missing(&hold.tensor))?;
+            *t = hold.relayout(t, group.units, &src_of)?;
+        }
+    }
+    Ok(out)
 }
 
 /// One of a ViT's permutation groups as `fedfuse groups` shows it.
@@ -599,7 +707,7 @@ pub fn random_vit_permutations<R: Rng + ?Sized>(
     Ok(perms)
 }
 
-fn is_permutation(p: &[usize], n: usize) -> bool {
+pub(super) fn is_permutation(p: &[usize], n: usize) -> bool {
     let mut seen = vec![false; n];
     p.len() == n
         && p.iter()

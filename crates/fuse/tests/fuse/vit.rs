@@ -1,12 +1,14 @@
-//! Vision Transformers under weight matching: permuting the stream, whole heads (with their
-//! query-key and value features within each head) and each block's MLP units keeps every
-//! logit, a permutation that splits a head is refused, and weight matching finds planted
-//! permutations again, noise added or not.
+//! Vision Transformers under weight matching and PFNM: permuting the stream, whole heads (with
+//! their query-key and value features within each head) and each block's MLP units keeps every
+//! logit, a permutation that splits a head is refused, weight matching finds planted
+//! permutations again, noise added or not, and so do PFNM and GPI-FNM at a sharp prior, which
+//! keep the stream's and the heads' widths and grow an MLP by the units only one client has.
 
 use fedfuse_core::layers::LayerSpec;
 use fedfuse_core::{Params, VitShape};
 use fedfuse_fuse::{
-    WeightMatchingConfig, permute_vit, random_vit_permutations, weight_matching_fuse,
+    MatchPrior, PfnmConfig, WeightMatchingConfig, permute_vit, pfnm_fuse_layers,
+    random_vit_permutations, vit_part, weight_matching_fuse,
 };
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -217,6 +219,172 @@ proptest! {
             assert_close(&f64s(&fused.params.get(name).unwrap().data), &f64s(&t.data), tol, name);
         }
     }
+}
+
+/// PFNM (GPI-FNM with `eps` > 0) at a sharp prior.
+fn sharp(eps: f64) -> PfnmConfig {
+    PfnmConfig {
+        prior: MatchPrior {
+            sigma: 1e-4,
+            ..MatchPrior::default()
+        },
+        eps,
+        ..PfnmConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// A network and two copies with every group permuted: PFNM and GPI-FNM at a sharp prior
+    /// pair every unit with its copies (heads whole), keep every width and give the network
+    /// back, logits included (up to the prior's shrinkage, about sigma / 3).
+    #[test]
+    fn pfnm_recovers_planted_permutations_of_a_vit(
+        seed in 0u64..1000,
+        blocks in 1usize..3,
+        eps in prop_oneof![Just(0.0), Just(0.5)],
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let layers = vit(blocks);
+        let p = random_params(&INPUT, &layers, &mut rng);
+        let perms: Vec<Vec<Vec<usize>>> = (0..2)
+            .map(|_| random_vit_permutations(&layers, &mut rng).unwrap())
+            .collect();
+        let copies: Vec<Params> =
+            perms.iter().map(|q| permute_vit(&layers, &p, q).unwrap()).collect();
+        let counts = vec![vec![5.0, 1.0, 2.0], vec![1.0, 4.0, 0.0], vec![3.0, 3.0, 3.0]];
+        let fused = pfnm_fuse_layers(
+            &INPUT,
+            &layers,
+            &[&p, &copies[0], &copies[1]],
+            Some(&counts),
+            &sharp(eps),
+            &mut rng,
+        )
+        .unwrap();
+        prop_assert_eq!(&fused.layers, &layers);
+        let identity: Vec<Vec<usize>> = perms[0].iter().map(|g| (0..g.len()).collect()).collect();
+        assert_recovered(
+            &fused.assignments,
+            &[identity, perms[0].clone(), perms[1].clone()],
+        );
+        for (name, t) in p.iter() {
+            assert_close(&f64s(&fused.params.get(name).unwrap().data), &f64s(&t.data), 1e-3, name);
+        }
+        let xs = images(2, &mut rng);
+        assert_close(
+            &logits(&layers, &fused.params, &xs),
+            &logits(&layers, &p, &xs),
+            1e-3,
+            "logits",
+        );
+    }
+}
+
+/// Block 0's MLP of `p` with `extra` units appended: rows of `mlp.0` far from every other
+/// unit, with their biases and `mlp.3` columns.
+fn with_extra_units(layers: &[LayerSpec], p: &Params, extra: usize) -> (Vec<LayerSpec>, Params) {
+    let mut wider = layers.to_vec();
+    let LayerSpec::Encoder { mlp, .. } = &mut wider[1] else {
+        panic!("block 0 is layer 1")
+    };
+    let m = *mlp;
+    *mlp += extra;
+    let mut out = Params::new();
+    for (name, t) in p.iter() {
+        let (shape, data) = match name {
+            "1.mlp.0.weight" => {
+                let e = t.shape[1];
+                let mut d = t.data.clone();
+                d.extend((0..extra * e).map(|k| if k % 2 == 0 { 40.0 } else { -40.0 }));
+                (vec![m + extra, e], d)
+            }
+            "1.mlp.0.bias" => {
+                let mut d = t.data.clone();
+                d.extend(std::iter::repeat_n(30.0, extra));
+                (vec![m + extra], d)
+            }
+            "1.mlp.3.weight" => {
+                let e = t.shape[0];
+                let d = (0..e)
+                    .flat_map(|r| {
+                        let row = &t.data[r * m..(r + 1) * m];
+                        row.iter()
+                            .copied()
+                            .chain((0..extra).map(move |k| (r + k) as f32 * 0.1))
+                    })
+                    .collect();
+                (vec![e, m + extra], d)
+            }
+            _ => (t.shape.clone(), t.data.clone()),
+        };
+        out.push(name.to_string(), shape, data).unwrap();
+    }
+    (wider, out)
+}
+
+/// Units only one client has open fused units of their own: block 0's MLP grows from 6 to 8,
+/// the shared units keep their values, the new ones take the one client's rows (its
+/// incoming side) and half its outgoing weights (the other client's absent units are
+/// observed zeros), and the clients' parts of the fused model are their own networks back.
+#[test]
+fn pfnm_grows_a_vit_mlp_by_the_units_one_client_has() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let layers = vit(2);
+    let p = random_params(&INPUT, &layers, &mut rng);
+    let (wider, q) = with_extra_units(&layers, &p, 2);
+    let fused = pfnm_fuse_layers(&INPUT, &layers, &[&p, &q], None, &sharp(0.0), &mut rng).unwrap();
+    assert_eq!(fused.layers, wider, "block 0 grows by 2, block 1 keeps 6");
+    let asg = &fused.assignments[3];
+    assert_eq!(asg[0], (0..6).collect::<Vec<_>>());
+    assert_eq!(&asg[1][..6], &asg[0][..]);
+    let mut new = asg[1][6..].to_vec();
+    new.sort_unstable();
+    assert_eq!(new, vec![6, 7]);
+    let f = |name: &str| f64s(&fused.params.get(name).unwrap().data);
+    let (w0, wq) = (
+        f("1.mlp.0.weight"),
+        f64s(&q.get("1.mlp.0.weight").unwrap().data),
+    );
+    let e = 8;
+    for (u, &to) in asg[1].iter().enumerate() {
+        assert_close(
+            &w0[to * e..(to + 1) * e],
+            &wq[u * e..(u + 1) * e],
+            1e-3,
+            "mlp.0 rows",
+        );
+    }
+    let (w3, q3) = (
+        f("1.mlp.3.weight"),
+        f64s(&q.get("1.mlp.3.weight").unwrap().data),
+    );
+    for r in 0..e {
+        for (u, &to) in asg[1].iter().enumerate().skip(6) {
+            let want = q3[r * 8 + u] / 2.0;
+            assert!(
+                (w3[r * 8 + to] - want).abs() < 1e-3,
+                "mlp.3[{r}, {to}]: {}",
+                w3[r * 8 + to]
+            );
+        }
+    }
+    // Each client's part: its own widths and order, its own units' fused values.
+    let picks: Vec<Vec<usize>> = fused.assignments.iter().map(|g| g[1].clone()).collect();
+    let part = vit_part(&fused.layers, &fused.params, &picks).unwrap();
+    assert_eq!(part.get("1.mlp.0.weight").unwrap().shape, vec![8, 8]);
+    assert_close(
+        &f64s(&part.get("1.mlp.0.weight").unwrap().data),
+        &wq,
+        1e-3,
+        "part",
+    );
+    let picks: Vec<Vec<usize>> = fused.assignments.iter().map(|g| g[0].clone()).collect();
+    let part = vit_part(&fused.layers, &fused.params, &picks).unwrap();
+    assert_eq!(part.get("1.mlp.3.weight").unwrap().shape, vec![8, 6]);
+    let bad: Vec<Vec<usize>> = picks.iter().map(|g| vec![0; g.len()]).collect();
+    assert!(vit_part(&fused.layers, &fused.params, &bad).is_err());
 }
 
 /// A query-key permutation that moves a feature to another head changes what the heads

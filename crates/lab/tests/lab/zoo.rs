@@ -762,8 +762,9 @@ batch_size = 32
 }
 
 /// A tiny ViT on 300 MNIST images: every averaging method, FedMix, central DP, `local_norm`
-/// and weight matching run a round on it; the methods that act on unit groups or widen them
-/// are refused at load, naming its first transformer layer.
+/// and weight matching run a round on it, PFNM and GPI-FNM two (the second from each
+/// client's part of the fused model); the methods that act on unit groups, and FedMA, are
+/// refused at load, naming its first transformer layer.
 #[test]
 fn every_method_runs_on_a_vit_or_is_refused_naming_its_first_transformer_layer() {
     let base = vec![
@@ -783,6 +784,11 @@ fn every_method_runs_on_a_vit_or_is_refused_naming_its_first_transformer_layer()
         ("fedavg", &[]),
         ("local_norm", &["model.local_norm=true", "local_eval=true"]),
         ("weight-matching", &["method={name=\"weight-matching\"}"]),
+        ("pfnm", &["method={name=\"pfnm\", sigma=0.01}", "rounds=2"]),
+        (
+            "gpi-fnm",
+            &["method={name=\"gpi-fnm\", sigma=0.01, eps=0.1}", "rounds=2"],
+        ),
     ];
     for (name, sets) in AGGREGATOR_RUNS.iter().chain(own) {
         // The ViT's norms are layer norms already: the list that central DP's run swaps in
@@ -801,8 +807,6 @@ fn every_method_runs_on_a_vit_or_is_refused_naming_its_first_transformer_layer()
         "{name=\"fedsparse\", preset=\"high\", server_lr=0.01}",
         "{name=\"fedl1\", l1=0.0001, threshold=0.001}",
         "{name=\"feddrop\", fraction=0.25}",
-        "{name=\"pfnm\"}",
-        "{name=\"gpi-fnm\"}",
         "{name=\"fedma\"}",
     ] {
         let set = format!("method={method}");

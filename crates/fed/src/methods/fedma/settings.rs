@@ -1,7 +1,7 @@
 //! FedMA's settings: the matcher's prior, the passes, and the rules of the run around it.
 
 use fedfuse_core::ModelSpec;
-use fedfuse_fuse::{MatchOrder, MatchPrior, PfnmConfig, UnknownKeys};
+use fedfuse_fuse::{MatchOrder, MatchPrior, PfnmConfig, UnknownKeys, layerwise_stages};
 use serde::{Deserialize, Serialize};
 
 use super::FedMa;
@@ -129,8 +129,11 @@ impl FedMaSettings {
         Ok(())
     }
 
-    /// Federation rounds one pass takes on `spec`: its permutation groups plus one.
+    /// Federation rounds one pass takes on `spec`: its permutation groups (one stage each)
+    /// plus one; a model FedMA cannot follow (a transformer) is refused, naming the layer.
     pub fn rounds_per_pass(spec: &ModelSpec) -> Result<usize> {
-        Ok(ListView::of(spec)?.matched + 1)
+        let view = ListView::of(spec)?;
+        let stages = layerwise_stages(&view.input, &view.layers).map_err(in_method)?;
+        Ok(stages.len() + 1)
     }
 }

@@ -150,7 +150,10 @@ class WiderVitScorer(FedfuseScorer):
 
 def main():
     args = parse_args(OUT)
-    torch.set_num_threads(2)
+    # One thread and deterministic kernels: a rerun trains the same clients (two threads gave
+    # other clients, and so other fusions, from run to run).
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
     import_fedfuse()
 
     x_all, y_all = mnist(args.data_dir, "train")

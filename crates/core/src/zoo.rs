@@ -304,7 +304,7 @@ impl TorchvisionNames {
 /// torchvision's `VisionTransformer(image_size, patch_size, num_layers, num_heads, hidden_dim,
 /// mlp_dim, dropout, attention_dropout, num_classes)` as settings (`[model] kind = "vit"`);
 /// the default trains on 28x28 and 32x32 images on a CPU in minutes.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct VitShape {
     /// Side of a patch (`patch_size`).
@@ -317,6 +317,10 @@ pub struct VitShape {
     pub heads: usize,
     /// Hidden units of each block's MLP (`mlp_dim`).
     pub mlp: usize,
+    /// Each block's MLP width where they differ (a ViT whose MLPs PFNM widened), one per
+    /// block in place of `mlp`; empty: every block has `mlp`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mlps: Vec<usize>,
     /// `dropout`.
     pub dropout: f64,
     /// `attention_dropout`.
@@ -331,6 +335,7 @@ impl Default for VitShape {
             layers: 6,
             heads: 4,
             mlp: 256,
+            mlps: Vec::new(),
             dropout: 0.0,
             attention_dropout: 0.0,
         }
@@ -351,21 +356,32 @@ impl VitShape {
         else {
             return None;
         };
-        let (heads, mlp, attention_dropout) = match layers.get(1) {
+        let (heads, attention_dropout) = match layers.get(1) {
             Some(&LayerSpec::Encoder {
                 heads,
-                mlp,
                 attention_dropout,
                 ..
-            }) => (heads, mlp, attention_dropout),
-            _ => (1, 1, 0.0),
+            }) => (heads, attention_dropout),
+            _ => (1, 0.0),
         };
+        let mlps: Vec<usize> = layers
+            .iter()
+            .filter_map(|l| match l {
+                LayerSpec::Encoder { mlp, .. } => Some(*mlp),
+                _ => None,
+            })
+            .collect();
+        let mlp = mlps.first().copied().unwrap_or(1);
         let shape = Self {
             patch,
             hidden,
             layers: layers.len().checked_sub(4)?,
             heads,
             mlp,
+            mlps: match mlps.iter().all(|&m| m == mlp) {
+                true => Vec::new(),
+                false => mlps,
+            },
             dropout,
             attention_dropout,
         };
@@ -380,9 +396,9 @@ impl VitShape {
             patch: self.patch,
             dropout: self.dropout,
         }];
-        list.extend((0..self.layers).map(|_| LayerSpec::Encoder {
+        list.extend((0..self.layers).map(|b| LayerSpec::Encoder {
             heads: self.heads,
-            mlp: self.mlp,
+            mlp: self.mlps.get(b).copied().unwrap_or(self.mlp),
             dropout: self.dropout,
             attention_dropout: self.attention_dropout,
             eps: 1e-6,

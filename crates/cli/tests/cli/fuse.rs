@@ -444,3 +444,128 @@ fn vit_files_fuse_by_weight_matching_under_torchvisions_names() {
         again.to_str().unwrap(),
     ]);
 }
+
+/// PFNM widens a ViT's MLPs block by block: two torchvision-named files, the second holding
+/// block 0's MLP units plus two of its own, fuse to MLP widths [8, 6]; the fused file's
+/// metadata says so (`[model.vit] mlps`), so it fuses again without `--model`, and weight
+/// matching, which keeps widths, refuses the wider file by name.
+#[test]
+fn pfnm_widens_a_vit_block_by_block_and_the_file_says_so() {
+    use fedfuse_core::{TorchvisionNames, VitShape};
+    let dir = tempfile::tempdir().unwrap();
+    let shape = VitShape {
+        patch: 7,
+        hidden: 8,
+        layers: 2,
+        heads: 2,
+        mlp: 6,
+        ..VitShape::default()
+    };
+    let layers = shape.layers(10);
+    let spec = ModelSpec::sequential(&[1, 28, 28], layers.clone());
+    let p = init_params(&spec, Init::Pfnm, 3);
+    // Block 0's MLP with two more units, far from the others.
+    let mut q = Params::new();
+    for (name, t) in p.iter() {
+        let (shape, data) = match name {
+            "1.mlp.0.weight" => {
+                let mut d = t.data.clone();
+                d.extend((0..16).map(|k| if k % 2 == 0 { 40.0 } else { -40.0 }));
+                (vec![8, 8], d)
+            }
+            "1.mlp.0.bias" => {
+                let mut d = t.data.clone();
+                d.extend([30.0, 30.0]);
+                (vec![8], d)
+            }
+            "1.mlp.3.weight" => {
+                let d = t
+                    .data
+                    .chunks(6)
+                    .flat_map(|row| row.iter().copied().chain([0.5, -0.5]))
+                    .collect();
+                (vec![8, 8], d)
+            }
+            _ => (t.shape.clone(), t.data.clone()),
+        };
+        q.push(name.to_string(), shape, data).unwrap();
+    }
+    let names = TorchvisionNames::of(&layers);
+    let torch = |params: &Params, file: &str| {
+        let path = dir.path().join(file);
+        let renamed = params.clone().renamed(|n| names.torch_name(n)).unwrap();
+        save_safetensors(&renamed, &path).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (a, b) = (torch(&p, "a.safetensors"), torch(&q, "b.safetensors"));
+    let model = dir.path().join("vit.toml");
+    std::fs::write(
+        &model,
+        "[model]\nkind = \"vit\"\ninput = [1, 28, 28]\n[model.vit]\npatch = 7\nhidden = 8\n\
+         layers = 2\nheads = 2\nmlp = 6\n",
+    )
+    .unwrap();
+    let path = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    let fuse = |args: &[&str]| {
+        let out = fedfuse(args);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let fused = path("fused.safetensors");
+    let (ok, err) = fuse(&[
+        "fuse",
+        &a,
+        &b,
+        "--model",
+        model.to_str().unwrap(),
+        "--method",
+        "pfnm",
+        "--sigma",
+        "0.0001",
+        "--out",
+        &fused,
+    ]);
+    assert!(ok, "{err}");
+    let got = load_safetensors(Path::new(&fused)).unwrap();
+    let rows = |p: &Params, name: &str| p.get(name).unwrap().shape.clone();
+    assert_eq!(
+        rows(&got, "encoder.layers.encoder_layer_0.mlp.0.weight"),
+        vec![8, 8]
+    );
+    assert_eq!(
+        rows(&got, "encoder.layers.encoder_layer_1.mlp.3.weight"),
+        vec![8, 6]
+    );
+    let header = std::fs::read(&fused).unwrap();
+    let text = String::from_utf8_lossy(&header[..4096.min(header.len())]);
+    assert!(
+        text.contains("mlps = [8, 6]") && text.contains("kind = \\\"vit\\\""),
+        "{text}"
+    );
+    // Again, the settings from the fused file's metadata.
+    let again = path("again.safetensors");
+    let (ok, err) = fuse(&[
+        "fuse", &fused, &b, "--method", "pfnm", "--sigma", "0.0001", "--out", &again,
+    ]);
+    assert!(ok, "{err}");
+    let back = load_safetensors(Path::new(&again)).unwrap();
+    assert_eq!(
+        rows(&back, "encoder.layers.encoder_layer_0.mlp.0.weight"),
+        vec![8, 8]
+    );
+    let (ok, err) = fuse(&[
+        "fuse",
+        &fused,
+        &a,
+        "--method",
+        "weight-matching",
+        "--out",
+        &again,
+    ]);
+    assert!(
+        !ok && err.contains("mlp.0.weight") && err.contains("widths"),
+        "{err}"
+    );
+}

@@ -100,3 +100,37 @@ fn what_a_vit_list_cannot_do_is_refused() {
         .to_string();
     assert!(e.contains("class_token"), "{e}");
 }
+
+/// A ViT whose blocks' MLPs differ (what PFNM's fusion makes) is still described by its
+/// settings: `mlps` gives each block's width, `of_layers` reads them back, and serde keeps them.
+#[test]
+fn a_vit_with_its_own_mlp_width_per_block_round_trips() {
+    let shape = VitShape {
+        patch: 4,
+        hidden: 32,
+        layers: 2,
+        heads: 4,
+        mlp: 64,
+        mlps: vec![70, 59],
+        ..VitShape::default()
+    };
+    let layers = shape.layers(10);
+    let widths: Vec<usize> = layers
+        .iter()
+        .filter_map(|l| match l {
+            LayerSpec::Encoder { mlp, .. } => Some(*mlp),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(widths, vec![70, 59]);
+    let back = VitShape::of_layers(&layers).unwrap();
+    assert_eq!(back.mlps, vec![70, 59]);
+    assert_eq!(back.layers(10), layers);
+    let text = serde_json::to_string(&back).unwrap();
+    assert!(text.contains("\"mlps\":[70,59]"), "{text}");
+    assert_eq!(serde_json::from_str::<VitShape>(&text).unwrap(), back);
+    // Equal widths are said once, as `mlp`.
+    let even = VitShape::of_layers(&vit(2)).unwrap();
+    assert!(even.mlps.is_empty() && even.mlp == 64);
+    assert!(!serde_json::to_string(&even).unwrap().contains("mlps"));
+}

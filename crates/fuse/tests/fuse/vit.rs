@@ -26,6 +26,7 @@ fn vit(blocks: usize) -> Vec<LayerSpec> {
         layers: blocks,
         heads: 2,
         mlp: 6,
+        mlps: Vec::new(),
         dropout: 0.0,
         attention_dropout: 0.0,
     }

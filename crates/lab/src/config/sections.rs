@@ -575,6 +575,22 @@ impl ModelSection {
                     );
                 }
             }
+            if !v.mlps.is_empty() && v.mlps.len() != v.layers {
+                bail_setting!(
+                    "model.vit.mlps",
+                    "model.vit.mlps has {} widths for {} blocks: give one per block, or none \
+                     (every block then has model.vit.mlp)",
+                    v.mlps.len(),
+                    v.layers
+                );
+            }
+            if let Some(m) = v.mlps.iter().find(|m| !(1..=1 << 18).contains(*m)) {
+                bail_setting!(
+                    "model.vit.mlps",
+                    "model.vit.mlps holds {m}; each width must lie in 1..={}",
+                    1 << 18
+                );
+            }
             if v.hidden % v.heads != 0 {
                 bail_setting!(
                     "model.vit.heads",
@@ -664,7 +680,7 @@ impl ModelSection {
     /// classes; `None` for the other kinds.
     fn zoo_layers(&self, classes: usize) -> Option<Vec<LayerSpec>> {
         match (self.kind, self.kind.zoo()) {
-            (ModelKind::Vit, _) => Some(self.vit.unwrap_or_default().layers(classes)),
+            (ModelKind::Vit, _) => Some(self.vit.clone().unwrap_or_default().layers(classes)),
             (_, Some(zoo)) => {
                 Some(zoo.layers(classes, self.norm.unwrap_or_default(), self.width(zoo)))
             }

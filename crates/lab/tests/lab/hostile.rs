@@ -484,6 +484,12 @@ fn hostile_vit_settings_are_refused_by_name() {
             "model.vit={hidden=4096, mlp=16384, layers=256}",
             "parameters",
         ),
+        (
+            "model.vit.mlps=[64]",
+            "model.vit.mlps has 1 widths for 2 blocks",
+        ),
+        ("model.vit.mlps=[64, 0]", "model.vit.mlps holds 0"),
+        ("model.vit.mlps=[64, 1000000000000]", "model.vit.mlps"),
         ("model.vit.bogus=1", "bogus"),
         ("model.kind=\"mlp\"", "[model.vit] applies to `vit` only"),
     ];

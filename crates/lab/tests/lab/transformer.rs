@@ -23,6 +23,7 @@ const SHAPE: VitShape = VitShape {
     layers: 2,
     heads: 4,
     mlp: 64,
+    mlps: Vec::new(),
     dropout: 0.0,
     attention_dropout: 0.0,
 };

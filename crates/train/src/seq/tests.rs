@@ -216,6 +216,7 @@ fn a_vits_dropout_masks_sit_on_its_residual_branches() {
         layers: 2,
         heads: 2,
         mlp: 12,
+        mlps: Vec::new(),
         dropout: 0.25,
         attention_dropout: 0.5,
     }

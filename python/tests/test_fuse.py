@@ -437,3 +437,51 @@ def test_pfnm_fuses_torchvision_resnet18_state_dicts_and_widens_every_group():
     assert wide["layer2.0.downsample.0.weight"].shape == (16, 8, 1, 1)
     assert wide["layer4.1.conv2.weight"].shape == (64, 64, 3, 3)
     assert wide["fc.weight"].shape == (3, 64)
+
+
+def _torchvision_vit(rng, mlp=6):
+    """A torchvision ``VisionTransformer(image_size=28, patch_size=7, num_layers=1,
+    num_heads=2, hidden_dim=8, mlp_dim=mlp, num_classes=3)`` state dict, ``conv_proj`` on one
+    channel, random values."""
+    h, seq = 8, 17
+    shapes = {
+        "class_token": (1, 1, h), "conv_proj.weight": (h, 1, 7, 7), "conv_proj.bias": (h,),
+        "encoder.pos_embedding": (1, seq, h),
+    }
+    block = "encoder.layers.encoder_layer_0."
+    for name, shape in [
+        ("ln_1.weight", (h,)), ("ln_1.bias", (h,)),
+        ("self_attention.in_proj_weight", (3 * h, h)), ("self_attention.in_proj_bias", (3 * h,)),
+        ("self_attention.out_proj.weight", (h, h)), ("self_attention.out_proj.bias", (h,)),
+        ("ln_2.weight", (h,)), ("ln_2.bias", (h,)),
+        ("mlp.0.weight", (mlp, h)), ("mlp.0.bias", (mlp,)),
+        ("mlp.3.weight", (h, mlp)), ("mlp.3.bias", (h,)),
+    ]:
+        shapes[block + name] = shape
+    shapes.update({"encoder.ln.weight": (h,), "encoder.ln.bias": (h,),
+                   "heads.head.weight": (3, h), "heads.head.bias": (3,)})
+    return {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+
+
+def test_pfnm_fuses_torchvision_vits_widening_only_their_mlps(tmp_path):
+    """PFNM on ViT state dicts: two copies fuse back to one (up to the sharp prior's
+    shrinkage); two unrelated ones keep the stream's 8 features and the 2 heads (torchvision's
+    attention ties them) while the MLP holds both dicts' units side by side, under
+    torchvision's names and in their order."""
+    model = tmp_path / "vit.toml"
+    model.write_text('[model]\nkind = "vit"\ninput = [1, 28, 28]\n[model.vit]\npatch = 7\n'
+                     "hidden = 8\nlayers = 1\nheads = 2\nmlp = 6\n")
+    a = _torchvision_vit(np.random.default_rng(7))
+    same, _ = fedfuse.fuse([a, a], method="pfnm", model=str(model), sigma=1e-4)
+    assert list(same) == list(a)
+    for name, value in a.items():
+        np.testing.assert_allclose(same[name], value, rtol=1e-3, atol=1e-3, err_msg=name)
+    b = _torchvision_vit(np.random.default_rng(8))
+    wide, report = fedfuse.fuse([a, b], method="gpi-fnm", model=str(model), sigma=1e-4,
+                                eps=0.1)
+    assert list(wide) == list(a)
+    block = "encoder.layers.encoder_layer_0."
+    assert wide[block + "self_attention.in_proj_weight"].shape == (24, 8)
+    assert wide[block + "mlp.0.weight"].shape == (12, 8)
+    assert wide[block + "mlp.3.weight"].shape == (8, 12)
+    assert "mlp = 12" in report["metadata"]["fedfuse.model"]

@@ -274,10 +274,10 @@ pub struct Pfnm {
 impl Pfnm {
     /// A matching method with checked settings ([`PfnmSettings::check_pfnm`],
     /// [`PfnmSettings::check_gpi_fnm`]); checks what they cannot know: a model whose units
-    /// matching can follow (an MLP, or a layer list without residual blocks, grouped
-    /// convolutions or group and layer norms after a matched layer, refused naming the
-    /// layer), and a validation split when a grid needs one. Models other than MLPs are
-    /// matched bottom-up whatever `config.order` says.
+    /// matching can follow (an MLP, a ViT, or a layer list without grouped convolutions,
+    /// group and layer norms after a matched layer or residual blocks with group norm,
+    /// refused naming the layer), and a validation split when a grid needs one. Models other
+    /// than MLPs are matched bottom-up whatever `config.order` says.
     pub fn new(
         config: PfnmConfig,
         (eps_grid, sigma_grid): (Vec<f64>, Vec<f64>),

@@ -310,26 +310,55 @@ fn gpi_fnm_fuses_npz_files_as_in_memory() {
     );
 }
 
+/// A small ViT on MNIST's side (patch 7, hidden 8, 2 heads, MLP 6) of `blocks` blocks: its
+/// list, random weights, and a `--model` file for it in `dir`.
+fn small_vit(dir: &Path, blocks: usize) -> (Vec<fedfuse_core::LayerSpec>, Params, String) {
+    let shape = fedfuse_core::VitShape {
+        patch: 7,
+        hidden: 8,
+        layers: blocks,
+        heads: 2,
+        mlp: 6,
+        ..fedfuse_core::VitShape::default()
+    };
+    let layers = shape.layers(10);
+    let spec = ModelSpec::sequential(&[1, 28, 28], layers.clone());
+    let p = init_params(&spec, Init::Pfnm, 3);
+    let model = dir.join("vit.toml");
+    std::fs::write(
+        &model,
+        format!(
+            "[model]\nkind = \"vit\"\ninput = [1, 28, 28]\n[model.vit]\npatch = 7\n\
+             hidden = 8\nlayers = {blocks}\nheads = 2\nmlp = 6\n"
+        ),
+    )
+    .unwrap();
+    (layers, p, model.to_str().unwrap().to_string())
+}
+
+/// `params` (list names) saved in `dir` as `file` under torchvision's names.
+fn save_torchvision(
+    layers: &[fedfuse_core::LayerSpec],
+    params: &Params,
+    dir: &Path,
+    file: &str,
+) -> PathBuf {
+    let names = fedfuse_core::TorchvisionNames::of(layers);
+    let path = dir.join(file);
+    let renamed = params.clone().renamed(|n| names.torch_name(n)).unwrap();
+    save_safetensors(&renamed, &path).unwrap();
+    path
+}
+
 /// Two torchvision-named ViT files (random weights, the second a relabelled copy of the
 /// first): `fedfuse groups` shows the heads, weight matching and PFNM (at a sharp prior) give
 /// the first back under torchvision's names, and the fused file fuses again without `--model`
 /// (its metadata keeps the ViT's settings).
 #[test]
 fn vit_files_fuse_by_weight_matching_under_torchvisions_names() {
-    use fedfuse_core::{TorchvisionNames, VitShape};
     use rand::seq::SliceRandom;
     let dir = tempfile::tempdir().unwrap();
-    let shape = VitShape {
-        patch: 7,
-        hidden: 8,
-        layers: 1,
-        heads: 2,
-        mlp: 6,
-        ..VitShape::default()
-    };
-    let layers = shape.layers(10);
-    let spec = ModelSpec::sequential(&[1, 28, 28], layers.clone());
-    let p = init_params(&spec, Init::Pfnm, 3);
+    let (layers, p, model) = small_vit(dir.path(), 1);
     let mut rng = StdRng::seed_from_u64(4);
     let mut shuffled = |n: usize| {
         let mut v: Vec<usize> = (0..n).collect();
@@ -345,22 +374,10 @@ fn vit_files_fuse_by_weight_matching_under_torchvisions_names() {
         shuffled(6),
     ];
     let q = fedfuse_fuse::permute_vit(&layers, &p, &perms).unwrap();
-    let names = TorchvisionNames::of(&layers);
-    let torch = |params: &Params, file: &str| {
-        let path = dir.path().join(file);
-        let renamed = params.clone().renamed(|n| names.torch_name(n)).unwrap();
-        save_safetensors(&renamed, &path).unwrap();
-        path
-    };
+    let torch = |params: &Params, file: &str| save_torchvision(&layers, params, dir.path(), file);
     let (a, b) = (torch(&p, "a.safetensors"), torch(&q, "b.safetensors"));
-    let model = dir.path().join("vit.toml");
-    std::fs::write(
-        &model,
-        "[model]\nkind = \"vit\"\ninput = [1, 28, 28]\n[model.vit]\npatch = 7\nhidden = 8\n\
-         layers = 1\nheads = 2\nmlp = 6\n",
-    )
-    .unwrap();
-    let model = model.to_str().unwrap();
+    let names = fedfuse_core::TorchvisionNames::of(&layers);
+    let model = model.as_str();
     let out = fedfuse(&["groups", "--model", model]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
@@ -451,19 +468,8 @@ fn vit_files_fuse_by_weight_matching_under_torchvisions_names() {
 /// matching, which keeps widths, refuses the wider file by name.
 #[test]
 fn pfnm_widens_a_vit_block_by_block_and_the_file_says_so() {
-    use fedfuse_core::{TorchvisionNames, VitShape};
     let dir = tempfile::tempdir().unwrap();
-    let shape = VitShape {
-        patch: 7,
-        hidden: 8,
-        layers: 2,
-        heads: 2,
-        mlp: 6,
-        ..VitShape::default()
-    };
-    let layers = shape.layers(10);
-    let spec = ModelSpec::sequential(&[1, 28, 28], layers.clone());
-    let p = init_params(&spec, Init::Pfnm, 3);
+    let (layers, p, model) = small_vit(dir.path(), 2);
     // Block 0's MLP with two more units, far from the others.
     let mut q = Params::new();
     for (name, t) in p.iter() {
@@ -490,21 +496,11 @@ fn pfnm_widens_a_vit_block_by_block_and_the_file_says_so() {
         };
         q.push(name.to_string(), shape, data).unwrap();
     }
-    let names = TorchvisionNames::of(&layers);
     let torch = |params: &Params, file: &str| {
-        let path = dir.path().join(file);
-        let renamed = params.clone().renamed(|n| names.torch_name(n)).unwrap();
-        save_safetensors(&renamed, &path).unwrap();
+        let path = save_torchvision(&layers, params, dir.path(), file);
         path.to_str().unwrap().to_string()
     };
     let (a, b) = (torch(&p, "a.safetensors"), torch(&q, "b.safetensors"));
-    let model = dir.path().join("vit.toml");
-    std::fs::write(
-        &model,
-        "[model]\nkind = \"vit\"\ninput = [1, 28, 28]\n[model.vit]\npatch = 7\nhidden = 8\n\
-         layers = 2\nheads = 2\nmlp = 6\n",
-    )
-    .unwrap();
     let path = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
     let fuse = |args: &[&str]| {
         let out = fedfuse(args);
@@ -515,17 +511,7 @@ fn pfnm_widens_a_vit_block_by_block_and_the_file_says_so() {
     };
     let fused = path("fused.safetensors");
     let (ok, err) = fuse(&[
-        "fuse",
-        &a,
-        &b,
-        "--model",
-        model.to_str().unwrap(),
-        "--method",
-        "pfnm",
-        "--sigma",
-        "0.0001",
-        "--out",
-        &fused,
+        "fuse", &a, &b, "--model", &model, "--method", "pfnm", "--sigma", "0.0001", "--out", &fused,
     ]);
     assert!(ok, "{err}");
     let got = load_safetensors(Path::new(&fused)).unwrap();

@@ -48,7 +48,10 @@ use crate::{FuseError, Result};
 /// matched layer, residual blocks with group norm or a width change at stride 1; and
 /// `cfg.order = top_down` with two or more matched groups (layer lists are matched bottom-up).
 /// A residual block's inner channels may fuse to another width than its stream: the fused
-/// list's block then says `inner`.
+/// list's block then says `inner`. A Vision Transformer's list is fused over its own groups:
+/// the stream and the heads at their widths, each block's MLP growing (`vit_pfnm`'s module
+/// documentation says how and why); its assignments are per group in
+/// [`permute_vit`](crate::permute_vit)'s order.
 ///
 /// ```
 /// use fedfuse_core::{LayerSpec, Params};
@@ -90,7 +93,8 @@ pub fn pfnm_fuse_layers<R: Rng + ?Sized>(
 }
 
 /// [`pfnm_fuse_layers`] with refinement orders from `orders` (one per matched group and
-/// pass, input side first), and the time spent on each matched group.
+/// pass, input side first), and the time spent on each matched group (a ViT's: on the stream,
+/// then on each block's attention and its MLP).
 pub fn pfnm_fuse_list(
     input: &[usize],
     layers: &[LayerSpec],

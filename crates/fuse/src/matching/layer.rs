@@ -16,7 +16,7 @@ use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
 use super::score::{self, ClientRows, Scorer};
-use super::types::{Global, LayerPrior, LayerSettings, Matrix, NO_UNIT};
+use super::types::{Global, LayerPrior, LayerSettings, Matrix, NO_UNIT, check_score_size};
 use crate::{FuseError, Result};
 
 /// One client's hidden units for a layer: unit vectors as rows and the client's precision
@@ -271,6 +271,20 @@ pub(super) fn match_rows(
 ) -> Result<LayerMatch> {
     let j_total = rows.len();
     let p = prior.mean.len();
+    // The largest score matrix this matching can build: the widest client's units against
+    // every global unit plus as many new ones. The global layer holds at most every client's
+    // units, and past the soft cap grows by at most one unit a client matched.
+    let widest = rows.iter().map(ClientRows::rows).max().unwrap_or(0);
+    let total: usize = rows.iter().map(ClientRows::rows).sum();
+    let passes = settings.iters.saturating_add(1);
+    let global_most = total.min(
+        widest
+            .max(settings.max_global)
+            .saturating_add(j_total.saturating_mul(passes)),
+    );
+    check_score_size(widest, global_most.saturating_add(widest), || {
+        format!("matching the units of {j_total} clients ({widest} in the widest)")
+    })?;
     let mu_norm: Vec<f64> = prior
         .mean
         .iter()

@@ -28,6 +28,7 @@ use rand::seq::SliceRandom;
 
 use super::lists::{FusedLayers, client_weights, fuse_aligned};
 use super::score::product_nt;
+use super::types::check_score_size;
 use crate::{FuseError, Result};
 
 /// One group's hold on one axis of a tensor: indices `offset + u * block .. + block` of `axis`
@@ -344,6 +345,9 @@ impl VitGroups {
         holds: &[Hold],
         n: usize,
     ) -> Result<Vec<f64>> {
+        check_score_size(n, n, || {
+            format!("weight matching of a ViT group of {n} units")
+        })?;
         let mut cost = vec![0.0; n * n];
         for hold in holds {
             let a = hold.rows(reference.require(&hold.tensor)?, n)?;

@@ -169,3 +169,28 @@ pub(super) struct Global {
 
 /// Marks "no client unit" in per-global-unit lookups.
 pub(super) const NO_UNIT: usize = usize::MAX;
+
+/// Most bytes the score matrices of one matching step may take (the scores and the
+/// assignment solver's copy, f64 each): a file of a few megabytes can declare a layer of a
+/// hundred thousand units, whose scores against another client's would take tens of
+/// gigabytes, so the sizes are checked before anything is allocated.
+pub const MAX_SCORE_BYTES: u64 = 4 << 30;
+
+/// Refuses a `rows x cols` score matrix above [`MAX_SCORE_BYTES`], `what` naming the matching.
+pub(super) fn check_score_size(
+    rows: usize,
+    cols: usize,
+    what: impl FnOnce() -> String,
+) -> crate::Result<()> {
+    let bytes = (rows as u128) * (cols as u128) * 16;
+    if bytes <= u128::from(MAX_SCORE_BYTES) {
+        return Ok(());
+    }
+    Err(crate::FuseError::InvalidInput(format!(
+        "{}: its {rows} x {cols} score matrices would take {:.1} GiB, above fedfuse's bound of \
+         {} GiB; fuse models with fewer units in a layer",
+        what(),
+        bytes as f64 / f64::from(1u32 << 30),
+        MAX_SCORE_BYTES >> 30
+    )))
+}

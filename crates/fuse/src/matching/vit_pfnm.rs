@@ -39,7 +39,7 @@ use super::lists::{FusedLayers, assemble, client_weights, mean_tensor};
 use super::mlp::{PfnmConfig, class_shares, output_bias};
 use super::score::pfnm_scores;
 use super::transformer::{Hold, VitGroups, assign, heads_assignment, missing};
-use super::types::{GlobalUnits, LayerPrior, LayerSettings, Matrix};
+use super::types::{GlobalUnits, LayerPrior, LayerSettings, Matrix, check_score_size};
 use crate::{FuseError, Result};
 
 /// PFNM (GPI-FNM when `cfg.eps > 0`) of ViT clients of the list `layers` on samples of shape
@@ -316,6 +316,7 @@ fn match_fixed(
     let started = Instant::now();
     let clients = parts[0].xs.len();
     let n = parts[0].xs[0].rows();
+    check_score_size(n, n, || format!("PFNM of a ViT group of {n} units"))?;
     let mut timings = MatchTimings::default();
     let mut sums: Vec<Vec<f64>> = parts
         .iter()

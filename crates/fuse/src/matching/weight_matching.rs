@@ -26,6 +26,7 @@ use super::lists::{
     FusedLayers, ListClients, UnitAxis, client_weights, fuse_aligned, permute_units,
 };
 use super::score::product_nt;
+use super::types::check_score_size;
 use crate::{FuseError, Result};
 
 /// Settings of weight matching.
@@ -227,6 +228,12 @@ fn group_similarity(
     own_aligned: Option<&[bool]>,
 ) -> Result<Vec<f64>> {
     let n = uses[g].units;
+    check_score_size(n, n, || {
+        format!(
+            "weight matching of model.layers[{}] ({n} units)",
+            uses[g].layer
+        )
+    })?;
     let mut cost = vec![0.0; n * n];
     let used: Vec<&UnitUse> = match own_aligned {
         None => uses[g].all().collect(),

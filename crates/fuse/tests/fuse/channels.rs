@@ -970,3 +970,55 @@ proptest! {
         }
     }
 }
+
+/// A layer of 100,000 units is a 2 MB file, and its score matrices against another client's
+/// would take hundreds of gigabytes: PFNM (an MLP and a layer list) and weight matching refuse
+/// it, saying why, before allocating them.
+#[test]
+fn a_layer_too_wide_to_score_is_refused_before_allocating() {
+    let wide = 100_000;
+    let mut p = Params::new();
+    p.push("0.weight", vec![wide, 2], vec![0.5; wide * 2])
+        .unwrap();
+    p.push("0.bias", vec![wide], vec![0.0; wide]).unwrap();
+    p.push("2.weight", vec![3, wide], vec![0.5; 3 * wide])
+        .unwrap();
+    p.push("2.bias", vec![3], vec![0.0; 3]).unwrap();
+    let layers = [
+        LayerSpec::linear(wide),
+        LayerSpec::Relu,
+        LayerSpec::linear(3),
+    ];
+    let mut rng = StdRng::seed_from_u64(0);
+    let refused = |e: fedfuse_fuse::FuseError| {
+        let e = e.to_string();
+        assert!(e.contains("GiB") && e.contains("fewer units"), "{e}");
+    };
+    let cfg = PfnmConfig {
+        order: MatchOrder::BottomUp,
+        ..PfnmConfig::default()
+    };
+    refused(pfnm_fuse_layers(&[2], &layers, &[&p, &p], None, &cfg, &mut rng).unwrap_err());
+    refused(
+        weight_matching_fuse(
+            &[2],
+            &layers,
+            &[&p, &p],
+            None,
+            &WeightMatchingConfig::default(),
+            &mut rng,
+        )
+        .unwrap_err(),
+    );
+    let mut mlp = Params::new();
+    for ((_, t), name) in p.iter().zip([
+        "layers.0.weight",
+        "layers.0.bias",
+        "layers.1.weight",
+        "layers.1.bias",
+    ]) {
+        mlp.push(name, t.shape.clone(), t.data.clone()).unwrap();
+    }
+    let cfg = PfnmConfig::default();
+    refused(fedfuse_fuse::pfnm_fuse(&[&mlp, &mlp], None, &cfg, &mut rng).unwrap_err());
+}

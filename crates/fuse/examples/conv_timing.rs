@@ -5,7 +5,9 @@
 //!
 //! `cargo run --release -p fedfuse-fuse --example conv_timing -- [clients] [repeats] [model]
 //! [clients' weights] [sigma]` (defaults 16, 3, `vgg9`, `copies`, PFNM's default sigma; or
-//! `cnn-leaf` on 28x28x1, and `independent`: every client its own random weights, nothing to
+//! `cnn-leaf` on 28x28x1, or `vit`, the default ViT on 32x32x3 (patch 4, hidden 128, 6 blocks
+//! of 4 heads, MLP 256, every group permuted as a ViT allows); and `independent`: every
+//! client its own random weights, nothing to
 //! match; with a small sigma PFNM then opens new units up to its `max_global` cap, the slow
 //! extreme). Prints every repeat's wall time, their
 //! median, the fused widths (the planted widths when the copies are matched unit for unit)
@@ -14,10 +16,10 @@
 use std::time::Instant;
 
 use fedfuse_core::layers::{FeatureShape, chain, unit_uses};
-use fedfuse_core::{BlockNorm, LayerSpec, Params, ZooModel};
+use fedfuse_core::{BlockNorm, LayerSpec, Params, VitShape, ZooModel};
 use fedfuse_fuse::{
-    MatchOrder, PfnmConfig, Result, RngOrder, WeightMatchingConfig, permute_units, pfnm_fuse_list,
-    weight_matching_fuse,
+    MatchOrder, PfnmConfig, Result, RngOrder, WeightMatchingConfig, permute_units, permute_vit,
+    pfnm_fuse_list, random_vit_permutations, weight_matching_fuse,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -28,22 +30,24 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let clients: usize = args.first().map_or(Ok(16), |a| a.parse())?;
     let repeats: usize = args.get(1).map_or(Ok(3), |a| a.parse())?;
     let name = args.get(2).map_or("vgg9", String::as_str);
-    let (model, input) = match name {
-        "vgg9" => (ZooModel::Vgg9, vec![3, 32, 32]),
-        "cnn-leaf" => (ZooModel::CnnLeaf, vec![1, 28, 28]),
-        _ => {
-            return Err(
-                format!("model `{name}`: vgg9 or cnn-leaf (ResNet-20 is not matched)").into(),
-            );
-        }
-    };
     let classes = 10;
+    let (layers, input) = match name {
+        "vgg9" => (
+            ZooModel::Vgg9.layers(classes, BlockNorm::Batch, 16),
+            vec![3, 32, 32],
+        ),
+        "cnn-leaf" => (
+            ZooModel::CnnLeaf.layers(classes, BlockNorm::Batch, 16),
+            vec![1, 28, 28],
+        ),
+        "vit" => (VitShape::default().layers(classes), vec![3, 32, 32]),
+        _ => return Err(format!("model `{name}`: vgg9, cnn-leaf or vit").into()),
+    };
     let independent = match args.get(3).map_or("copies", String::as_str) {
         "copies" => false,
         "independent" => true,
         other => return Err(format!("clients' weights `{other}`: copies or independent").into()),
     };
-    let layers = model.layers(classes, BlockNorm::Batch, 16);
     let nets = permuted_copies(&input, &layers, clients.max(1), independent)?;
     let refs: Vec<&Params> = nets.iter().collect();
     let counts = vec![vec![100.0; classes]; refs.len()];
@@ -124,6 +128,8 @@ fn out_widths(layers: &[LayerSpec]) -> Vec<usize> {
         .iter()
         .filter_map(|l| match l {
             LayerSpec::Conv2d { out, .. } | LayerSpec::Linear { out, .. } => Some(*out),
+            LayerSpec::Tokens { hidden, .. } => Some(*hidden),
+            LayerSpec::Encoder { mlp, .. } => Some(*mlp),
             _ => None,
         })
         .collect()
@@ -153,7 +159,11 @@ fn permuted_copies(
         p
     };
     let planted = draw(&mut rng);
-    let uses = unit_uses(input, layers)?;
+    let vit = layers.iter().any(LayerSpec::is_transformer);
+    let uses = match vit {
+        true => Vec::new(),
+        false => unit_uses(input, layers)?,
+    };
     let mut nets = Vec::with_capacity(clients);
     for _ in 0..clients {
         let mut p = if independent {
@@ -172,6 +182,9 @@ fn permuted_copies(
             let mut perm: Vec<usize> = (0..u.units).collect();
             perm.shuffle(&mut rng);
             permute_units(&mut p, u, &perm)?;
+        }
+        if vit {
+            p = permute_vit(layers, &p, &random_vit_permutations(layers, &mut rng)?)?;
         }
         nets.push(p);
     }

@@ -4,7 +4,10 @@
 //!
 //! A group is one output unit of a layer: row `u` of a dense weight `[out, in]` (or filter `u`
 //! of a convolution weight `[out, in, kh, kw]`) together with `bias[u]`. Zeroing a group
-//! removes the unit: its output is `relu(0) = 0` for every input.
+//! removes the unit: its output is `relu(0) = 0` for every input. An attention head is one
+//! group too: its `head_dim` rows in each of the q, k and v sections of the packed
+//! `in_proj_weight`, with their `in_proj_bias` entries. Zeroed, its queries and keys are 0 (the
+//! weights uniform) and so are its values, so the head's output is 0 ([`GroupedLayer::heads`]).
 //!
 //! [`GroupLayout::of_model`] groups every layer but the output layer. The paper gates every
 //! unit, but a gate on the final classifier can switch off a class for good (its logit stuck
@@ -30,54 +33,95 @@ use std::ops::Range;
 
 use crate::{CoreError, ModelSpec, ParamShape, Params, Result};
 
-/// The groups of one layer: `units` groups of `fan_in` weights and one value of each
-/// per-unit tensor (the bias, and the scale and shift of a norm that follows) each.
+/// The groups of one layer: `units` groups, each `unit_rows` rows of `fan_in` weights and
+/// `unit_rows` values of each per-unit tensor (the bias, and the scale and shift of a norm
+/// that follows) in each of `sections` sections.
+///
+/// The weight's first axis is `sections` equal sections, each holding every unit's
+/// `unit_rows` rows in unit order; each per-unit tensor is laid out the same way. A neuron or
+/// filter is one row of one section; an attention head is `head_dim` rows in each of the
+/// q, k and v sections of `in_proj_weight`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupedLayer {
-    /// Name of the weight tensor; its first axis indexes the groups.
+    /// Name of the weight tensor; its first axis indexes the groups' rows.
     pub weight: String,
-    /// Names of the `[units]` tensors whose entry `u` belongs to group `u`: the bias, and
-    /// a following norm's weight and bias (zeroing those too makes the unit's output 0).
+    /// Names of the `[sections * units * unit_rows]` tensors whose entries line up with the
+    /// weight's rows: the bias, and a following norm's weight and bias (zeroing those too
+    /// makes the unit's output 0).
     pub per_unit: Vec<String>,
-    /// Groups (output units or filters) in the layer.
+    /// Groups (output units, filters or heads) in the layer.
     pub units: usize,
-    /// Weights per group: the weight's row length (`in`, or `in * kh * kw`).
+    /// The weight's row length (`in`, or `in * kh * kw`).
     pub fan_in: usize,
+    /// Sections of the weight's first axis: 3 for q, k and v packed together, else 1.
+    pub sections: usize,
+    /// Rows of each unit in each section: a head's `head_dim`, else 1.
+    pub unit_rows: usize,
 }
 
 impl GroupedLayer {
     /// A layer whose groups are rows of `weight` with their entry of `bias`.
     pub fn dense(weight: &str, bias: &str, units: usize, fan_in: usize) -> Self {
+        Self::rows(weight, vec![bias.into()], units, fan_in)
+    }
+
+    /// A layer whose groups are the rows of `weight` with their entries of `per_unit`.
+    pub fn rows(weight: &str, per_unit: Vec<String>, units: usize, fan_in: usize) -> Self {
         Self {
             weight: weight.into(),
-            per_unit: vec![bias.into()],
+            per_unit,
             units,
             fan_in,
+            sections: 1,
+            unit_rows: 1,
         }
+    }
+
+    /// The heads of a multi-head attention whose packed projection `weight`
+    /// (`[3 * hidden, hidden]`, q then k then v) and `bias` (`[3 * hidden]`) have `heads`
+    /// heads of `hidden / heads` features each.
+    pub fn heads(weight: &str, bias: &str, heads: usize, hidden: usize) -> Self {
+        Self {
+            sections: 3,
+            unit_rows: hidden / heads.max(1),
+            ..Self::rows(weight, vec![bias.into()], heads, hidden)
+        }
+    }
+
+    /// Rows of the weight (entries of each per-unit tensor).
+    pub fn total_rows(&self) -> usize {
+        self.sections * self.units * self.unit_rows
     }
 
     /// Values per group, the bias included: `|g|` in the L0 penalty.
     pub fn size(&self) -> usize {
-        self.fan_in + self.per_unit.len()
+        self.sections * self.unit_rows * (self.fan_in + self.per_unit.len())
     }
 }
 
-/// How the values of one grouped tensor map to groups: row `r` (`row_len` values) belongs to
-/// group `first + r`.
+/// How the values of one grouped tensor map to groups: the tensor is `sections` sections of
+/// `rows` blocks each, every block `block` rows of `row_len` values; block `r` of every section
+/// belongs to group `first + r`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupedRows {
-    /// Group of row 0.
+    /// Group of block 0.
     pub first: usize,
-    /// Rows (groups) in the tensor.
+    /// Blocks (groups) in each section.
     pub rows: usize,
     /// Values per row: `fan_in` for a weight, 1 for a bias.
     pub row_len: usize,
+    /// Rows per block: [`GroupedLayer::unit_rows`].
+    pub block: usize,
+    /// [`GroupedLayer::sections`].
+    pub sections: usize,
 }
 
 impl GroupedRows {
-    /// `(group, range of values)` of each row.
+    /// `(group, range of values)` of each block, section by section.
     pub fn spans(self) -> impl Iterator<Item = (usize, Range<usize>)> {
-        (0..self.rows).map(move |r| (self.first + r, r * self.row_len..(r + 1) * self.row_len))
+        let len = self.block * self.row_len;
+        (0..self.sections * self.rows)
+            .map(move |b| (self.first + b % self.rows, b * len..(b + 1) * len))
     }
 }
 
@@ -120,9 +164,9 @@ impl GroupLayout {
         Self::from_parts(shapes, layers)
     }
 
-    /// A layout over the tensors `shapes` with the grouped `layers` (each weight `[units, ..]`
-    /// with `fan_in` values per row, each bias `[units]`, no tensor in two layers); every
-    /// other tensor is ungated.
+    /// A layout over the tensors `shapes` with the grouped `layers` (each weight
+    /// [`GroupedLayer::total_rows`] rows of `fan_in` values, each per-unit tensor that many
+    /// entries, no tensor in two layers); every other tensor is ungated.
     pub fn new(shapes: Vec<ParamShape>, layers: Vec<GroupedLayer>) -> Result<Self> {
         let find = |name: &str| shapes.iter().position(|s| s.name == name);
         let mut used = vec![false; shapes.len()];
@@ -137,7 +181,12 @@ impl GroupLayout {
                 return bad("a tensor is not in the layout".into());
             };
             let ws = &shapes[w].shape;
-            if ws.first() != Some(&l.units) || ws.iter().skip(1).product::<usize>() != l.fan_in {
+            let rows = l.total_rows();
+            if l.sections == 0
+                || l.unit_rows == 0
+                || ws.first() != Some(&rows)
+                || ws.iter().skip(1).product::<usize>() != l.fan_in
+            {
                 return bad(format!("the weight has shape {ws:?}"));
             }
             let mut members = vec![w];
@@ -145,7 +194,7 @@ impl GroupLayout {
                 let Some(b) = find(name) else {
                     return bad(format!("`{name}` is not in the layout"));
                 };
-                if shapes[b].shape != [l.units] {
+                if shapes[b].shape != [rows] {
                     return bad(format!("`{name}` has shape {:?}", shapes[b].shape));
                 }
                 members.push(b);
@@ -173,6 +222,8 @@ impl GroupLayout {
                         first: next,
                         rows: l.units,
                         row_len,
+                        block: l.unit_rows,
+                        sections: l.sections,
                     });
                 }
             }
@@ -549,7 +600,9 @@ mod tests {
             Some(GroupedRows {
                 first: 0,
                 rows: 4,
-                row_len: 3
+                row_len: 3,
+                block: 1,
+                sections: 1,
             })
         );
         assert_eq!(
@@ -557,7 +610,9 @@ mod tests {
             Some(GroupedRows {
                 first: 0,
                 rows: 4,
-                row_len: 1
+                row_len: 1,
+                block: 1,
+                sections: 1,
             })
         );
         assert_eq!(
@@ -565,12 +620,51 @@ mod tests {
             Some(GroupedRows {
                 first: 4,
                 rows: 2,
-                row_len: 4
+                row_len: 4,
+                block: 1,
+                sections: 1,
             })
         );
         assert_eq!(rows(4), None);
         assert_eq!(rows(5), None);
         let spans: Vec<_> = rows(2).unwrap().spans().collect();
         assert_eq!(spans, vec![(4, 0..4), (5, 4..8)]);
+    }
+
+    #[test]
+    fn a_head_owns_its_rows_of_q_k_and_v() {
+        // 2 heads of 2 features over hidden 4: in_proj [12, 4], bias [12].
+        let shape = |name: &str, shape: &[usize]| ParamShape {
+            name: name.into(),
+            shape: shape.to_vec(),
+        };
+        let shapes = vec![shape("w", &[12, 4]), shape("b", &[12])];
+        let layout = GroupLayout::new(shapes, vec![GroupedLayer::heads("w", "b", 2, 4)]).unwrap();
+        assert_eq!(layout.num_groups(), 2);
+        assert_eq!(layout.layers()[0].size(), 3 * 2 * (4 + 1));
+        let bias: Vec<_> = layout.grouped_rows(1).unwrap().spans().collect();
+        assert_eq!(
+            bias,
+            [
+                (0, 0..2),
+                (1, 2..4),
+                (0, 4..6),
+                (1, 6..8),
+                (0, 8..10),
+                (1, 10..12)
+            ]
+        );
+        let weight: Vec<_> = layout.grouped_rows(0).unwrap().spans().collect();
+        assert_eq!(weight[3], (1, 24..32));
+        let mut params = Params::zeros(layout.shapes());
+        params.get_mut("b").unwrap().data = (1..=12).map(|v| v as f32).collect();
+        let norms = layout.norms(&params).unwrap();
+        let want = |vals: &[f64]| vals.iter().map(|v| v * v).sum::<f64>().sqrt();
+        assert!((norms[0] - want(&[1., 2., 5., 6., 9., 10.])).abs() < 1e-9);
+        layout.mask(&mut params, &[true, false]).unwrap();
+        assert_eq!(
+            params.get("b").unwrap().data,
+            [1., 2., 0., 0., 5., 6., 0., 0., 9., 10., 0., 0.]
+        );
     }
 }

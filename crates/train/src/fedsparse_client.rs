@@ -472,6 +472,22 @@ mod tests {
         }
     }
 
+    /// Two encoder blocks of 2 heads over 8x8 images: groups are heads and MLP units.
+    fn tiny_vit() -> ModelSpec {
+        let shape = fedfuse_core::VitShape {
+            patch: 4,
+            hidden: 8,
+            layers: 2,
+            heads: 2,
+            mlp: 6,
+            ..Default::default()
+        };
+        ModelSpec::Sequential {
+            input: vec![1, 8, 8],
+            layers: shape.layers(3),
+        }
+    }
+
     #[test]
     fn group_units_match_group_norms() {
         for spec in [
@@ -481,6 +497,7 @@ mod tests {
                 side: 28,
                 classes: 10,
             },
+            tiny_vit(),
         ] {
             let p = init_params(&spec, Init::Pfnm, 3);
             let net = convert::build(&spec, &p, &Device::flex()).unwrap();
@@ -500,7 +517,8 @@ mod tests {
 
     #[test]
     fn gates_multiply_the_units_they_belong_to() {
-        // A gate of 0 on a unit acts as its group zeroed, a gate of 1 as no gate.
+        // A gate of 0 on a unit acts as its group zeroed, a gate of 1 as no gate: on a ViT, a
+        // head (its q, k, v rows and biases) of the first block and an MLP unit of the last.
         for spec in [
             ModelSpec::mlp(6, &[5, 4], 3),
             ModelSpec::LeNet5 {
@@ -508,6 +526,7 @@ mod tests {
                 side: 28,
                 classes: 10,
             },
+            tiny_vit(),
         ] {
             let p = init_params(&spec, Init::Pfnm, 8);
             let device = Device::flex();

@@ -14,14 +14,18 @@ pub struct GatePoint {
     /// a batch or group norm that directly follows.
     pub group: GroupedLayer,
     /// The layer whose output the gates multiply: the norm when one follows, else the layer;
-    /// for a residual block, the block itself, whose gates act inside it, after `bn1`.
+    /// for a residual block, the block itself, whose gates act inside it, after `bn1`; for an
+    /// encoder block, the block itself, whose gates multiply each head's output (before
+    /// `out_proj`) and each MLP unit's (after the GELU).
     pub layer: usize,
 }
 
 /// The groups of a layer list: every convolution and linear layer but the last (the one that
-/// writes the logits), and the inner channels of every residual block (`conv1`'s filters with
-/// `bn1`). A block's output channels are not grouped: the identity path carries them on, so
-/// zeroing `conv2` or the shortcut would not remove them. A convolution before a block is
+/// writes the logits), the inner channels of every residual block (`conv1`'s filters with
+/// `bn1`), and each transformer encoder block's attention heads, then its MLP units. A block's
+/// output channels are not grouped: the identity path carries them on, so zeroing `conv2` or
+/// the shortcut would not remove them; nor is a transformer's residual stream, for the same
+/// reason (every block adds to it, and the class token and positional embedding write it too). A convolution before a block is
 /// grouped, but zeroing one of its filters removes only that filter's contribution, for the
 /// blocks add to the channel.
 pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoint>> {
@@ -32,8 +36,9 @@ pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoin
 }
 
 /// [`gate_points`], each with the index of the layer whose units it groups (the convolution,
-/// linear layer or residual block, not the norm after it) and, for a block, which of its
-/// inner convolutions writes them (0 otherwise).
+/// linear layer, residual or encoder block, not the norm after it) and, for a block, which of
+/// its inner convolutions writes them (for an encoder block, 0 for the heads and 1 for the MLP
+/// units; 0 otherwise).
 fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, usize, GatePoint)>> {
     let (shapes, _) = chain(FeatureShape::of(input)?, layers)?;
     let last = layers
@@ -69,15 +74,35 @@ fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, u
                     i,
                     k,
                     GatePoint {
-                        group: GroupedLayer {
-                            weight: format!("{i}.{}.weight", BlockShape::conv_name(k)),
+                        group: GroupedLayer::rows(
+                            &format!("{i}.{}.weight", BlockShape::conv_name(k)),
                             per_unit,
-                            units: conv.rows,
-                            fan_in: cols,
-                        },
+                            conv.rows,
+                            cols,
+                        ),
                         layer: i,
                     },
                 ));
+            }
+            continue;
+        }
+        if let LayerSpec::Encoder { heads, mlp, .. } = *layer {
+            let hidden = input.channels();
+            let attention = format!("{i}.self_attention");
+            let heads = GroupedLayer::heads(
+                &format!("{attention}.in_proj_weight"),
+                &format!("{attention}.in_proj_bias"),
+                heads,
+                hidden,
+            );
+            let units = GroupedLayer::dense(
+                &format!("{i}.mlp.0.weight"),
+                &format!("{i}.mlp.0.bias"),
+                mlp,
+                hidden,
+            );
+            for (k, group) in [heads, units].into_iter().enumerate() {
+                points.push((i, k, GatePoint { group, layer: i }));
             }
             continue;
         }
@@ -122,12 +147,7 @@ fn grouped_layers(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<(usize, u
             i,
             0,
             GatePoint {
-                group: GroupedLayer {
-                    weight,
-                    per_unit,
-                    units,
-                    fan_in,
-                },
+                group: GroupedLayer::rows(&weight, per_unit, units, fan_in),
                 layer: at,
             },
         ));
@@ -156,6 +176,9 @@ pub struct UnitUse {
     pub block: usize,
     /// Channel groups of a reading convolution (1 otherwise); see the type's docs.
     pub groups: usize,
+    /// Equal sections of `axis` that each hold every unit's block (the unit owns its block in
+    /// each): 3 for an attention's packed q, k and v rows, else 1.
+    pub sections: usize,
 }
 
 impl UnitUse {
@@ -165,6 +188,7 @@ impl UnitUse {
             axis,
             block,
             groups: 1,
+            sections: 1,
         }
     }
 
@@ -172,9 +196,11 @@ impl UnitUse {
     /// as ranges of flat indices in increasing order; empty for a unit the tensor does not
     /// hold.
     pub fn ranges(&self, shape: &[usize], unit: usize) -> Vec<Range<usize>> {
-        let Some(&len) = shape.get(self.axis) else {
+        let Some(&full) = shape.get(self.axis) else {
             return Vec::new();
         };
+        let sections = self.sections.max(1);
+        let len = full / sections;
         let per_group = len / self.block.max(1);
         let groups = if self.axis == 0 {
             1
@@ -193,9 +219,11 @@ impl UnitUse {
         let rows_per_part = shape.first().map_or(0, |&r| r / groups);
         (0..outer)
             .filter(|o| groups == 1 || (o / per_row) / rows_per_part.max(1) == part)
-            .map(|o| {
-                let start = o * len * inner + p * span;
-                start..start + span
+            .flat_map(|o| {
+                (0..sections).map(move |q| {
+                    let start = o * full * inner + q * len * inner + p * span;
+                    start..start + span
+                })
             })
             .collect()
     }
@@ -267,6 +295,30 @@ pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>>
             identity: false,
             tied: 1,
         };
+        if let LayerSpec::Encoder { .. } = layers[i] {
+            // The heads (k = 0) own their q, k and v rows and are read by `out_proj`'s
+            // columns, `head_dim` per head; the MLP units (k = 1) own `mlp.0`'s rows and are
+            // read by `mlp.3`'s columns.
+            let g = &point.group;
+            let (bias, reader) = match k {
+                0 => (
+                    format!("{i}.self_attention.in_proj_bias"),
+                    format!("{i}.self_attention.out_proj.weight"),
+                ),
+                _ => (format!("{i}.mlp.0.bias"), format!("{i}.mlp.3.weight")),
+            };
+            let sectioned = |tensor: String, axis: usize, sections: usize| UnitUse {
+                sections,
+                ..UnitUse::new(tensor, axis, g.unit_rows)
+            };
+            uses.own = vec![
+                sectioned(g.weight.clone(), 0, g.sections),
+                sectioned(bias, 0, g.sections),
+            ];
+            uses.readers.push(sectioned(reader, 1, 1));
+            out.push(uses);
+            continue;
+        }
         if let Some(block) = layers[i].block() {
             let conv = BlockShape::conv_name(k);
             if block.norm == BlockNorm::None {
@@ -296,10 +348,8 @@ pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>>
         for (j, layer) in layers.iter().enumerate().skip(i + 1) {
             let at = input_of(j);
             let reader = |name: &str, groups: usize| UnitUse {
-                tensor: format!("{j}.{name}"),
-                axis: 1,
-                block,
                 groups,
+                ..UnitUse::new(format!("{j}.{name}"), 1, block)
             };
             match *layer {
                 LayerSpec::Conv2d { groups, .. } => {
@@ -387,6 +437,12 @@ pub fn permutation_groups(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<U
     let mut out = Vec::new();
     for uses in unit_uses(input, layers)? {
         let i = uses.layer;
+        // A transformer's heads are not a plain permutation (q, k and v move together, and
+        // features within a head may move too), and its stream runs through every block:
+        // `fedfuse_fuse`'s transformer matching owns those groups.
+        if let LayerSpec::Encoder { .. } = layers[i] {
+            continue;
+        }
         if let Some(b) = layers[i].block() {
             // A block's inner groups come first; after its last, the stream it projects.
             let last_inner = uses.own.first().map(|u| u.tensor.as_str())
@@ -477,10 +533,8 @@ fn follow_stream(
     for (j, layer) in layers.iter().enumerate().skip(from) {
         let at = input_of(j);
         let reader = |name: &str, groups: usize| UnitUse {
-            tensor: format!("{j}.{name}"),
-            axis: 1,
-            block,
             groups,
+            ..UnitUse::new(format!("{j}.{name}"), 1, block)
         };
         match *layer {
             LayerSpec::Residual { .. } | LayerSpec::Bottleneck { .. } => {

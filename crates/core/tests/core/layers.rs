@@ -164,6 +164,7 @@ fn groups_are_filters_and_units_with_the_norm_that_follows() {
 
 fn used(tensor: &str, axis: usize, block: usize, groups: usize) -> UnitUse {
     UnitUse {
+        sections: 1,
         tensor: tensor.into(),
         axis,
         block,
@@ -618,4 +619,75 @@ fn bottleneck_widths_are_checked() {
         let parsed: Result<LayerSpec, _> = serde_json::from_str(text);
         assert!(parsed.is_err(), "{text}");
     }
+}
+
+/// A ViT's groups: per encoder block its heads (a head's q, k and v rows with their biases,
+/// read by `out_proj`'s columns) and its MLP units (`mlp.0`'s rows, read by `mlp.3`'s
+/// columns); the stream and the classifier are ungated. The unit map and the gate layout
+/// agree on every value, and matching's permutation groups leave the blocks to the
+/// transformer matcher.
+#[test]
+fn a_vits_groups_are_its_heads_and_mlp_units() {
+    let spec = ModelSpec::Sequential {
+        input: vec![1, 8, 8],
+        layers: fedfuse_core::VitShape {
+            patch: 4,
+            hidden: 8,
+            layers: 2,
+            heads: 2,
+            mlp: 6,
+            ..Default::default()
+        }
+        .layers(3),
+    };
+    spec.validate().unwrap();
+    check_uses_partition(&spec);
+    let ModelSpec::Sequential { input, layers } = &spec else {
+        unreachable!()
+    };
+    let layout = GroupLayout::of_model(&spec);
+    let units: Vec<usize> = layout.layers().iter().map(|g| g.units).collect();
+    assert_eq!(units, [2, 6, 2, 6]);
+    assert_eq!(layout.layers()[0].weight, "1.self_attention.in_proj_weight");
+    assert_eq!(layout.layers()[0].size(), 3 * 4 * (8 + 1));
+    assert_eq!(layout.layers()[3].per_unit, ["2.mlp.0.bias"]);
+    let uses = unit_uses(input, layers).unwrap();
+    // Head 1 of 2 (4 features) owns rows 4..8 of q, k and v: values 32..64, 96..128, 160..192.
+    let head = &uses[0].own[0];
+    assert_eq!(head.ranges(&[24, 8], 1), [32..64, 96..128, 160..192]);
+    assert_eq!(
+        uses[0].readers,
+        [used("1.self_attention.out_proj.weight", 1, 4, 1)]
+    );
+    assert_eq!(names(&uses[1].readers), ["1.mlp.3.weight"]);
+    // The layout's spans of each grouped tensor are the unit map's ranges.
+    let shapes = spec.param_shapes();
+    for (t, shape) in shapes.iter().enumerate() {
+        let Some(rows) = layout.grouped_rows(t) else {
+            continue;
+        };
+        let (l, u) = (0..layout.layers().len())
+            .find_map(|l| {
+                uses[l]
+                    .own
+                    .iter()
+                    .find(|o| o.tensor == shape.name)
+                    .map(|o| (l, o))
+            })
+            .unwrap();
+        for unit in 0..uses[l].units {
+            let mut spans: Vec<_> = rows
+                .spans()
+                .filter(|(g, _)| *g == layout.layer_groups(l).start + unit)
+                .map(|(_, r)| r)
+                .collect();
+            spans.sort_by_key(|r| r.start);
+            assert_eq!(spans, u.ranges(&shape.shape, unit), "{}", shape.name);
+        }
+    }
+    assert!(
+        fedfuse_core::layers::permutation_groups(input, layers)
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -127,7 +127,6 @@ impl FedDrop {
     /// FedDrop for `spec`, dropping a `fraction` in [0, 1) ([`FedDropSettings::check`]);
     /// the model needs a hidden layer.
     pub fn new(fraction: f64, spec: &ModelSpec, seed: u64) -> Result<Self> {
-        super::refuse_transformer(spec, "FedDrop drops hidden units")?;
         let hidden: Vec<usize> = GroupLayout::of_model(spec)
             .layers()
             .iter()

@@ -65,7 +65,6 @@ pub struct FedL1 {
 impl FedL1 {
     /// FedL1 for `spec`, with a non-negative `l1` and `threshold` ([`FedL1Settings::check`]).
     pub fn new(l1: f64, threshold: f64, spec: &ModelSpec) -> Result<Self> {
-        super::refuse_transformer(spec, "FedL1 penalises hidden units")?;
         Ok(Self {
             l1,
             groups: GroupLayout::of_model(spec),

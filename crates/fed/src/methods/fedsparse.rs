@@ -173,7 +173,6 @@ impl FedSparse {
                 reason: "client and server must use the same gate temperature".into(),
             });
         }
-        super::refuse_transformer(spec, "FedSparse gates hidden units")?;
         let layout = GroupLayout::of_model(spec);
         if layout.layers().is_empty() {
             return Err(FedError::InvalidSetting {

@@ -51,26 +51,9 @@ pub use privacy::{CentralDp, DpSampling, LocalDp, PrivacySettings};
 pub use separate_inits::SeparateInits;
 pub use weight_matching::WeightMatching;
 
-/// Refuses a transformer for a method that acts on unit groups (`acts`: "FedSparse gates
-/// hidden units"): a ViT's groups (attention heads, MLP units, the residual stream) are not
-/// built yet, and gating only the layers before its first transformer layer would look like
-/// the method while doing almost nothing.
-pub(crate) fn refuse_transformer(spec: &ModelSpec, acts: &str) -> Result<()> {
-    match spec.layer_list().iter().position(LayerSpec::is_transformer) {
-        Some(i) => Err(FedError::InvalidSetting {
-            field: "model",
-            reason: format!(
-                "{acts}, and a transformer's (its attention heads and MLP units, \
-                 model.layers[{i}] on) are not grouped yet; run it with an averaging method"
-            ),
-        }),
-        None => Ok(()),
-    }
-}
-
 use std::sync::Arc;
 
-use fedfuse_core::{CoreError, LayerSpec, ModelSpec};
+use fedfuse_core::{CoreError, ModelSpec};
 use fedfuse_data::Dataset;
 use fedfuse_fuse::{FuseError, WeightMatchingConfig};
 use fedfuse_train::{Init, TrainError};

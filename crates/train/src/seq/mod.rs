@@ -170,7 +170,8 @@ impl SeqNet {
                 Layer::Encoder(e) => {
                     let own = drop.get(next_drop..).unwrap_or_default();
                     let mut masks = vit::Masks::new(own);
-                    let y = e.forward(a.tokens(), &mut masks);
+                    let gates = self.gate_at[i].and_then(|slot| gates.get(slot..));
+                    let y = e.forward(a.tokens(), &mut masks, gates);
                     next_drop += masks.taken(own);
                     Act::Tokens(y)
                 }
@@ -206,7 +207,8 @@ impl SeqNet {
                     OpKind::Dropout { .. } => a,
                 },
             };
-            if let (Some(g), false) = (gate, matches!(layer, Layer::Block(_))) {
+            // A block's gates act inside it.
+            if let (Some(g), false) = (gate, matches!(layer, Layer::Block(_) | Layer::Encoder(_))) {
                 a = a.scale(g);
             }
         }
@@ -368,6 +370,23 @@ impl SeqNet {
                         norm_after(next_norm, &mut cols);
                         l.weight.val().transpose()
                     }
+                    // A head's rows of q, k and v and their biases, as one row; no tensor
+                    // holds one value per head.
+                    Layer::Encoder(e) if k == 0 => {
+                        let heads = e.heads;
+                        let mut parts = vec![by_head(e.in_proj.weight.val().transpose(), heads)];
+                        if let Some(b) = &e.in_proj.bias {
+                            parts.push(by_head(b.val(), heads));
+                        }
+                        let device = parts[0].device();
+                        return (Tensor::cat(parts, 1), Tensor::zeros([heads], &device));
+                    }
+                    Layer::Encoder(e) => {
+                        if let Some(b) = &e.mlp_0.bias {
+                            cols.push(b.val());
+                        }
+                        e.mlp_0.weight.val().transpose()
+                    }
                     Layer::Block(b) => match (b.convs.get(k), b.norms.get(k)) {
                         (Some(c), Some(n)) => {
                             let w = conv_rows(c, &mut cols);
@@ -388,6 +407,15 @@ impl SeqNet {
             })
             .collect()
     }
+}
+
+/// A packed q, k, v tensor (`[3 * hidden, ..]`, each section head by head) as one row per head:
+/// `[heads, 3 * values per section per head]`.
+fn by_head<const D: usize>(t: Tensor<D>, heads: usize) -> Tensor<2> {
+    let per_head = t.shape().num_elements() / (3 * heads).max(1);
+    t.reshape([3, heads, per_head])
+        .swap_dims(0, 1)
+        .reshape([heads, 3 * per_head])
 }
 
 #[cfg(test)]

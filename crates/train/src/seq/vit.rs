@@ -166,16 +166,37 @@ impl Encoder {
         ])
     }
 
-    pub(crate) fn forward(&self, x: Tensor<3>, masks: &mut Masks) -> Tensor<3> {
+    /// `gates` (when given) are the block's two gate slots: `[heads]`, multiplying each head's
+    /// output before `out_proj`, and `[mlp]`, multiplying each MLP unit after the GELU. A gate
+    /// of 0 removes the head or unit, as zeroing its group of weights does.
+    pub(crate) fn forward(
+        &self,
+        x: Tensor<3>,
+        masks: &mut Masks,
+        gates: Option<&[Tensor<1>]>,
+    ) -> Tensor<3> {
+        let gate = |k: usize| gates.and_then(|g| g.get(k));
         let qkv = per_token(&self.in_proj, self.ln_1.forward(x.clone()));
         let mask = masks.next(self.attention_dropout);
-        let attended = match super::attention::attend(&qkv, self.heads, mask) {
+        let mut attended = match super::attention::attend(&qkv, self.heads, mask) {
             Some(a) => a,
             None => self.attend_burn(qkv, mask),
         };
+        if let Some(g) = gate(0) {
+            // Head h's features are h * head_dim .. (h + 1) * head_dim.
+            let [n, seq, hidden] = attended.dims();
+            let heads = self.heads;
+            attended = (attended.reshape([n, seq, heads, hidden / heads])
+                * g.clone().reshape([1, 1, heads, 1]))
+            .reshape([n, seq, hidden]);
+        }
         let attention = per_token(&self.out_proj, attended);
         let y = x + masked(attention, masks.next(self.dropout));
-        let hidden_units = gelu(per_token(&self.mlp_0, self.ln_2.forward(y.clone())));
+        let mut hidden_units = gelu(per_token(&self.mlp_0, self.ln_2.forward(y.clone())));
+        if let Some(g) = gate(1) {
+            let [units] = g.dims();
+            hidden_units = hidden_units * g.clone().reshape([1, 1, units]);
+        }
         let hidden_units = masked(hidden_units, masks.next(self.dropout));
         let out = per_token(&self.mlp_3, hidden_units);
         y + masked(out, masks.next(self.dropout))

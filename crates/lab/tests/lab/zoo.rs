@@ -162,6 +162,95 @@ fn fedsparse_prunes_a_vits_heads_and_mlp_units_and_sends_less_than_fedavg() {
     eprintln!("{zero_heads} of 8 heads pruned");
 }
 
+/// FedDrop on a ViT drops whole heads and MLP units: the sub-model it sends zeroes a dropped
+/// head's rows of q, k and v (weights and biases) and its `out_proj` columns, and a dropped
+/// unit's `mlp.0` row, bias and `mlp.3` column; everything else is the global model's.
+#[test]
+fn feddrop_sends_a_vit_without_its_dropped_heads_and_mlp_units() {
+    use fedfuse_fed::FedDrop;
+
+    let cfg = Config::parse(
+        "[method]\nname = \"feddrop\"\nfraction = 0.5",
+        &[
+            format!("data_dir={:?}", mnist_dir().display().to_string()),
+            "rounds=1".into(),
+            "clients=2".into(),
+            "dataset={name=\"mnist\", train_samples=100, test_samples=50}".into(),
+            "model={kind=\"vit\", vit={patch=7, hidden=8, layers=1, heads=2, mlp=8}}".into(),
+        ],
+    )
+    .unwrap();
+    let fed = fedfuse_lab::run::Federation::prepare(&cfg).unwrap();
+    let spec = fed.spec.clone().unwrap();
+    let kept = FedDrop::new(0.5, &spec, cfg.seed).unwrap().kept(1);
+    assert_eq!(kept.iter().map(Vec::len).collect::<Vec<_>>(), [1, 4]);
+    let sent = fed.method.instruct(1, 0, &fed.init).unwrap().params;
+    let get = |p: &Params, name: &str| p.get(&format!("1.{name}")).unwrap().data.clone();
+    // Head h (features 4h..4h+4) of 2: rows s * 8 + 4h + f of in_proj [24, 8], s = q, k, v.
+    let (w, b, out) = (
+        get(&sent, "self_attention.in_proj_weight"),
+        get(&sent, "self_attention.in_proj_bias"),
+        get(&sent, "self_attention.out_proj.weight"),
+    );
+    let (w0, b0, out0) = (
+        get(&fed.init, "self_attention.in_proj_weight"),
+        get(&fed.init, "self_attention.in_proj_bias"),
+        get(&fed.init, "self_attention.out_proj.weight"),
+    );
+    for head in 0..2 {
+        let on = kept[0].contains(&head);
+        for row in (0..3).flat_map(|s| (0..4).map(move |f| s * 8 + head * 4 + f)) {
+            let want = |v0: f32| if on { v0 } else { 0.0 };
+            assert_eq!(b[row], want(b0[row]), "bias {row}");
+            for c in 0..8 {
+                assert_eq!(
+                    w[row * 8 + c],
+                    want(w0[row * 8 + c]),
+                    "in_proj [{row}, {c}]"
+                );
+                // out_proj [8, 8]: row c reads this head's features in columns 4h..4h+4.
+                let col = c * 8 + head * 4 + row % 4;
+                assert_eq!(out[col], want(out0[col]), "out_proj {col}");
+            }
+        }
+    }
+    let (m0, mb, m3) = (
+        get(&sent, "mlp.0.weight"),
+        get(&sent, "mlp.0.bias"),
+        get(&sent, "mlp.3.weight"),
+    );
+    let (i0, ib, i3) = (
+        get(&fed.init, "mlp.0.weight"),
+        get(&fed.init, "mlp.0.bias"),
+        get(&fed.init, "mlp.3.weight"),
+    );
+    for unit in 0..8 {
+        let on = kept[1].contains(&unit);
+        let want = |v0: f32| if on { v0 } else { 0.0 };
+        assert_eq!(mb[unit], want(ib[unit]));
+        for f in 0..8 {
+            assert_eq!(
+                m0[unit * 8 + f],
+                want(i0[unit * 8 + f]),
+                "mlp.0 [{unit}, {f}]"
+            );
+            assert_eq!(
+                m3[f * 8 + unit],
+                want(i3[f * 8 + unit]),
+                "mlp.3 [{f}, {unit}]"
+            );
+        }
+    }
+    // The stream's tensors travel whole.
+    for name in [
+        "1.ln_1.weight",
+        "1.self_attention.out_proj.bias",
+        "1.mlp.3.bias",
+    ] {
+        assert_eq!(sent.get(name), fed.init.get(name), "{name}");
+    }
+}
+
 /// A PyTorch-style file: no recorded order, tensors sorted as safetensors sorts them, batch
 /// norm's counter as I64.
 fn pytorch_file(params: &Params, path: &Path) {

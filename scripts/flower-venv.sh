@@ -16,6 +16,9 @@ pins=(
     numpy==2.4.6
     maturin==1.16.0
     pytest==9.2.0
+    # CI spreads the Flower tests over two workers (most of their time is Flower's polls).
+    pytest-xdist==3.8.0
+    execnet==2.1.2
     safetensors==0.8.0
     # flwr[dp]'s accountant backend: the published RDP accountant fedfuse's is checked against.
     dp-accounting==0.6.0

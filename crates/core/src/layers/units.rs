@@ -25,9 +25,9 @@ pub struct GatePoint {
 /// `bn1`), and each transformer encoder block's attention heads, then its MLP units. A block's
 /// output channels are not grouped: the identity path carries them on, so zeroing `conv2` or
 /// the shortcut would not remove them; nor is a transformer's residual stream, for the same
-/// reason (every block adds to it, and the class token and positional embedding write it too). A convolution before a block is
-/// grouped, but zeroing one of its filters removes only that filter's contribution, for the
-/// blocks add to the channel.
+/// reason (every block adds to it, and the class token and positional embedding write it
+/// too). A convolution before a block is grouped, but zeroing one of its filters removes only
+/// that filter's contribution, for the blocks add to the channel.
 pub fn gate_points(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<GatePoint>> {
     Ok(grouped_layers(input, layers)?
         .into_iter()
@@ -300,22 +300,19 @@ pub fn unit_uses(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<UnitUses>>
             // columns, `head_dim` per head; the MLP units (k = 1) own `mlp.0`'s rows and are
             // read by `mlp.3`'s columns.
             let g = &point.group;
-            let (bias, reader) = match k {
-                0 => (
-                    format!("{i}.self_attention.in_proj_bias"),
-                    format!("{i}.self_attention.out_proj.weight"),
-                ),
-                _ => (format!("{i}.mlp.0.bias"), format!("{i}.mlp.3.weight")),
+            let reader = match k {
+                0 => "self_attention.out_proj.weight",
+                _ => "mlp.3.weight",
             };
             let sectioned = |tensor: String, axis: usize, sections: usize| UnitUse {
                 sections,
                 ..UnitUse::new(tensor, axis, g.unit_rows)
             };
-            uses.own = vec![
-                sectioned(g.weight.clone(), 0, g.sections),
-                sectioned(bias, 0, g.sections),
-            ];
-            uses.readers.push(sectioned(reader, 1, 1));
+            uses.own = std::iter::once(&g.weight)
+                .chain(&g.per_unit)
+                .map(|t| sectioned(t.clone(), 0, g.sections))
+                .collect();
+            uses.readers.push(sectioned(format!("{i}.{reader}"), 1, 1));
             out.push(uses);
             continue;
         }

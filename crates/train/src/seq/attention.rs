@@ -19,6 +19,7 @@ use rayon::prelude::*;
 
 use super::affine::{AdTensor, contiguous_f32, flex, values};
 use super::gelu::exp_nonpositive;
+use super::kernels::{LANES, lane_sum};
 
 /// Sizes of one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,23 +43,6 @@ impl Dims {
     fn weights(&self) -> usize {
         self.heads * self.seq * self.seq
     }
-}
-
-/// Lanes of the softmax's sums: fixed here, so every vector width adds in the same order.
-const LANES: usize = 8;
-
-/// The sum of `row` over [`LANES`] partial sums (then the remainder), vectorisable.
-#[inline(always)]
-fn lane_sum(row: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let mut chunks = row.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += v;
-        }
-    }
-    let tail: f32 = chunks.remainder().iter().sum();
-    acc.iter().sum::<f32>() + tail
 }
 
 /// `row` scaled by `scale`, then its softmax, in place. Separate loops, so that the scaling,

@@ -32,7 +32,7 @@ use fedfuse_core::linalg::{Mat, matmul};
 use rayon::prelude::*;
 
 use super::affine::{self, AdTensor, AffineState, Grads, contiguous_f32, flex, values};
-use super::kernels::with_kept;
+use super::kernels::{lane_sum, with_kept};
 use super::winograd;
 
 /// `conv.forward(x)` for fedfuse's layers, with the custom op where it applies.
@@ -157,9 +157,10 @@ impl Geom {
         self.ho * self.wo
     }
 
-    /// The Winograd shape of a 3×3 stride-1 convolution without groups, where it pays.
+    /// The Winograd shape of a 3×3 or 5×5 stride-1 convolution without groups, where it pays.
     fn winograd(&self) -> Option<winograd::Shape> {
         let s = winograd::Shape {
+            k: self.kh,
             c_in: self.c_in,
             c_out: self.c_out,
             h: self.h,
@@ -169,7 +170,8 @@ impl Geom {
             pt: self.pt,
             pl: self.pl,
         };
-        let fits = (self.kh, self.kw, self.sh, self.sw, self.groups) == (3, 3, 1, 1, 1);
+        let fits = matches!(self.kh, 3 | 5)
+            && (self.kw, self.sh, self.sw, self.groups) == (self.kh, 1, 1, 1);
         (fits && s.worth_it()).then_some(s)
     }
 
@@ -637,7 +639,7 @@ fn with_col<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 fn bias_grad(dy: &[f32], g: &Geom) -> Vec<f32> {
     let mut sums = vec![0f64; g.c_out];
     for (row, o) in dy.chunks_exact(g.pixels()).zip((0..g.c_out).cycle()) {
-        sums[o] += f64::from(row.iter().sum::<f32>());
+        sums[o] += f64::from(lane_sum(row));
     }
     sums.into_iter().map(|s| s as f32).collect()
 }
@@ -875,10 +877,41 @@ mod tests {
     }
 
     #[test]
+    fn winograd_5x5_convs_match_burn() {
+        // 5×5 stride 1, no groups, 16 channels or more: F(2×2, 5×5).
+        assert!(
+            super::Geom::new(
+                &layer(&case(1, [16, 16], 8, 5, 1, 2), &Device::flex(), 1),
+                [1, 16, 8, 8]
+            )
+            .and_then(|g| g.winograd())
+            .is_some_and(|s| s.k == 5)
+        );
+        // cnn-leaf's second convolution (14×14, padding 2, 32 -> 64), two samples.
+        check(Case {
+            bias: true,
+            ..case(2, [32, 64], 14, 5, 1, 2)
+        });
+        // Odd planes, no padding, uneven padding reach, a plane smaller than a tile.
+        check(case(2, [16, 20], 9, 5, 1, 2));
+        check(case(2, [17, 16], 11, 5, 1, 0));
+        check(case(1, [16, 18], 5, 5, 1, 3));
+        check(case(2, [16, 16], 1, 5, 1, 2));
+        // Planes of 144 tiles: one sample per chunk.
+        check(case(2, [16, 16], 24, 5, 1, 2));
+    }
+
+    #[test]
     fn winograd_batches_of_several_tasks_give_the_same_bits_on_every_thread_count() {
         let c = Case {
             bias: true,
             ..case(super::SAMPLES_PER_TASK * 2 + 3, [16, 24], 12, 3, 1, 1)
+        };
+        check(Case { ..c });
+        same_bits_on_1_and_3_threads(&c);
+        let c = Case {
+            bias: true,
+            ..case(super::SAMPLES_PER_TASK * 2 + 3, [16, 24], 10, 5, 1, 2)
         };
         check(Case { ..c });
         same_bits_on_1_and_3_threads(&c);

@@ -33,6 +33,24 @@ macro_rules! widest {
     };
 }
 
+/// Lanes of [`lane_sum`]: fixed here, so every vector width adds in the same order.
+pub(crate) const LANES: usize = 8;
+
+/// The sum of `row` over [`LANES`] partial sums (then the remainder), vectorisable: a plain
+/// `sum` is one chain of dependent adds.
+#[inline(always)]
+pub(crate) fn lane_sum(row: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().sum();
+    acc.iter().sum::<f32>() + tail
+}
+
 /// Runs `f` on `len` values of the calling thread's buffer `key`, grown as needed and kept
 /// between calls; its contents are stale.
 pub(crate) fn with_kept<R>(

@@ -1,5 +1,6 @@
 //! Winograd's minimal filtering F(2×2, 3×3) for the 3×3 stride-1 convolutions (Lavin and
-//! Gray, "Fast Algorithms for Convolutional Neural Networks", 2016).
+//! Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), and F(2×2, 5×5) for the
+//! 5×5 ones ([`five`]: 6×6 tiles, 36 products per channel pair where im2col does 100).
 //!
 //! Each 2×2 block of outputs (a *tile*) comes from a 4×4 input patch `d` and a 3×3 kernel `g`
 //! as `Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A`: 16 products per channel pair instead of im2col's 36. Summed
@@ -18,22 +19,25 @@
 //!
 //! Arrays: `U` is `[16][c_out][c_in]`, `dU` `[16][c_in][c_out]` (each block column-major);
 //! `V` and `dV` `[16][c_in][n]`, `M` and `Z` `[16][c_out][n]`, their blocks `BLOCK_PAD` floats
-//! apart, with a chunk's `n` tiles numbered sample by sample, then row-major over the grid.
+//! apart, with a chunk's `n` tiles numbered sample by sample, then row-major over the grid
+//! (36 blocks for F(2×2, 5×5)). The GEMMs and the chunking are shared; each kernel size has
+//! its own transforms ([`Transforms`]).
 
 use fedfuse_core::linalg::{Mat, matmul};
 
 use super::kernels::with_kept;
 
+mod five;
+
 /// Input and output channels below which im2col stays: the GEMMs' inner dimension is the
 /// channel count here (9× the channels with im2col), and the transforms cost per channel.
 const MIN_CHANNELS: usize = 16;
 
-/// Transformed tile positions (4×4).
-const E: usize = 16;
-
-/// A convolution Winograd covers: 3×3 kernel, stride 1, no groups or dilation.
+/// A convolution Winograd covers: a 3×3 or 5×5 kernel, stride 1, no groups or dilation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Shape {
+    /// Kernel side: 3 or 5.
+    pub k: usize,
     pub c_in: usize,
     pub c_out: usize,
     pub h: usize,
@@ -51,6 +55,18 @@ impl Shape {
         self.c_in >= MIN_CHANNELS && self.c_out >= MIN_CHANNELS
     }
 
+    /// Transformed tile positions: `(k + 1)²`.
+    fn e(&self) -> usize {
+        (self.k + 1) * (self.k + 1)
+    }
+
+    fn transforms(&self) -> &'static Transforms {
+        match self.k {
+            5 => &five::TRANSFORMS,
+            _ => &THREE,
+        }
+    }
+
     fn th(&self) -> usize {
         self.ho.div_ceil(2)
     }
@@ -64,23 +80,63 @@ impl Shape {
     }
 
     /// The zero-padded input plane the tiles read: padded `(py, px)` is input
-    /// `(py − pt, px − pl)`. It holds the whole input, since `ho = h + pt + pb − 2`.
+    /// `(py − pt, px − pl)`. It holds the whole input, since `ho = h + pt + pb − k + 1`.
     fn ph(&self) -> usize {
-        2 * self.th() + 2
+        2 * self.th() + self.k - 1
     }
 
     fn pw(&self) -> usize {
-        2 * self.tw() + 2
+        2 * self.tw() + self.k - 1
     }
 }
 
+/// A plane-wise transform: input, its transpose, or the output gradient's (source, shape,
+/// chunk, destination, scratch).
+type PlaneTransform = fn(&[f32], &Shape, &Chunk, &mut [f32], &mut [f32]);
+
+/// The output transform: [`PlaneTransform`] with the bias.
+type OutputTransform = fn(&[f32], &Shape, &Chunk, Option<&[f32]>, &mut [f32], &mut [f32]);
+
+/// One kernel size's transforms (see [`input_transform`] and the others for what each does).
+struct Transforms {
+    weights: fn(&[f32], &Shape) -> Vec<f32>,
+    weight_grad: fn(&[f32], &Shape) -> Vec<f32>,
+    input: PlaneTransform,
+    input_t: PlaneTransform,
+    output: OutputTransform,
+    grad: PlaneTransform,
+    /// Scratch the transforms of one plane use.
+    scratch: fn(&Shape) -> usize,
+}
+
+const THREE: Transforms = Transforms {
+    weights: weights3,
+    weight_grad: weight_grad3,
+    input: input_transform,
+    input_t: input_transform_t,
+    output: output_transform,
+    grad: grad_transform,
+    scratch: rows_len,
+};
+
 /// Length of `U` and `dU`.
 pub(super) fn transformed_len(s: &Shape) -> usize {
-    E * s.c_out * s.c_in
+    s.e() * s.c_out * s.c_in
+}
+
+/// The transformed weights `U` of `w` (`[c_out, c_in, k, k]`).
+pub(super) fn weights(w: &[f32], s: &Shape) -> Vec<f32> {
+    (s.transforms().weights)(w, s)
+}
+
+/// The weight gradient (`[c_out, c_in, k, k]`) from the summed `dU`, whose blocks are
+/// column-major (`dU[e]` entry `(o, c)` at `c·c_out + o`).
+pub(super) fn weight_grad(du: &[f32], s: &Shape) -> Vec<f32> {
+    (s.transforms().weight_grad)(du, s)
 }
 
 /// `U = G g Gᵀ` for every kernel of `w` (`[c_out, c_in, 3, 3]`).
-pub(super) fn weights(w: &[f32], s: &Shape) -> Vec<f32> {
+fn weights3(w: &[f32], s: &Shape) -> Vec<f32> {
     let pairs = s.c_out * s.c_in;
     let mut u = vec![0f32; transformed_len(s)];
     for (p, g) in w.chunks_exact(9).enumerate().take(pairs) {
@@ -106,9 +162,8 @@ pub(super) fn weights(w: &[f32], s: &Shape) -> Vec<f32> {
     u
 }
 
-/// The weight gradient `Gᵀ dU G` (`[c_out, c_in, 3, 3]`) from the summed `dU`, whose blocks
-/// are column-major (`dU[e]` entry `(o, c)` at `c·c_out + o`).
-pub(super) fn weight_grad(du: &[f32], s: &Shape) -> Vec<f32> {
+/// The weight gradient `Gᵀ dU G` of a 3×3 kernel.
+fn weight_grad3(du: &[f32], s: &Shape) -> Vec<f32> {
     let pairs = s.c_out * s.c_in;
     let mut dw = vec![0f32; 9 * pairs];
     for (p, out) in dw.chunks_exact_mut(9).enumerate() {
@@ -204,18 +259,19 @@ pub(super) fn forward_task(x: &[f32], u: &[f32], bias: Option<&[f32]>, s: &Shape
     let (x_len, y_len) = (s.c_in * s.h * s.w, s.c_out * s.ho * s.wo);
     let per = Chunk::samples(s, x.len() / x_len);
     let full = Chunk::new(s, per);
-    let (v_len, m_len) = (E * full.v_stride, E * full.m_stride);
-    with_scratch(v_len + m_len + rows_len(s), |buf| {
+    let t = s.transforms();
+    let (v_len, m_len) = (s.e() * full.v_stride, s.e() * full.m_stride);
+    with_scratch(v_len + m_len + (t.scratch)(s), |buf| {
         let (v, rest) = buf.split_at_mut(v_len);
         let (m, rows) = rest.split_at_mut(m_len);
         for (x, y) in x.chunks(per * x_len).zip(y.chunks_mut(per * y_len)) {
             let ch = Chunk::new(s, x.len() / x_len);
-            input_transform(x, s, &ch, v, rows);
-            for e in 0..E {
+            (t.input)(x, s, &ch, v, rows);
+            for e in 0..s.e() {
                 let dst = &mut m[e * ch.m_stride..][..s.c_out * ch.n];
                 matmul(dst, (ch.n, 1), u_block(u, e, s), ch.v(v, e, s), false);
             }
-            output_transform(m, s, &ch, bias, y, rows);
+            (t.output)(m, s, &ch, bias, y, rows);
         }
     });
 }
@@ -233,9 +289,10 @@ pub(super) fn backward_task(
     let (x_len, y_len) = (s.c_in * s.h * s.w, s.c_out * s.ho * s.wo);
     let per = Chunk::samples(s, x.len() / x_len);
     let full = Chunk::new(s, per);
-    let (v_len, z_len) = (E * full.v_stride, E * full.m_stride);
+    let t = s.transforms();
+    let (v_len, z_len) = (s.e() * full.v_stride, s.e() * full.m_stride);
     let mut du = need_w.then(|| vec![0f32; transformed_len(s)]);
-    with_scratch(v_len + z_len + rows_len(s), |buf| {
+    with_scratch(v_len + z_len + (t.scratch)(s), |buf| {
         let (v, rest) = buf.split_at_mut(v_len);
         let (z, rows) = rest.split_at_mut(z_len);
         for (ci, (x, dy)) in x
@@ -244,10 +301,10 @@ pub(super) fn backward_task(
             .enumerate()
         {
             let ch = Chunk::new(s, x.len() / x_len);
-            grad_transform(dy, s, &ch, z, rows);
+            (t.grad)(dy, s, &ch, z, rows);
             if let Some(du) = du.as_deref_mut() {
-                input_transform(x, s, &ch, v, rows);
-                for e in 0..E {
+                (t.input)(x, s, &ch, v, rows);
+                for e in 0..s.e() {
                     // Column-major, so that gemm packs `Z[e]` and `V[e]` as they lie; summed
                     // over the chunks in order.
                     let due = &mut du[e * s.c_out * s.c_in..][..s.c_out * s.c_in];
@@ -256,12 +313,12 @@ pub(super) fn backward_task(
             }
             if let Some(dx) = dx.as_deref_mut() {
                 // `V` is spent: it now receives dV.
-                for e in 0..E {
+                for e in 0..s.e() {
                     let dst = &mut v[e * ch.v_stride..][..s.c_in * ch.n];
                     matmul(dst, (ch.n, 1), u_block(u, e, s).t(), ch.m(z, e, s), false);
                 }
                 let dx = &mut dx[ci * per * x_len..][..x.len()];
-                input_transform_t(v, s, &ch, dx, rows);
+                (t.input_t)(v, s, &ch, dx, rows);
             }
         }
     });
@@ -304,25 +361,38 @@ fn rows_len(s: &Shape) -> usize {
     8 * s.ph() * s.tw() + 16 * s.tiles() + 2 * s.pw()
 }
 
-/// The four blocks `first, first + step, …` of an `[16][len]` array, each from `at` for `n`
+/// The `K` blocks `first, first + step, …` of an `[E][len]` array, each from `at` for `n`
 /// values.
-fn blocks(a: &[f32], first: usize, step: usize, len: usize, at: usize, n: usize) -> [&[f32]; 4] {
+fn blocks<const K: usize>(
+    a: &[f32],
+    first: usize,
+    step: usize,
+    len: usize,
+    at: usize,
+    n: usize,
+) -> [&[f32]; K] {
     std::array::from_fn(|j| &a[(first + j * step) * len + at..][..n])
 }
 
 /// [`blocks`], mutable.
-fn blocks_mut(
+fn blocks_mut<const K: usize>(
     a: &mut [f32],
     first: usize,
     step: usize,
     len: usize,
     at: usize,
     n: usize,
-) -> [&mut [f32]; 4] {
-    let mut runs = a.chunks_exact_mut(len).skip(first).step_by(step);
-    std::array::from_fn(|_| match runs.next() {
-        Some(b) => &mut b[at..at + n],
-        None => unreachable!("the array holds 16 blocks"),
+) -> [&mut [f32]; K] {
+    // Cut front to back: block j starts at `(first + j·step)·len + at`, past block j − 1.
+    let mut rest = a;
+    let mut start = 0;
+    std::array::from_fn(|j| {
+        let begin = (first + j * step) * len + at;
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(begin - start);
+        let (block, tail) = tail.split_at_mut(n);
+        rest = tail;
+        start = begin + n;
+        block
     })
 }
 
@@ -439,12 +509,12 @@ fn add_into(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// The first four `len`-long runs of `buf`.
-fn split4(buf: &mut [f32], len: usize) -> [&mut [f32]; 4] {
+/// The first `K` `len`-long runs of `buf`.
+fn split<const K: usize>(buf: &mut [f32], len: usize) -> [&mut [f32]; K] {
     let mut runs = buf.chunks_exact_mut(len);
     std::array::from_fn(|_| match runs.next() {
         Some(r) => r,
-        None => unreachable!("the buffer holds four runs"),
+        None => unreachable!("the buffer holds K runs"),
     })
 }
 
@@ -455,9 +525,9 @@ fn split4(buf: &mut [f32], len: usize) -> [&mut [f32]; 4] {
 // of `ph·tw`, and in the row pass, rows `2·ty + i` of every tile row are the contiguous run
 // of `tiles` starting at even or odd row `0` or `1`.
 
-/// The padded row `py` (`0..ph`) of a `[ph][tw]` tap array: even rows first.
+/// The padded row `py` (`0..ph`) of a `[ph][tw]` tap array: even rows first (`ph` is even).
 fn tap_row(py: usize, s: &Shape) -> usize {
-    (py % 2) * (s.th() + 1) + py / 2
+    (py % 2) * (s.ph() / 2) + py / 2
 }
 
 /// The taps of a padded row (`2·tw + 2` long): `p_k[tx] = row[2·tx + k]`.
@@ -502,8 +572,8 @@ fn input_transform_at(x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: 
     let (taps_buf, rest) = scratch.split_at_mut(4 * plane);
     let (cols, rest) = rest.split_at_mut(4 * plane);
     let row = &mut rest[..s.pw()];
-    let [p0, p1, p2, p3] = split4(taps_buf, plane);
-    let [c0, c1, c2, c3] = split4(cols, plane);
+    let [p0, p1, p2, p3] = split(taps_buf, plane);
+    let [c0, c1, c2, c3] = split(cols, plane);
     for (b, xc) in x.chunks_exact(s.h * s.w).enumerate() {
         let (si, c) = (b / s.c_in, b % s.c_in);
         for py in 0..s.ph() {
@@ -539,8 +609,8 @@ fn input_transform_t_at(dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scrat
     let (q, rest) = rest.split_at_mut(2 * tiles);
     let (q2, q3) = q.split_at_mut(tiles);
     let row = &mut rest[..s.pw()];
-    let [c0, c1, c2, c3] = split4(cols, plane);
-    let [p0, p1, p2, p3] = split4(taps_buf, plane);
+    let [c0, c1, c2, c3] = split(cols, plane);
+    let [p0, p1, p2, p3] = split(taps_buf, plane);
     let odd = (th + 1) * tw;
     for (b, dxc) in dx.chunks_exact_mut(s.h * s.w).enumerate() {
         let (si, c) = (b / s.c_in, b % s.c_in);
@@ -641,7 +711,7 @@ fn grad_transform_at(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: 
         let (ra, rb) = r.split_at_mut(4 * tiles);
         for (col, rc) in [ra, rb].into_iter().enumerate() {
             let (d0, d1) = (&da[col * tiles..][..tiles], &db[col * tiles..][..tiles]);
-            let [r0, r1, r2, r3] = split4(rc, tiles);
+            let [r0, r1, r2, r3] = split(rc, tiles);
             a_(d0, d1, r0, r1, r2, r3);
         }
         // Columns: (A dY) Aᵀ.
@@ -663,55 +733,89 @@ mod tests {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
-    #[test]
-    fn every_vector_width_gives_the_same_bits() {
-        // `input_transform` and the others run this machine's widest copy; the `_at` bodies,
-        // inlined here, are compiled for the baseline CPU (SSE2 on x86-64).
+    /// The baseline (`_at`, inlined into the test and compiled for SSE2 on x86-64) and this
+    /// machine's widest copy of every transform of `t`, on the same inputs.
+    pub(super) struct Pair {
+        pub(super) input: [PlaneTransform; 2],
+        pub(super) input_t: [PlaneTransform; 2],
+        pub(super) output: [OutputTransform; 2],
+        pub(super) grad: [PlaneTransform; 2],
+    }
+
+    fn check_widths(k: usize, pair: &Pair) {
         for (h, w, [pt, pb, pl, pr]) in [
             (8, 8, [1, 1, 1, 1]),
             (7, 9, [1, 1, 0, 2]),
             (5, 6, [0, 0, 2, 2]),
             (1, 1, [1, 1, 1, 1]),
             (16, 16, [1, 1, 1, 1]),
+            (14, 14, [2, 2, 2, 2]),
         ] {
+            if h + pt + pb < k || w + pl + pr < k {
+                continue;
+            }
             let s = Shape {
+                k,
                 c_in: 3,
                 c_out: 2,
                 h,
                 w,
-                ho: h + pt + pb - 2,
-                wo: w + pl + pr - 2,
+                ho: h + pt + pb + 1 - k,
+                wo: w + pl + pr + 1 - k,
                 pt,
                 pl,
             };
             let samples = 2;
             let ch = Chunk::new(&s, samples);
-            let mut scratch = vec![0f32; rows_len(&s)];
+            let mut scratch = vec![0f32; (s.transforms().scratch)(&s)];
+            let e = s.e();
             let x = values(samples * s.c_in * h * w, 1);
-            let (mut v1, mut v2) = (vec![0f32; E * ch.v_stride], vec![0f32; E * ch.v_stride]);
-            input_transform(&x, &s, &ch, &mut v1, &mut scratch);
-            input_transform_at(&x, &s, &ch, &mut v2, &mut scratch);
+            let (mut v1, mut v2) = (vec![0f32; e * ch.v_stride], vec![0f32; e * ch.v_stride]);
+            (pair.input[0])(&x, &s, &ch, &mut v1, &mut scratch);
+            (pair.input[1])(&x, &s, &ch, &mut v2, &mut scratch);
             assert!(same_bits(&v1, &v2), "V of {s:?}");
 
-            let dv = values(E * ch.v_stride, 2);
+            let dv = values(e * ch.v_stride, 2);
             let (mut dx1, mut dx2) = (vec![0f32; x.len()], vec![0f32; x.len()]);
-            input_transform_t(&dv, &s, &ch, &mut dx1, &mut scratch);
-            input_transform_t_at(&dv, &s, &ch, &mut dx2, &mut scratch);
+            (pair.input_t[0])(&dv, &s, &ch, &mut dx1, &mut scratch);
+            (pair.input_t[1])(&dv, &s, &ch, &mut dx2, &mut scratch);
             assert!(same_bits(&dx1, &dx2), "dX of {s:?}");
 
-            let m = values(E * ch.m_stride, 3);
+            let m = values(e * ch.m_stride, 3);
             let bias = values(s.c_out, 4);
             let y_len = samples * s.c_out * s.ho * s.wo;
             let (mut y1, mut y2) = (vec![0f32; y_len], vec![0f32; y_len]);
-            output_transform(&m, &s, &ch, Some(&bias), &mut y1, &mut scratch);
-            output_transform_at(&m, &s, &ch, Some(&bias), &mut y2, &mut scratch);
+            (pair.output[0])(&m, &s, &ch, Some(&bias), &mut y1, &mut scratch);
+            (pair.output[1])(&m, &s, &ch, Some(&bias), &mut y2, &mut scratch);
             assert!(same_bits(&y1, &y2), "Y of {s:?}");
 
             let dy = values(y_len, 5);
-            let (mut z1, mut z2) = (vec![0f32; E * ch.m_stride], vec![0f32; E * ch.m_stride]);
-            grad_transform(&dy, &s, &ch, &mut z1, &mut scratch);
-            grad_transform_at(&dy, &s, &ch, &mut z2, &mut scratch);
+            let (mut z1, mut z2) = (vec![0f32; e * ch.m_stride], vec![0f32; e * ch.m_stride]);
+            (pair.grad[0])(&dy, &s, &ch, &mut z1, &mut scratch);
+            (pair.grad[1])(&dy, &s, &ch, &mut z2, &mut scratch);
             assert!(same_bits(&z1, &z2), "Z of {s:?}");
         }
+    }
+
+    #[test]
+    fn every_vector_width_gives_the_same_bits() {
+        check_widths(
+            3,
+            &Pair {
+                input: [input_transform, |x, s, c, v, r| {
+                    input_transform_at(x, s, c, v, r)
+                }],
+                input_t: [input_transform_t, |d, s, c, x, r| {
+                    input_transform_t_at(d, s, c, x, r)
+                }],
+                output: [output_transform, |m, s, c, b, y, r| {
+                    output_transform_at(m, s, c, b, y, r)
+                }],
+                grad: [grad_transform, |d, s, c, z, r| {
+                    grad_transform_at(d, s, c, z, r)
+                }],
+            },
+        );
+        check_widths(5, &five::widths());
     }
 }

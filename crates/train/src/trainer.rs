@@ -2,6 +2,8 @@ use burn::module::{Module, ParamId};
 use burn::optim::decay::WeightDecayConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
+
+use crate::seq::sgd::PlainSgd;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use fedfuse_core::layers::TensorRole;
@@ -646,6 +648,10 @@ fn group_l1(net: &Net) -> Option<Tensor<1>> {
 pub(crate) fn optimizer(cfg: &OptimizerConfig) -> ModuleOptimizer {
     let decay = |wd: f64| (wd > 0.0).then(|| WeightDecayConfig::new(wd as f32));
     match cfg {
+        OptimizerConfig::Sgd {
+            momentum,
+            weight_decay,
+        } if *momentum == 0.0 && *weight_decay == 0.0 => ModuleOptimizer::from(PlainSgd),
         OptimizerConfig::Sgd {
             momentum,
             weight_decay,

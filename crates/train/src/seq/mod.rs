@@ -23,6 +23,7 @@ mod layer_norm;
 mod linear;
 pub(crate) mod norm;
 pub(crate) mod pool;
+pub(crate) mod sgd;
 pub(crate) mod vit;
 mod winograd;
 

@@ -27,6 +27,70 @@ use fedfuse_core::linalg::{Mat, matmul};
 
 use super::kernels::with_kept;
 
+/// Declares a kernel size's four plane transforms, each running its `*_at` body (an
+/// `#[inline(always)]` function of the calling module) compiled for the widest vector unit
+/// (`widest!`); its table `$table` of [`Transforms`]; and, for the tests, `widths()`, the
+/// pairs of copies whose bits must agree.
+macro_rules! plane_transforms {
+    ($vis:vis $table:ident: $weights:ident, $weight_grad:ident, $scratch:ident) => {
+        widest! {
+            /// `V = Bᵀ d B` of every tile of every input channel.
+            fn input_transform => input_transform_at(
+                x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: &mut [f32],
+            )
+        }
+
+        widest! {
+            /// The transpose of [`input_transform`]: `B dV Bᵀ` of every tile added into its
+            /// patch of the padded plane, whose inside is written to `dx`.
+            fn input_transform_t => input_transform_t_at(
+                dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scratch: &mut [f32],
+            )
+        }
+
+        widest! {
+            /// `Y = Aᵀ M A` of every tile, plus the bias, written into the outputs.
+            fn output_transform => output_transform_at(
+                m: &[f32], s: &Shape, ch: &Chunk, bias: Option<&[f32]>, y: &mut [f32],
+                scratch: &mut [f32],
+            )
+        }
+
+        widest! {
+            /// `Z = A dY Aᵀ` of every tile of the output gradient (zeros past odd edges).
+            fn grad_transform => grad_transform_at(
+                dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32],
+            )
+        }
+
+        $vis const $table: Transforms = Transforms {
+            weights: $weights,
+            weight_grad: $weight_grad,
+            input: input_transform,
+            input_t: input_transform_t,
+            output: output_transform,
+            grad: grad_transform,
+            scratch: $scratch,
+        };
+
+        /// The widest and the baseline copies of the transforms (`_at`, inlined here and
+        /// compiled for the baseline CPU: SSE2 on x86-64).
+        #[cfg(test)]
+        $vis fn widths() -> crate::seq::winograd::tests::Pair {
+            crate::seq::winograd::tests::Pair {
+                input: [input_transform, |x, s, c, v, r| input_transform_at(x, s, c, v, r)],
+                input_t: [input_transform_t, |d, s, c, x, r| {
+                    input_transform_t_at(d, s, c, x, r)
+                }],
+                output: [output_transform, |m, s, c, b, y, r| {
+                    output_transform_at(m, s, c, b, y, r)
+                }],
+                grad: [grad_transform, |d, s, c, z, r| grad_transform_at(d, s, c, z, r)],
+            }
+        }
+    };
+}
+
 mod five;
 
 /// Input and output channels below which im2col stays: the GEMMs' inner dimension is the
@@ -108,16 +172,6 @@ struct Transforms {
     /// Scratch the transforms of one plane use.
     scratch: fn(&Shape) -> usize,
 }
-
-const THREE: Transforms = Transforms {
-    weights: weights3,
-    weight_grad: weight_grad3,
-    input: input_transform,
-    input_t: input_transform_t,
-    output: output_transform,
-    grad: grad_transform,
-    scratch: rows_len,
-};
 
 /// Length of `U` and `dU`.
 pub(super) fn transformed_len(s: &Shape) -> usize {
@@ -325,35 +379,7 @@ pub(super) fn backward_task(
     du
 }
 
-widest! {
-    /// `V = Bᵀ d B` of every tile of every input channel.
-    fn input_transform => input_transform_at(
-        x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: &mut [f32],
-    )
-}
-
-widest! {
-    /// The transpose of [`input_transform`]: `B dV Bᵀ` of every tile added into its patch of
-    /// the padded plane, whose inside is written to `dx`.
-    fn input_transform_t => input_transform_t_at(
-        dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scratch: &mut [f32],
-    )
-}
-
-widest! {
-    /// `Y = Aᵀ M A` of every tile, plus the bias, written into the outputs.
-    fn output_transform => output_transform_at(
-        m: &[f32], s: &Shape, ch: &Chunk, bias: Option<&[f32]>, y: &mut [f32],
-        scratch: &mut [f32],
-    )
-}
-
-widest! {
-    /// `Z = A dY Aᵀ` of every tile of the output gradient (zeros past odd edges).
-    fn grad_transform => grad_transform_at(
-        dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32],
-    )
-}
+plane_transforms!(THREE: weights3, weight_grad3, rows_len);
 
 /// Scratch of one plane's transforms: 8 tap arrays (`[ph][tw]` each), 16 tile runs and
 /// two padded rows.
@@ -733,8 +759,7 @@ mod tests {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
-    /// The baseline (`_at`, inlined into the test and compiled for SSE2 on x86-64) and this
-    /// machine's widest copy of every transform of `t`, on the same inputs.
+    /// This machine's widest and the baseline copy of every transform of a kernel size.
     pub(super) struct Pair {
         pub(super) input: [PlaneTransform; 2],
         pub(super) input_t: [PlaneTransform; 2],
@@ -799,23 +824,7 @@ mod tests {
 
     #[test]
     fn every_vector_width_gives_the_same_bits() {
-        check_widths(
-            3,
-            &Pair {
-                input: [input_transform, |x, s, c, v, r| {
-                    input_transform_at(x, s, c, v, r)
-                }],
-                input_t: [input_transform_t, |d, s, c, x, r| {
-                    input_transform_t_at(d, s, c, x, r)
-                }],
-                output: [output_transform, |m, s, c, b, y, r| {
-                    output_transform_at(m, s, c, b, y, r)
-                }],
-                grad: [grad_transform, |d, s, c, z, r| {
-                    grad_transform_at(d, s, c, z, r)
-                }],
-            },
-        );
+        check_widths(3, &widths());
         check_widths(5, &five::widths());
     }
 }

@@ -24,16 +24,6 @@ use super::{
 /// Tile side: `2 + 5 − 1`.
 const N: usize = 6;
 
-pub(super) const TRANSFORMS: Transforms = Transforms {
-    weights,
-    weight_grad,
-    input: input_transform,
-    input_t: input_transform_t,
-    output: output_transform,
-    grad: grad_transform,
-    scratch: scratch_len,
-};
-
 /// `G`, in f64 for the weight transforms (done once per step, so precision is cheap).
 const G: [[f64; 5]; N] = [
     [0.25, 0.0, 0.0, 0.0, 0.0],
@@ -112,35 +102,7 @@ fn scratch_len(s: &Shape) -> usize {
     12 * s.ph() * s.tw() + 16 * s.tiles() + 2 * s.pw()
 }
 
-widest! {
-    /// `V = Bᵀ d B` of every tile of every input channel.
-    fn input_transform => input_transform_at(
-        x: &[f32], s: &Shape, ch: &Chunk, v: &mut [f32], scratch: &mut [f32],
-    )
-}
-
-widest! {
-    /// The transpose of [`input_transform`]: `B dV Bᵀ` of every tile added into its patch of
-    /// the padded plane, whose inside is written to `dx`.
-    fn input_transform_t => input_transform_t_at(
-        dv: &[f32], s: &Shape, ch: &Chunk, dx: &mut [f32], scratch: &mut [f32],
-    )
-}
-
-widest! {
-    /// `Y = Aᵀ M A` of every tile, plus the bias, written into the outputs.
-    fn output_transform => output_transform_at(
-        m: &[f32], s: &Shape, ch: &Chunk, bias: Option<&[f32]>, y: &mut [f32],
-        scratch: &mut [f32],
-    )
-}
-
-widest! {
-    /// `Z = A dY Aᵀ` of every tile of the output gradient (zeros past odd edges).
-    fn grad_transform => grad_transform_at(
-        dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32],
-    )
-}
+plane_transforms!(pub(super) TRANSFORMS: weights, weight_grad, scratch_len);
 
 // The 1-D transforms over runs, each run a separate slice argument (see the parent module).
 
@@ -430,24 +392,5 @@ fn grad_transform_at(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: 
             let (even, odd) = (&r[i * tiles..][..tiles], &r[(N + i) * tiles..][..tiles]);
             a_(even, odd, blocks_mut(z, N * i, 1, ch.m_stride, at, tiles));
         }
-    }
-}
-
-/// The baseline and widest copies of the transforms, for the parent's width test.
-#[cfg(test)]
-pub(super) fn widths() -> super::tests::Pair {
-    super::tests::Pair {
-        input: [input_transform, |x, s, c, v, r| {
-            input_transform_at(x, s, c, v, r)
-        }],
-        input_t: [input_transform_t, |d, s, c, x, r| {
-            input_transform_t_at(d, s, c, x, r)
-        }],
-        output: [output_transform, |m, s, c, b, y, r| {
-            output_transform_at(m, s, c, b, y, r)
-        }],
-        grad: [grad_transform, |d, s, c, z, r| {
-            grad_transform_at(d, s, c, z, r)
-        }],
     }
 }

@@ -527,6 +527,38 @@ fn a_(a: &[f32], b: &[f32], o0: &mut [f32], o1: &mut [f32], o2: &mut [f32], o3: 
     }
 }
 
+/// Output rows `2·ty + a` of a plane, from its tiles' columns 0 (`y0`) and 1 (`y1`), each
+/// `[th][tw]`: the last step of every output transform (a tile is 2×2 outputs).
+#[inline(always)]
+fn scatter_rows(y0: &[f32], y1: &[f32], a: usize, s: &Shape, yo: &mut [f32]) {
+    let tw = s.tw();
+    for ty in 0..s.th() {
+        let oy = 2 * ty + a;
+        if oy < s.ho {
+            let (e, o) = (&y0[ty * tw..][..tw], &y1[ty * tw..][..tw]);
+            interleave(e, o, &mut yo[oy * s.wo..][..s.wo]);
+        }
+    }
+}
+
+/// The four outputs of every tile of one plane of `dY` (row a, column b at
+/// `d[(a·2 + b)·tiles..]`), zeros past odd edges: the first step of every gradient transform.
+#[inline(always)]
+fn gather_taps(dyo: &[f32], s: &Shape, d: &mut [f32]) {
+    let (tiles, tw) = (s.tiles(), s.tw());
+    d.fill(0.0);
+    for ty in 0..s.th() {
+        for a in 0..2 {
+            let oy = 2 * ty + a;
+            if oy < s.ho {
+                let (d0, d1) = d[2 * a * tiles..][..2 * tiles].split_at_mut(tiles);
+                let src = &dyo[oy * s.wo..][..s.wo];
+                deinterleave(src, &mut d0[ty * tw..][..tw], &mut d1[ty * tw..][..tw]);
+            }
+        }
+    }
+}
+
 /// `dst += src`.
 #[inline(always)]
 fn add_into(dst: &mut [f32], src: &[f32]) {
@@ -675,7 +707,7 @@ fn output_transform_at(
     y: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let (tiles, tw) = (s.tiles(), s.tw());
+    let tiles = s.tiles();
     let (r, rest) = scratch.split_at_mut(8 * tiles);
     let (ya, _) = rest.split_at_mut(2 * tiles);
     let (y0, y1) = ya.split_at_mut(tiles);
@@ -701,13 +733,7 @@ fn output_transform_at(
         for (a, ra) in r.chunks_exact(4 * tiles).enumerate() {
             let [c0, c1, c2, c3] = std::array::from_fn(|k| &ra[k * tiles..][..tiles]);
             at_(c0, c1, c2, c3, bias, y0, y1);
-            for ty in 0..s.th() {
-                let oy = 2 * ty + a;
-                if oy < s.ho {
-                    let (e, o) = (&y0[ty * tw..][..tw], &y1[ty * tw..][..tw]);
-                    interleave(e, o, &mut yo[oy * s.wo..][..s.wo]);
-                }
-            }
+            scatter_rows(y0, y1, a, s, yo);
         }
     }
 }
@@ -715,23 +741,13 @@ fn output_transform_at(
 /// [`grad_transform`], inlined into each width's copy.
 #[inline(always)]
 fn grad_transform_at(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32]) {
-    let (tiles, tw) = (s.tiles(), s.tw());
+    let tiles = s.tiles();
     // dY's four taps (row a, column b at [(a·2 + b)·tiles..]), then the rows of A dY.
     let (d, rest) = scratch.split_at_mut(4 * tiles);
     let (r, _) = rest.split_at_mut(8 * tiles);
     for (b, dyo) in dy.chunks_exact(s.ho * s.wo).enumerate() {
         let (si, o) = (b / s.c_out, b % s.c_out);
-        d.fill(0.0);
-        for ty in 0..s.th() {
-            for a in 0..2 {
-                let oy = 2 * ty + a;
-                if oy < s.ho {
-                    let (d0, d1) = d[2 * a * tiles..][..2 * tiles].split_at_mut(tiles);
-                    let src = &dyo[oy * s.wo..][..s.wo];
-                    deinterleave(src, &mut d0[ty * tw..][..tw], &mut d1[ty * tw..][..tw]);
-                }
-            }
-        }
+        gather_taps(dyo, s, d);
         // Rows: A dY, for tap columns 0 and 1.
         let (da, db) = d.split_at(2 * tiles);
         let (ra, rb) = r.split_at_mut(4 * tiles);

@@ -17,7 +17,7 @@
 //! four.
 
 use super::{
-    Chunk, Shape, Transforms, add_into, blocks, blocks_mut, deinterleave, interleave, split,
+    Chunk, Shape, Transforms, add_into, blocks, blocks_mut, gather_taps, scatter_rows, split,
     tap_row,
 };
 
@@ -322,7 +322,7 @@ fn output_transform_at(
     y: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let (tiles, tw) = (s.tiles(), s.tw());
+    let tiles = s.tiles();
     let (r, rest) = scratch.split_at_mut(2 * N * tiles);
     let (y0, y1) = rest[..2 * tiles].split_at_mut(tiles);
     for (b, yo) in y.chunks_exact_mut(s.ho * s.wo).enumerate() {
@@ -348,13 +348,7 @@ fn output_transform_at(
                 y0,
                 y1,
             );
-            for ty in 0..s.th() {
-                let oy = 2 * ty + a;
-                if oy < s.ho {
-                    let (e, o) = (&y0[ty * tw..][..tw], &y1[ty * tw..][..tw]);
-                    interleave(e, o, &mut yo[oy * s.wo..][..s.wo]);
-                }
-            }
+            scatter_rows(y0, y1, a, s, yo);
         }
     }
 }
@@ -362,23 +356,13 @@ fn output_transform_at(
 /// [`grad_transform`], inlined into each width's copy.
 #[inline(always)]
 fn grad_transform_at(dy: &[f32], s: &Shape, ch: &Chunk, z: &mut [f32], scratch: &mut [f32]) {
-    let (tiles, tw) = (s.tiles(), s.tw());
+    let tiles = s.tiles();
     // dY's four taps (row a, column b at [(a·2 + b)·tiles..]), then the rows of A dY.
     let (d, rest) = scratch.split_at_mut(4 * tiles);
     let r = &mut rest[..2 * N * tiles];
     for (b, dyo) in dy.chunks_exact(s.ho * s.wo).enumerate() {
         let (si, o) = (b / s.c_out, b % s.c_out);
-        d.fill(0.0);
-        for ty in 0..s.th() {
-            for a in 0..2 {
-                let oy = 2 * ty + a;
-                if oy < s.ho {
-                    let (d0, d1) = d[2 * a * tiles..][..2 * tiles].split_at_mut(tiles);
-                    let src = &dyo[oy * s.wo..][..s.wo];
-                    deinterleave(src, &mut d0[ty * tw..][..tw], &mut d1[ty * tw..][..tw]);
-                }
-            }
-        }
+        gather_taps(dyo, s, d);
         // Rows: A dY, for tap columns 0 and 1.
         let (da, db) = d.split_at(2 * tiles);
         let (ra, rb) = r.split_at_mut(N * tiles);

@@ -103,8 +103,9 @@ fn conv_scratch(layer: &LayerSpec, input: FeatureShape, out: FeatureShape) -> (u
         FeatureShape::Flat(_) => return (0, 0),
     };
     let one = |cg: u128, k: u128, c_out: u128, pixels: u128| {
-        // Winograd's 4x4 tiles over 2x2 outputs: 4 values per output pixel and channel.
-        let winograd = 4 * (cg + c_out) * pixels;
+        // Winograd's (k+1)x(k+1) tiles over 2x2 outputs: 4 values per output pixel and
+        // channel for 3x3 kernels, 9 for 5x5 (other sizes keep im2col, which then dominates).
+        let winograd = (k + 1).pow(2) / 4 * (cg + c_out) * pixels;
         (cg * k * k * pixels).max(winograd)
     };
     match *layer {

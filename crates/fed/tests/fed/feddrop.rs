@@ -145,7 +145,10 @@ fn lenet5_drops_filters_and_units_with_sparse_traffic() {
             rounds,
             seed: 4,
             local_eval: false,
-            train: common::sgd(0.9, 2),
+            // Momentum 0.5: at 0.9 (effective step 0.5) FedDrop's 4-round trajectory here was
+            // chaotic (0.30, 0.56, 0.15, 0.54 on this seed), so a rounding-level change in
+            // training flipped the accuracy check below.
+            train: common::sgd(0.5, 2),
             ..SimConfig::default()
         };
         simulate(
@@ -203,7 +206,8 @@ fn lenet5_drops_filters_and_units_with_sparse_traffic() {
         .params,
         avg2.params
     );
-    // A quarter of the units dropped still learns (FedAvg reaches about 0.93 here).
+    // A quarter of the units dropped still learns: 0.77 on this seed (FedAvg 0.74), and 0.76-0.86
+    // on seeds 1-6 (measured 2026-12-02), each trajectory rising.
     let quarter = run(
         &MethodConfig::FedDrop(fedfuse_fed::FedDropSettings { fraction: 0.25 }),
         4,

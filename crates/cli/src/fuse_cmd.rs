@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use fedfuse_core::{Params, load_params, params_from_safetensors, params_to_safetensors};
+use fedfuse_core::{Params, load_params, params_from_safetensors};
 use fedfuse_fuse::{PfnmConfig, WeightMatchingConfig};
 use fedfuse_lab::fusion::{self, FuseMethod as Method, FuseModel, FuseSettings};
 
@@ -166,8 +166,7 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
             file.display()
         );
     }
-    let bytes = params_to_safetensors(&fused.params, fused.metadata()?)?;
-    fedfuse_lab::table::write_atomic(&args.out, &bytes)?;
+    fedfuse_lab::table::write_model_atomic(&args.out, &fused.params, fused.metadata()?)?;
     let assignments_path = args.out.with_extension("assignments.json");
     fedfuse_lab::table::write_atomic(
         &assignments_path,

@@ -133,11 +133,21 @@ fn natural_key(s: &str) -> NaturalKey {
 
 /// Writes `params` to a safetensors file (readable by `safetensors.torch.load_file`).
 pub fn save_safetensors(params: &Params, path: &Path) -> Result<()> {
-    let bytes = params_to_safetensors(params, HashMap::new())?;
-    std::fs::write(path, bytes).map_err(|source| CoreError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    write_safetensors(params, HashMap::new(), path)
+}
+
+/// Writes `params` with `metadata` to a safetensors file, as [`params_to_safetensors`]
+/// encodes them, streamed through a temporary file beside `path` and renamed into place
+/// (atomic, and with no copy of the tensors in memory). The folder must exist.
+pub fn write_safetensors(
+    params: &Params,
+    metadata: HashMap<String, String>,
+    path: &Path,
+) -> Result<()> {
+    let views = params
+        .iter()
+        .map(|(n, t)| (n.to_string(), FileView::of(n, t)));
+    container::serialize_to_file(params, views, metadata, path)
 }
 
 /// Reads [`Params`] from a safetensors file.
@@ -258,6 +268,40 @@ pub fn read_safetensors_file(path: &Path) -> Result<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::container::{F32View, ORDER_KEY};
+
+    /// A file written in place holds the bytes [`params_to_safetensors`] encodes (the
+    /// header's metadata may be in another order), and no temporary file is left beside it.
+    #[test]
+    fn written_files_read_back_with_their_metadata_and_leave_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("fedfuse-io-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        let mut p = Params::new();
+        p.push("0.weight", vec![2, 2], vec![1.0, -2.0, 3.5, 0.25])
+            .unwrap();
+        p.push("1.num_batches_tracked", vec![], vec![7.0]).unwrap();
+        let meta = HashMap::from([("fedfuse.model".to_string(), "mlp".to_string())]);
+        write_safetensors(&p, meta.clone(), &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(
+            params_from_safetensors(&bytes).unwrap(),
+            (p.clone(), meta.clone())
+        );
+        let encoded = params_to_safetensors(&p, meta).unwrap();
+        assert_eq!(bytes.len(), encoded.len());
+        let header = 8 + u64::from_le_bytes(encoded[..8].try_into().unwrap()) as usize;
+        assert_eq!(bytes[header..], encoded[header..]);
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(files.len(), 1);
+        let e = write_safetensors(
+            &p,
+            HashMap::new(),
+            &dir.join("no/such/folder/m.safetensors"),
+        )
+        .unwrap_err();
+        assert!(matches!(e, CoreError::Io { .. }), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn batch_norm_counters_are_i64_in_files_and_buffers_take_pytorchs_order() {

@@ -45,7 +45,7 @@ pub use features::{BlockAggregate, BlockKind, FeatureBlock, block_scores};
 pub use groups::{GroupLayout, GroupedLayer, GroupedRows};
 pub use io::{
     MAX_FILE_BYTES, load_safetensors, params_from_safetensors, params_to_safetensors,
-    read_regular_file, read_safetensors_file, save_safetensors,
+    read_regular_file, read_safetensors_file, save_safetensors, write_safetensors,
 };
 pub use layers::{BlockNorm, FeatureShape, LayerSpec, TensorRole};
 pub use npz::{decode_npy_array, encode_npy, load_npz, load_params, params_from_npz};

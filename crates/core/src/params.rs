@@ -226,6 +226,13 @@ impl Params {
     /// These tensors in the order of `layout`, which must name each of them once with its
     /// shape: a file written elsewhere (PyTorch's safetensors keep no order) fits a model.
     pub fn arranged(&self, layout: &[ParamShape]) -> Result<Self> {
+        self.in_layout(layout).map(std::borrow::Cow::into_owned)
+    }
+
+    /// [`Self::arranged`] without a copy when the tensors are in the layout's order already
+    /// (a file fedfuse wrote, or one read into the list's order): a model's tensors can be
+    /// hundreds of megabytes.
+    pub fn in_layout(&self, layout: &[ParamShape]) -> Result<std::borrow::Cow<'_, Self>> {
         let wanted: std::collections::HashSet<&str> =
             layout.iter().map(|s| s.name.as_str()).collect();
         let few = |names: Vec<&str>| {
@@ -256,7 +263,6 @@ impl Params {
                 few(extra)
             )));
         }
-        let mut out = Self::new();
         for want in layout {
             let t = self.require(&want.name)?;
             if t.shape != want.shape {
@@ -265,9 +271,18 @@ impl Params {
                     want.name, t.shape, want.shape
                 )));
             }
+        }
+        // Every name is known, none extra, and names are unique: equal lengths and order
+        // mean the same sequence.
+        if self.names.iter().eq(layout.iter().map(|s| &s.name)) {
+            return Ok(std::borrow::Cow::Borrowed(self));
+        }
+        let mut out = Self::new();
+        for want in layout {
+            let t = self.require(&want.name)?;
             out.push(want.name.clone(), t.shape.clone(), t.data.clone())?;
         }
-        Ok(out)
+        Ok(std::borrow::Cow::Owned(out))
     }
 
     /// Checks that every value is finite, naming the first tensor that is not.
@@ -351,6 +366,34 @@ mod tests {
             .unwrap();
         assert_eq!(renamed.names(), ["0.weight", "conv1.weight", "14.bias"]);
         assert_eq!(renamed.get("14.bias").unwrap().data, [4.0]);
+    }
+
+    /// Tensors already in the layout's order are borrowed, others copied into it; a wrong
+    /// shape or a missing or extra tensor is refused either way.
+    #[test]
+    fn in_layout_borrows_what_is_in_order_and_arranges_the_rest() {
+        let shape = |name: &str, shape: Vec<usize>| ParamShape {
+            name: name.into(),
+            shape,
+        };
+        let layout = [shape("w", vec![2]), shape("b", vec![1])];
+        let mut ordered = Params::new();
+        ordered.push("w", vec![2], vec![1.0, 2.0]).unwrap();
+        ordered.push("b", vec![1], vec![3.0]).unwrap();
+        let mut reversed = Params::new();
+        reversed.push("b", vec![1], vec![3.0]).unwrap();
+        reversed.push("w", vec![2], vec![1.0, 2.0]).unwrap();
+        assert!(matches!(
+            ordered.in_layout(&layout).unwrap(),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let arranged = reversed.in_layout(&layout).unwrap();
+        assert!(matches!(arranged, std::borrow::Cow::Owned(_)));
+        assert_eq!(*arranged, ordered);
+        assert_eq!(reversed.arranged(&layout).unwrap(), ordered);
+        let wrong = [shape("w", vec![2]), shape("b", vec![2])];
+        assert!(ordered.in_layout(&wrong).is_err());
+        assert!(ordered.in_layout(&layout[..1]).is_err());
     }
 
     #[test]

@@ -128,9 +128,11 @@ pub fn write_outputs(out: &Path, cfg: &Config, result: &RunResult) -> Result<()>
     if cfg.table.is_none() {
         crate::plot::write_plots(out, &result.rounds)?;
     }
-    let model =
-        fedfuse_core::params_to_safetensors(&saved_model(cfg, result)?, Default::default())?;
-    crate::table::write_atomic(&out.join("model.safetensors"), &model)
+    crate::table::write_model_atomic(
+        &out.join("model.safetensors"),
+        &saved_model(cfg, result)?,
+        Default::default(),
+    )
 }
 
 /// The final model as a run saves it: under torchvision's names for its networks (so

@@ -177,6 +177,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
+/// Writes `params` with `metadata` as a safetensors file at `path`, atomically as
+/// [`write_atomic`] and streamed from the tensors, with no encoded copy in memory
+/// ([`fedfuse_core::write_safetensors`]).
+pub fn write_model_atomic(
+    path: &Path,
+    params: &fedfuse_core::Params,
+    metadata: std::collections::HashMap<String, String>,
+) -> Result<()> {
+    create_parent(path)?;
+    fedfuse_core::write_safetensors(params, metadata, path)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// The folder `path` is written into (`.` for a bare name).
 fn parent_of(path: &Path) -> &Path {
     match path.parent() {

@@ -435,7 +435,7 @@ pub fn layerwise_stages(input: &[usize], layers: &[LayerSpec]) -> Result<Vec<Vec
 
 /// What matching one group of a list needs besides the group.
 struct MatchStep<'a> {
-    list: &'a ListClients,
+    list: &'a ListClients<'a>,
     plan: Plan,
     /// Per client, its share of each class (weights the outgoing side of the top group).
     shares: Vec<Vec<f64>>,
@@ -446,7 +446,7 @@ struct MatchStep<'a> {
 
 impl<'a> MatchStep<'a> {
     fn new(
-        list: &'a ListClients,
+        list: &'a ListClients<'a>,
         class_counts: Option<&[Vec<f64>]>,
         cfg: &'a PfnmConfig,
     ) -> Result<Self> {
@@ -655,7 +655,7 @@ impl Segment {
 /// ..., outgoing into the classes]` (a plain chain's layer has one writer), read through the
 /// unit map.
 struct GroupVectors<'a> {
-    list: &'a ListClients,
+    list: &'a ListClients<'a>,
     /// Group index `g`.
     g: usize,
     /// Units per client.
@@ -674,7 +674,7 @@ struct GroupVectors<'a> {
 
 impl<'a> GroupVectors<'a> {
     fn new(
-        list: &'a ListClients,
+        list: &'a ListClients<'a>,
         g: usize,
         writers: &[&Writer],
         done: &[Option<Fused>],

@@ -7,6 +7,7 @@
 //! the next layer's input channels or flatten block) comes from the map; nothing here guesses
 //! layers from tensor names.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use fedfuse_core::layers::{
@@ -28,27 +29,31 @@ pub struct FusedLayers {
 }
 
 /// The clients of one layer-list fusion, checked.
-pub(super) struct ListClients {
-    /// Per client: its tensors in the list's order.
-    pub(super) params: Vec<Params>,
+pub(super) struct ListClients<'a> {
+    /// Per client: its tensors in the list's order, borrowed where they were in it already.
+    pub(super) params: Vec<Cow<'a, Params>>,
     /// Per client: its unit map (the same tensors for every client; only unit counts differ).
     pub(super) uses: Vec<Vec<UnitUses>>,
     /// Index of the layer that writes the logits (the last convolution or linear layer).
     pub(super) output: usize,
 }
 
-impl ListClients {
+impl<'a> ListClients<'a> {
     /// Checks the list for what matching supports and reads each client's widths from its
     /// tensors ([`layers::at_widths`]). Every client's permutation groups must hold the same
     /// tensors.
-    pub(super) fn new(input: &[usize], layers: &[LayerSpec], clients: &[&Params]) -> Result<Self> {
+    pub(super) fn new(
+        input: &[usize],
+        layers: &[LayerSpec],
+        clients: &[&'a Params],
+    ) -> Result<Self> {
         if clients.is_empty() {
             return Err(FuseError::Empty);
         }
         let (groups, output) = matchable(input, layers)?;
         let mut params = Vec::with_capacity(clients.len());
         let mut client_uses = Vec::with_capacity(clients.len());
-        for (j, p) in clients.iter().enumerate() {
+        for (j, &p) in clients.iter().enumerate() {
             let bad =
                 |e: &dyn std::fmt::Display| FuseError::InvalidInput(format!("client {j}: {e}"));
             let mut own =
@@ -56,7 +61,7 @@ impl ListClients {
             // The output layer keeps the list's classes: a client with others is refused below.
             own[output] = layers[output].clone();
             let (_, layout) = layers::chain(FeatureShape::of(input)?, &own).map_err(|e| bad(&e))?;
-            let arranged = p.arranged(&layout).map_err(|e| bad(&e))?;
+            let arranged = p.in_layout(&layout).map_err(|e| bad(&e))?;
             arranged.check_finite().map_err(|e| bad(&e))?;
             let uses = layers::permutation_groups(input, &own).map_err(|e| bad(&e))?;
             let same = uses.len() == groups.len()
@@ -86,7 +91,7 @@ impl ListClients {
     pub(super) fn fixed(
         input: &[usize],
         layers: &[LayerSpec],
-        clients: &[&Params],
+        clients: &[&'a Params],
     ) -> Result<Self> {
         if clients.is_empty() {
             return Err(FuseError::Empty);
@@ -94,14 +99,14 @@ impl ListClients {
         let (uses, output) = permutable(input, layers)?;
         let (_, layout) = layers::chain(FeatureShape::of(input)?, layers)?;
         let mut params = Vec::with_capacity(clients.len());
-        for (j, p) in clients.iter().enumerate() {
+        for (j, &p) in clients.iter().enumerate() {
             let bad = |e: &dyn std::fmt::Display| {
                 FuseError::InvalidInput(format!(
                     "client {j}: {e}; weight matching keeps the widths fixed (PFNM matches \
                      clients of other widths)"
                 ))
             };
-            let arranged = p.arranged(&layout).map_err(|e| bad(&e))?;
+            let arranged = p.in_layout(&layout).map_err(|e| bad(&e))?;
             arranged
                 .check_finite()
                 .map_err(|e| FuseError::InvalidInput(format!("client {j}: {e}")))?;
@@ -551,7 +556,7 @@ pub(super) fn client_weights(class_counts: Option<&[Vec<f64>]>, clients: usize) 
 pub(super) fn fuse_aligned(
     input: &[usize],
     layers: &[LayerSpec],
-    aligned: &[Params],
+    aligned: &[Cow<'_, Params>],
     weights: &[f64],
     assignments: Vec<Vec<Vec<usize>>>,
 ) -> Result<FusedLayers> {
@@ -590,17 +595,26 @@ pub(super) fn mean_tensor(name: &str, tensors: &[&Tensor], weights: &[f64]) -> R
         )));
     }
     let total: f64 = weights.iter().sum();
-    let mut data = vec![0.0f64; first.data.len()];
-    for (t, w) in tensors.iter().zip(weights) {
-        for (d, v) in data.iter_mut().zip(&t.data) {
-            *d += w / total * f64::from(*v);
-        }
-    }
     let counter = TensorRole::of(name) == TensorRole::Counter;
-    let data = data
-        .into_iter()
-        .map(|v| if counter { v.round() as f32 } else { v as f32 })
-        .collect();
+    // Summed in f64 a chunk at a time: a model-sized f64 buffer would be twice the fused
+    // tensor in fresh pages.
+    const CHUNK: usize = 1024;
+    let mut data = Vec::with_capacity(first.data.len());
+    let mut sum = [0.0f64; CHUNK];
+    for start in (0..first.data.len()).step_by(CHUNK) {
+        let len = CHUNK.min(first.data.len() - start);
+        let sum = &mut sum[..len];
+        sum.fill(0.0);
+        for (t, w) in tensors.iter().zip(weights) {
+            for (d, v) in sum.iter_mut().zip(&t.data[start..start + len]) {
+                *d += w / total * f64::from(*v);
+            }
+        }
+        data.extend(
+            sum.iter()
+                .map(|&v| if counter { v.round() as f32 } else { v as f32 }),
+        );
+    }
     Ok(Tensor::new(name, first.shape.clone(), data)?)
 }
 

@@ -19,6 +19,7 @@
 //! rows) or a token's features (axis 2 of the positional embedding), which the unit map of
 //! `fedfuse_core::layers` (whole axes 0 and 1) does not express; hence [`Hold`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use fedfuse_core::layers::LayerSpec;
@@ -522,7 +523,7 @@ pub(super) fn heads_assignment(
 pub(crate) fn weight_matching_vit<R: Rng + ?Sized>(
     input: &[usize],
     layers: &[LayerSpec],
-    clients: &[Params],
+    clients: &[Cow<'_, Params>],
     weights: Option<&[Vec<f64>]>,
     max_iters: usize,
     rng: &mut R,
@@ -531,7 +532,7 @@ pub(crate) fn weight_matching_vit<R: Rng + ?Sized>(
     let Some(reference) = clients.first() else {
         return Err(FuseError::Empty);
     };
-    let mut aligned = vec![reference.clone()];
+    let mut aligned = vec![Cow::Borrowed(&**reference)];
     let mut assignments: Vec<Vec<Vec<usize>>> = vit
         .groups
         .iter()
@@ -539,7 +540,7 @@ pub(crate) fn weight_matching_vit<R: Rng + ?Sized>(
         .collect();
     for client in &clients[1..] {
         let perms = vit.align(reference, client, max_iters, rng)?;
-        aligned.push(vit.apply(client, &perms, &[])?);
+        aligned.push(Cow::Owned(vit.apply(client, &perms, &[])?));
         for (g, p) in perms.into_iter().enumerate() {
             assignments[g].push(p);
         }

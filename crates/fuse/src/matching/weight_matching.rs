@@ -17,15 +17,15 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use fedfuse_core::Params;
 use fedfuse_core::layers::{LayerSpec, TensorRole, UnitUse, UnitUses};
-use fedfuse_core::{Params, Tensor};
+use fedfuse_core::linalg::{Mat, Parallelism, matmul_on};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
 use super::lists::{
     FusedLayers, ListClients, UnitAxis, client_weights, fuse_aligned, permute_units,
 };
-use super::score::product_nt;
 use super::types::check_score_size;
 use crate::{FuseError, Result};
 
@@ -98,20 +98,27 @@ pub fn weight_matching_fuse<R: Rng + ?Sized>(
         );
     }
     let uses = &list.uses[0];
-    let reference = &list.params[0];
-    let mut aligned = vec![reference.clone()];
+    let mut clients = list.params.into_iter();
+    let Some(reference) = clients.next() else {
+        return Err(FuseError::Empty);
+    };
     let mut assignments: Vec<Vec<Vec<usize>>> =
         uses.iter().map(|u| vec![(0..u.units).collect()]).collect();
-    for client in &list.params[1..] {
-        let perms = align(reference, client, uses, cfg.max_iters, rng)?;
-        let mut p = client.clone();
+    // Each client is permuted in its own copy (none is made of the reference): a model's
+    // tensors can be hundreds of megabytes, and fresh pages cost more than the products.
+    let mut permuted = Vec::with_capacity(clients.len());
+    for client in clients {
+        let perms = align(&reference, &client, uses, cfg.max_iters, rng)?;
+        let mut p = client.into_owned();
         for (g, (u, perm)) in uses.iter().zip(&perms).enumerate() {
             permute_units(&mut p, u, perm)?;
             assignments[g].push(perm.clone());
         }
-        aligned.push(p);
+        permuted.push(Cow::Owned(p));
     }
-    let weights = client_weights(class_counts, list.len());
+    let mut aligned = vec![reference];
+    aligned.append(&mut permuted);
+    let weights = client_weights(class_counts, aligned.len());
     fuse_aligned(input, layers, &aligned, &weights, assignments)
 }
 
@@ -185,9 +192,19 @@ fn align<R: Rng + ?Sized>(
     // Start bottom-up, each group on its own tensors whose inputs are aligned already (its
     // readers are not aligned yet): from the identity, a group's readers can outweigh its
     // own rows and hold the descent in a wrong optimum.
+    let mut scratch = Scratch::default();
     let mut aligned = vec![false; uses.len()];
     for g in 0..uses.len() {
-        let cost = group_similarity(reference, client, uses, g, &perms, &sides, Some(&aligned))?;
+        let cost = group_similarity(
+            reference,
+            client,
+            uses,
+            g,
+            &perms,
+            &sides,
+            Some(&aligned),
+            &mut scratch,
+        )?;
         perms[g] = solve(&cost, g)?;
         aligned[g] = true;
     }
@@ -197,7 +214,16 @@ fn align<R: Rng + ?Sized>(
         let mut improved = false;
         for &g in &order {
             let n = uses[g].units;
-            let cost = group_similarity(reference, client, uses, g, &perms, &sides, None)?;
+            let cost = group_similarity(
+                reference,
+                client,
+                uses,
+                g,
+                &perms,
+                &sides,
+                None,
+                &mut scratch,
+            )?;
             let perm = solve(&cost, g)?;
             let total =
                 |p: &[usize]| -> f64 { p.iter().enumerate().map(|(b, &a)| cost[a * n + b]).sum() };
@@ -214,10 +240,28 @@ fn align<R: Rng + ?Sized>(
     Ok(perms)
 }
 
+/// Reusable buffers of the scores: the units' values gathered as rows, and the `n x n` sum.
+/// One set per alignment, so the large products do not fault in fresh pages on every call.
+#[derive(Default)]
+struct Scratch {
+    lhs: Vec<f32>,
+    rhs: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+/// Products of at least this many multiply-adds run on gemm's threads (burn-flex's
+/// threshold, as the training code's linear layers).
+const PARALLEL_PRODUCT: usize = 1 << 18;
+
 /// `n x n` inner products of reference unit `a` (row) with client unit `b` (column) of group
 /// `g`, over every parameter that holds or reads the units, with the client's other axes put
 /// in the reference's order by the current permutations of the groups they belong to. With
 /// `own_aligned`, only the group's own tensors whose inputs are raw or already aligned.
+///
+/// The products are f32 GEMMs, as the weights are: the scores only rank permutations, and
+/// f32 halves the bytes and doubles the lanes of the f64 products used before (a
+/// ResNet-18-sized pair: BENCHMARKS, "Weight matching of residual networks").
+#[allow(clippy::too_many_arguments)]
 fn group_similarity(
     reference: &Params,
     client: &Params,
@@ -226,6 +270,7 @@ fn group_similarity(
     perms: &[Vec<usize>],
     sides: &Sides<'_>,
     own_aligned: Option<&[bool]>,
+    scratch: &mut Scratch,
 ) -> Result<Vec<f64>> {
     let n = uses[g].units;
     check_score_size(n, n, || {
@@ -234,7 +279,9 @@ fn group_similarity(
             uses[g].layer
         )
     })?;
-    let mut cost = vec![0.0; n * n];
+    let Scratch { lhs, rhs, sum } = scratch;
+    sum.clear();
+    sum.resize(n * n, 0.0);
     let used: Vec<&UnitUse> = match own_aligned {
         None => uses[g].all().collect(),
         Some(done) => uses[g]
@@ -254,52 +301,76 @@ fn group_similarity(
         }
         let (ta, tb) = (reference.require(&u.tensor)?, client.require(&u.tensor)?);
         let axis = UnitAxis::of(u, &ta.shape)?;
-        // A reader's rows (axis 1 uses) in the reference's order, by the group they are.
-        let row_perm = (u.axis == 1)
-            .then(|| sides.rows.get(u.tensor.as_str()).map(|&h| &perms[h]))
-            .flatten();
-        // A weight's input side (its axis 1, for an axis 0 use): the group it reads.
-        let col_perm = (u.axis == 0)
-            .then(|| sides.cols.get(u.tensor.as_str()))
-            .flatten();
-        // The client's tensor as it is, or a copy with its input units put in order.
-        let tb: Cow<'_, Tensor> = match col_perm {
-            Some(&(h, reader)) => Cow::Owned({
-                // Put the client's input units where the reference has them.
-                let mut t = Params::new();
-                t.push(reader.tensor.clone(), tb.shape.clone(), tb.data.clone())?;
-                let mut below = uses[h].clone();
-                below.own.clear();
-                below.readers = vec![reader.clone()];
-                permute_units(&mut t, &below, &perms[h])?;
-                t.remove(&reader.tensor).ok_or_else(|| {
-                    FuseError::InvalidInput(format!("tensor `{}` vanished", reader.tensor))
-                })?
-            }),
-            None => Cow::Borrowed(tb),
-        };
+        let k = axis.rows * axis.span;
+        if k == 0 || tb.shape != ta.shape || ta.data.len() != n * k {
+            return Err(FuseError::InvalidInput(format!(
+                "tensor `{}`: {:?} and {:?} do not hold {n} units of the group",
+                u.tensor, ta.shape, tb.shape
+            )));
+        }
         // Units as rows of `rows * span` values, the reference's rows in the client's order:
         // the inner products are one product.
-        let k = axis.rows * axis.span;
-        let mut lhs = vec![0.0; n * k];
-        let mut rhs = vec![0.0; n * k];
+        let (a, b): (&[f32], &[f32]) = if u.axis == 0 {
+            // A weight's rows are its units already; its input side (axis 1) is read from
+            // the group below, put in the reference's order.
+            let b = match sides.cols.get(u.tensor.as_str()) {
+                Some(&(h, reader)) => {
+                    let inputs = UnitAxis::of(reader, &tb.shape)?;
+                    gather_inputs(&tb.data, &inputs, &perms[h], rhs);
+                    &rhs[..]
+                }
+                None => &tb.data[..],
+            };
+            (&ta.data[..], b)
+        } else {
+            // A reader's units are its input columns, in every row; its rows belong to the
+            // group it writes.
+            let row_perm = sides.rows.get(u.tensor.as_str()).map(|&h| &perms[h][..]);
+            gather_columns(&ta.data, &axis, row_perm, lhs);
+            gather_columns(&tb.data, &axis, None, rhs);
+            (&lhs[..], &rhs[..])
+        };
+        let parallelism = match n * n * k >= PARALLEL_PRODUCT {
+            true => Parallelism::Rayon(0),
+            false => Parallelism::None,
+        };
+        matmul_on(
+            sum,
+            (n, 1),
+            Mat::rows(a, n, k, k),
+            Mat::rows(b, n, k, k).t(),
+            true,
+            parallelism,
+        );
+    }
+    Ok(sum.iter().map(|&x| f64::from(x)).collect())
+}
+
+/// `data` (a weight whose rows hold units of another group, `inputs` its input axis) with
+/// each row's input units put where the reference has them: client input unit `u` moves to
+/// `perm[u]`.
+fn gather_inputs(data: &[f32], inputs: &UnitAxis, perm: &[usize], out: &mut Vec<f32>) {
+    let mut from = vec![0; perm.len()];
+    for (u, &to) in perm.iter().enumerate() {
+        from[to] = u;
+    }
+    out.clear();
+    for r in 0..inputs.rows {
+        for &u in &from {
+            out.extend_from_slice(&data[inputs.at(r, u)..][..inputs.span]);
+        }
+    }
+}
+
+/// The units of a reader (`axis`: units along its axis 1) as rows of `rows * span` values:
+/// row `a` holds unit `a`'s span of every row, row `r` taken from row `row_perm[r]` where
+/// the reference's rows are put in the client's order.
+fn gather_columns(data: &[f32], axis: &UnitAxis, row_perm: Option<&[usize]>, out: &mut Vec<f32>) {
+    out.clear();
+    for a in 0..axis.units {
         for rb in 0..axis.rows {
             let ra = row_perm.map_or(rb, |p| p[rb]);
-            for a in 0..n {
-                let at = a * k + rb * axis.span;
-                let xa = &ta.data[axis.at(ra, a)..][..axis.span];
-                let xb = &tb.data[axis.at(rb, a)..][..axis.span];
-                for ((l, r), (x, y)) in lhs[at..]
-                    .iter_mut()
-                    .zip(&mut rhs[at..])
-                    .zip(xa.iter().zip(xb))
-                {
-                    *l = f64::from(*x);
-                    *r = f64::from(*y);
-                }
-            }
+            out.extend_from_slice(&data[axis.at(ra, a)..][..axis.span]);
         }
-        product_nt(&mut cost, n, &lhs, &rhs, k);
     }
-    Ok(cost)
 }

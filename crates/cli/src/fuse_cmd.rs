@@ -149,7 +149,8 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
     // A fused file's stored list stands in for `--model` (used only where the files are not
     // MLPs).
     let model = model.or(stored);
-    let fused = fusion::fuse_with(&models, model.as_ref(), counts.as_deref(), &settings)
+    let clients = models.len();
+    let fused = fusion::fuse_with(models, model.as_ref(), counts.as_deref(), &settings)
         .with_context(|| match &args.class_counts {
             Some(path) => format!("class counts from {}", path.display()),
             None => "fusing the client files".to_string(),
@@ -174,7 +175,7 @@ pub fn run(args: &FuseArgs) -> Result<ExitCode> {
     )?;
     eprintln!(
         "fused {} clients with {}: widths {:?} -> {:?}{}; wrote {} and {}",
-        models.len(),
+        clients,
         fused.method,
         fused.input_widths[0],
         fused.fused_widths,

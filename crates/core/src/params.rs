@@ -145,6 +145,11 @@ impl Params {
         Some(self.tensors.remove(i))
     }
 
+    /// The tensors by name, moved out of the set (no copy of their values).
+    pub fn into_map(self) -> HashMap<String, Tensor> {
+        self.names.into_iter().zip(self.tensors).collect()
+    }
+
     /// Tensors in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Tensor)> {
         self.names

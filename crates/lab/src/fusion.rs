@@ -428,7 +428,7 @@ fn check_class_counts(counts: &[Vec<f64>], clients: usize, classes: usize) -> Re
 /// positive for GPI-FNM; `seed` seeds PFNM's refinement orders. [`fuse_with`] with no model
 /// and `pfnm.order`.
 pub fn fuse(
-    models: &[(String, Params)],
+    models: Vec<(String, Params)>,
     method: FuseMethod,
     class_counts: Option<&[Vec<f64>]>,
     pfnm: &PfnmConfig,
@@ -450,7 +450,7 @@ pub fn fuse(
 /// over channels bottom-up. A model read from a fused file's metadata is used only where the
 /// files are not MLPs.
 pub fn fuse_with(
-    models: &[(String, Params)],
+    models: Vec<(String, Params)>,
     model: Option<&FuseModel>,
     class_counts: Option<&[Vec<f64>]>,
     settings: &FuseSettings,
@@ -458,7 +458,7 @@ pub fn fuse_with(
     if models.is_empty() {
         bail!("no client models given");
     }
-    for (name, p) in models {
+    for (name, p) in &models {
         p.check_values().context(name.clone())?;
     }
     check_eps(settings.method, &settings.pfnm)?;
@@ -475,7 +475,7 @@ pub fn fuse_with(
     }
     let mut chains = Vec::with_capacity(models.len());
     let mut own_names = LayerNames::new();
-    for (name, p) in models {
+    for (name, p) in &models {
         let (chain, names) = as_layers(p, name)?;
         if own_names.is_empty() {
             own_names = names;
@@ -487,7 +487,7 @@ pub fn fuse_with(
         let spec = ModelSpec::infer_mlp(&chains[0].1)
             .with_context(|| format!("{}: not an MLP of PyTorch nn.Linear layers", chains[0].0))?;
         let list = FuseModel::of_spec(&spec, "the MLP of the first file")?;
-        let mut fused = fuse_list(&chains, &list, class_counts, settings)?;
+        let mut fused = fuse_list(chains, &list, class_counts, settings)?;
         fused.params = renamed(fused.params, &own_names)?;
         let by_chain: HashMap<String, String> = own_names
             .iter()
@@ -501,7 +501,7 @@ pub fn fuse_with(
         }
         return Ok(fused);
     }
-    fuse_mlps(models, chains, own_names, class_counts, settings)
+    fuse_mlps(&models, chains, own_names, class_counts, settings)
 }
 
 /// `eps` belongs to GPI-FNM, and GPI-FNM needs one.
@@ -652,21 +652,22 @@ fn with_own_names(message: &str, own: &HashMap<String, String>) -> String {
 
 /// Fuses the clients read as `model`'s layer list.
 fn fuse_list(
-    models: &[(String, Params)],
+    models: Vec<(String, Params)>,
     model: &FuseModel,
     class_counts: Option<&[Vec<f64>]>,
     settings: &FuseSettings,
 ) -> Result<Fusion> {
+    let names: Vec<String> = models.iter().map(|(n, _)| n.clone()).collect();
+    let clients = models.len();
     let resolved = model.resolve(models)?;
     let input = &resolved.input;
     let first = &resolved.clients[0];
-    let names: Vec<String> = models.iter().map(|(n, _)| n.clone()).collect();
     let classes = list_widths(input, &first.layers)
         .last()
         .copied()
         .unwrap_or(0);
     if let Some(counts) = class_counts {
-        check_class_counts(counts, models.len(), classes)?;
+        check_class_counts(counts, clients, classes)?;
     }
     let refs: Vec<&Params> = resolved.clients.iter().map(|c| &c.params).collect();
     let mut rng = StdRng::seed_from_u64(settings.seed);

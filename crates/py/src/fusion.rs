@@ -85,7 +85,7 @@ pub(crate) fn fuse<'py>(
     };
     let (fused, metadata) = py
         .detach(|| {
-            let mut fused = fuse_with(&models, model.as_ref(), class_counts.as_deref(), &settings)
+            let mut fused = fuse_with(models, model.as_ref(), class_counts.as_deref(), &settings)
                 .map_err(|e| e.to_string())?;
             if let Some((samples, batch)) = &reset_bn {
                 fused

@@ -215,14 +215,17 @@ impl FuseModel {
 
     /// Reads every client file as the list, all at one sample shape (the given one, or the
     /// first that the first file's tensors fit), each with its own widths.
-    pub(super) fn resolve(&self, models: &[(String, Params)]) -> Result<Resolved> {
+    pub(super) fn resolve(&self, models: Vec<(String, Params)>) -> Result<Resolved> {
         let provisional = self.provisional_input();
         let template = self.list_at(&provisional).with_context(|| self.what())?;
         let (_, layout) = layers::chain(FeatureShape::of(&provisional)?, &template)
             .with_context(|| self.what())?;
-        let Some((first_name, first)) = models.first() else {
+        let mut models = models.into_iter();
+        let Some((first_name, first_params)) = models.next() else {
             bail!("no client models given");
         };
+        let first = &first_params;
+        let first_name = first_name.as_str();
         let torch = self.section.torchvision_names();
         let first_map = map_names(first, &layout, torch.as_ref(), first_name, &self.source)
             .map_err(|e| self.vit_hint(e))?;
@@ -237,8 +240,8 @@ impl FuseModel {
                 continue;
             };
             match read_as_list(first, &first_map, &input, &list, first_name, &self.source) {
-                Ok(client) => {
-                    found = Some((input, list, client));
+                Ok(fit) => {
+                    found = Some((input, list, fit));
                     break;
                 }
                 Err(e) => {
@@ -246,7 +249,7 @@ impl FuseModel {
                 }
             }
         }
-        let Some((input, list, client)) = found else {
+        let Some((input, list, fit)) = found else {
             return Err(self.vit_hint(first_error.unwrap_or_else(|| {
                 LabError::Invalid(format!(
                     "{first_name}: no sample shape fits {} to these tensors; give a TOML file \
@@ -255,10 +258,11 @@ impl FuseModel {
                 ))
             })));
         };
-        let mut clients = vec![client];
-        for (name, p) in &models[1..] {
-            let map = map_names(p, &layout, torch.as_ref(), name, &self.source)?;
-            clients.push(read_as_list(p, &map, &input, &list, name, &self.source)?);
+        let mut clients = vec![take_as_list(first_params, first_map, fit, first_name)?];
+        for (name, p) in models {
+            let map = map_names(&p, &layout, torch.as_ref(), &name, &self.source)?;
+            let fit = read_as_list(&p, &map, &input, &list, &name, &self.source)?;
+            clients.push(take_as_list(p, map, fit, &name)?);
         }
         Ok(Resolved {
             input,
@@ -537,7 +541,7 @@ fn read_as_list(
     list: &[LayerSpec],
     name: &str,
     model: &str,
-) -> Result<ListClient> {
+) -> Result<(Vec<LayerSpec>, Vec<ParamShape>)> {
     let own_layers = layers::at_widths(list, |n| {
         map.get(n)
             .and_then(|f| file.get(f))
@@ -548,7 +552,6 @@ fn read_as_list(
             "{name}: its tensors do not fit model `{model}` on samples of shape {input:?}: {e}"
         ))
     })?;
-    let mut params = Params::new();
     for want in &layout {
         let theirs = map
             .get(&want.name)
@@ -574,15 +577,32 @@ fn read_as_list(
                 want.shape
             );
         }
-        params.push(want.name.clone(), t.shape.clone(), t.data.clone())?;
     }
-    let own = map
-        .iter()
-        .map(|(ours, theirs)| (ours.clone(), theirs.clone()))
-        .collect();
+    Ok((own_layers, layout))
+}
+
+/// The client `file` as the list under its names, its tensors moved (not copied) into
+/// `layout`'s order, once [`read_as_list`] has found that they fit.
+fn take_as_list(
+    file: Params,
+    map: HashMap<String, String>,
+    (own_layers, layout): (Vec<LayerSpec>, Vec<ParamShape>),
+    name: &str,
+) -> Result<ListClient> {
+    let mut tensors = file.into_map();
+    let mut params = Params::new();
+    for want in layout {
+        let theirs = map.get(&want.name).unwrap_or(&want.name);
+        let t = tensors.remove(theirs).ok_or_else(|| {
+            LabError::Invalid(format!(
+                "{name}: tensor `{theirs}` stands for two of the model's tensors"
+            ))
+        })?;
+        params.push(want.name, t.shape, t.data)?;
+    }
     Ok(ListClient {
         params,
         layers: own_layers,
-        own,
+        own: map,
     })
 }

@@ -182,7 +182,7 @@ fn batch_norm_buffers_outside_their_domain_are_refused() {
             weight_matching: fedfuse_fuse::WeightMatchingConfig::default(),
             seed: 0,
         };
-        let e = fedfuse_lab::fusion::fuse_with(&models, None, None, &settings)
+        let e = fedfuse_lab::fusion::fuse_with(Vec::from(models), None, None, &settings)
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();

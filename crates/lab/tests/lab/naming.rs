@@ -51,7 +51,7 @@ fn fused(models: Vec<Params>, method: FuseMethod) -> Params {
         .enumerate()
         .map(|(i, p)| (format!("client {i}"), p))
         .collect();
-    fuse(&models, method, None, &PfnmConfig::default(), 7)
+    fuse(models, method, None, &PfnmConfig::default(), 7)
         .unwrap()
         .params
 }
@@ -113,7 +113,7 @@ fn a_bare_linear_layer_keeps_its_names() {
 
 fn refusal(p: Params) -> String {
     fuse(
-        &[("a.safetensors".into(), p)],
+        vec![("a.safetensors".into(), p)],
         FuseMethod::FedAvg,
         None,
         &PfnmConfig::default(),

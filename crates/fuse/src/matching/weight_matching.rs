@@ -193,18 +193,21 @@ fn align<R: Rng + ?Sized>(
     // readers are not aligned yet): from the identity, a group's readers can outweigh its
     // own rows and hold the descent in a wrong optimum.
     let mut scratch = Scratch::default();
-    let mut aligned = vec![false; uses.len()];
-    for g in 0..uses.len() {
-        let cost = group_similarity(
+    let mut score = |g: usize, perms: &[Vec<usize>], own_aligned: Option<&[bool]>| {
+        group_similarity(
             reference,
             client,
             uses,
             g,
-            &perms,
+            perms,
             &sides,
-            Some(&aligned),
+            own_aligned,
             &mut scratch,
-        )?;
+        )
+    };
+    let mut aligned = vec![false; uses.len()];
+    for g in 0..uses.len() {
+        let cost = score(g, &perms, Some(&aligned))?;
         perms[g] = solve(&cost, g)?;
         aligned[g] = true;
     }
@@ -214,16 +217,7 @@ fn align<R: Rng + ?Sized>(
         let mut improved = false;
         for &g in &order {
             let n = uses[g].units;
-            let cost = group_similarity(
-                reference,
-                client,
-                uses,
-                g,
-                &perms,
-                &sides,
-                None,
-                &mut scratch,
-            )?;
+            let cost = score(g, &perms, None)?;
             let perm = solve(&cost, g)?;
             let total =
                 |p: &[usize]| -> f64 { p.iter().enumerate().map(|(b, &a)| cost[a * n + b]).sum() };

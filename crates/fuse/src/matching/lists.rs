@@ -552,27 +552,38 @@ pub(super) fn client_weights(class_counts: Option<&[Vec<f64>]>, clients: usize) 
 }
 
 /// The fixed-width fusion of clients already aligned to the first: every tensor's weighted
-/// mean (`weights` from [`client_weights`]), as the list at `input` lays them out.
+/// mean (`weights` from [`client_weights`]), as the list at `input` lays them out. The mean is
+/// written over the last client's tensors when the fusion owns them (a permuted copy), so no
+/// model-sized buffer is added.
 pub(super) fn fuse_aligned(
     input: &[usize],
     layers: &[LayerSpec],
-    aligned: &[Cow<'_, Params>],
+    mut aligned: Vec<Cow<'_, Params>>,
     weights: &[f64],
     assignments: Vec<Vec<Vec<usize>>>,
 ) -> Result<FusedLayers> {
-    let Some(reference) = aligned.first() else {
+    let Some(last) = aligned.pop() else {
         return Err(FuseError::Empty);
     };
-    let mut fused = HashMap::new();
-    for (name, _) in reference.iter() {
-        let at: Vec<&Tensor> = aligned
+    let mut fused = last.into_owned();
+    for (name, t) in fused.iter_mut() {
+        let others: Vec<&Tensor> = aligned
             .iter()
             .map(|p| p.require(name))
             .collect::<std::result::Result<_, _>>()?;
-        fused.insert(name.to_string(), mean_tensor(name, &at, weights)?);
+        mean_into(name, t, &others, weights)?;
+    }
+    if let Some(extra) = aligned
+        .first()
+        .and_then(|p| p.iter().find(|(n, _)| fused.get(n).is_none()))
+    {
+        return Err(FuseError::InvalidInput(format!(
+            "client 0: tensor `{}` is not in the last client",
+            extra.0
+        )));
     }
     Ok(FusedLayers {
-        params: assemble(input, layers, fused)?,
+        params: assemble(input, layers, fused.into_map())?,
         layers: layers.to_vec(),
         assignments,
     })
@@ -581,41 +592,51 @@ pub(super) fn fuse_aligned(
 /// Weighted mean of one tensor over clients (same shape at each), in f64; batch norm's
 /// `num_batches_tracked` is rounded to a whole count.
 pub(super) fn mean_tensor(name: &str, tensors: &[&Tensor], weights: &[f64]) -> Result<Tensor> {
-    let Some(first) = tensors.first() else {
+    let Some((last, others)) = tensors.split_last() else {
         return Err(FuseError::Empty);
     };
-    if let Some((j, t)) = tensors
-        .iter()
-        .enumerate()
-        .find(|(_, t)| t.shape != first.shape)
-    {
+    let mut out = (*last).clone();
+    mean_into(name, &mut out, others, weights)?;
+    Ok(out)
+}
+
+/// [`mean_tensor`] of `others` and then `last`, written over `last` (weights in that order).
+fn mean_into(name: &str, last: &mut Tensor, others: &[&Tensor], weights: &[f64]) -> Result<()> {
+    let first = others.first().map_or(&last.shape, |t| &t.shape);
+    let shapes = others.iter().map(|t| &t.shape).chain([&last.shape]);
+    if let Some((j, shape)) = shapes.enumerate().find(|(_, s)| *s != first) {
         return Err(FuseError::InvalidInput(format!(
-            "client {j}: tensor `{name}` has shape {:?} where client 0's has {:?}",
-            t.shape, first.shape
+            "client {j}: tensor `{name}` has shape {shape:?} where client 0's has {first:?}"
+        )));
+    }
+    if weights.len() != others.len() + 1 {
+        return Err(FuseError::InvalidInput(format!(
+            "{} weights for {} clients",
+            weights.len(),
+            others.len() + 1
         )));
     }
     let total: f64 = weights.iter().sum();
     let counter = TensorRole::of(name) == TensorRole::Counter;
-    // Summed in f64 a chunk at a time: a model-sized f64 buffer would be twice the fused
-    // tensor in fresh pages.
+    let last_weight = weights[others.len()];
+    // Summed in f64 a chunk at a time, clients in order: a model-sized f64 buffer would be
+    // twice the fused tensor in fresh pages.
     const CHUNK: usize = 1024;
-    let mut data = Vec::with_capacity(first.data.len());
     let mut sum = [0.0f64; CHUNK];
-    for start in (0..first.data.len()).step_by(CHUNK) {
-        let len = CHUNK.min(first.data.len() - start);
-        let sum = &mut sum[..len];
+    for (start, out) in (0..).step_by(CHUNK).zip(last.data.chunks_mut(CHUNK)) {
+        let sum = &mut sum[..out.len()];
         sum.fill(0.0);
-        for (t, w) in tensors.iter().zip(weights) {
-            for (d, v) in sum.iter_mut().zip(&t.data[start..start + len]) {
+        for (t, w) in others.iter().zip(weights) {
+            for (d, v) in sum.iter_mut().zip(&t.data[start..start + out.len()]) {
                 *d += w / total * f64::from(*v);
             }
         }
-        data.extend(
-            sum.iter()
-                .map(|&v| if counter { v.round() as f32 } else { v as f32 }),
-        );
+        for (d, v) in sum.iter_mut().zip(out.iter_mut()) {
+            *d += last_weight / total * f64::from(*v);
+            *v = if counter { d.round() as f32 } else { *d as f32 };
+        }
     }
-    Ok(Tensor::new(name, first.shape.clone(), data)?)
+    Ok(())
 }
 
 /// The tensors of a model with layers `layers`, in the list's order, taken from `tensors`
@@ -652,6 +673,64 @@ mod tests {
     use fedfuse_core::layers::unit_uses;
 
     use super::*;
+
+    /// Means are weighted, summed in f64 client by client whatever the chunking (a tensor
+    /// longer than a chunk), counters rounded, and written over the last client's tensors
+    /// when the fusion owns them; a shape that differs is refused naming the client.
+    #[test]
+    fn means_are_weighted_rounded_and_written_over_an_owned_copy() {
+        let len = 2500;
+        let values = |j: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7 + j * 13) % 101) as f32 / 9.0 - 5.0)
+                .collect()
+        };
+        let t = |j: usize| Tensor::new("0.weight", vec![len], values(j)).unwrap();
+        let (a, b, c) = (t(0), t(1), t(2));
+        let weights = [1.0, 2.0, 4.5];
+        let mean = mean_tensor("0.weight", &[&a, &b, &c], &weights).unwrap();
+        for i in 0..len {
+            let mut d = 0.0f64;
+            for (x, w) in [&a, &b, &c].iter().zip(weights) {
+                d += w / 7.5 * f64::from(x.data[i]);
+            }
+            assert_eq!(mean.data[i].to_bits(), (d as f32).to_bits(), "value {i}");
+        }
+        let counters = [
+            Tensor::new("1.num_batches_tracked", vec![], vec![3.0]).unwrap(),
+            Tensor::new("1.num_batches_tracked", vec![], vec![4.0]).unwrap(),
+        ];
+        let counter = mean_tensor(
+            "1.num_batches_tracked",
+            &[&counters[0], &counters[1]],
+            &[1.0, 1.0],
+        )
+        .unwrap();
+        assert_eq!(counter.data, [4.0]);
+        let e = mean_tensor(
+            "0.weight",
+            &[&a, &Tensor::new("0.weight", vec![2], vec![0.0; 2]).unwrap()],
+            &[1.0, 1.0],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("client 1"), "{e}");
+
+        let layers = [LayerSpec::linear(len)];
+        let params = |j: usize| {
+            let mut p = Params::new();
+            p.push("0.weight", vec![len, 1], values(j)).unwrap();
+            p.push("0.bias", vec![len], values(j + 5)).unwrap();
+            p
+        };
+        let (p0, p1) = (params(0), params(1));
+        let aligned = vec![Cow::Borrowed(&p0), Cow::Owned(p1.clone())];
+        let fused = fuse_aligned(&[1], &layers, aligned, &[1.0, 3.0], Vec::new()).unwrap();
+        for name in ["0.weight", "0.bias"] {
+            let (x, y) = (p0.require(name).unwrap(), p1.require(name).unwrap());
+            let want = mean_tensor(name, &[x, y], &[1.0, 3.0]).unwrap();
+            assert_eq!(fused.params.require(name).unwrap(), &want);
+        }
+    }
 
     /// The view's offsets are the map's own ranges, on a list with a flatten block and a
     /// batch norm.

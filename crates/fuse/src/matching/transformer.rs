@@ -546,7 +546,7 @@ pub(crate) fn weight_matching_vit<R: Rng + ?Sized>(
         }
     }
     let weights = client_weights(weights, clients.len());
-    fuse_aligned(input, layers, &aligned, &weights, assignments)
+    fuse_aligned(input, layers, aligned, &weights, assignments)
 }
 
 /// Applies one permutation per group of a ViT list to `params` (`perms[g][u]`: where unit `u`

@@ -119,7 +119,7 @@ pub fn weight_matching_fuse<R: Rng + ?Sized>(
     let mut aligned = vec![reference];
     aligned.append(&mut permuted);
     let weights = client_weights(class_counts, aligned.len());
-    fuse_aligned(input, layers, &aligned, &weights, assignments)
+    fuse_aligned(input, layers, aligned, &weights, assignments)
 }
 
 /// Which permutation group a weight's rows (axis 0) and its input columns (axis 1) belong to.
@@ -154,13 +154,28 @@ fn align<R: Rng + ?Sized>(
     max_iters: usize,
     rng: &mut R,
 ) -> Result<Vec<Vec<usize>>> {
+    descend(reference, client, uses, max_iters, true, rng).map(|(perms, _)| perms)
+}
+
+/// [`align`], optionally scoring every group on every pass (`skip_unchanged` false: the
+/// tests' check that skipping changes nothing); also returns how many times a group was
+/// scored after the bottom-up pass.
+fn descend<R: Rng + ?Sized>(
+    reference: &Params,
+    client: &Params,
+    uses: &[UnitUses],
+    max_iters: usize,
+    skip_unchanged: bool,
+    rng: &mut R,
+) -> Result<(Vec<Vec<usize>>, usize)> {
     let mut perms: Vec<Vec<usize>> = uses.iter().map(|u| (0..u.units).collect()).collect();
     let sides = Sides::of(uses);
-    let solve = |cost: &[f64], g: usize| -> Result<Vec<usize>> {
+    let solve = |cost: &Vec<f64>, g: usize| -> Result<Vec<usize>> {
         let n = uses[g].units;
-        let mut cost = cost.to_vec();
+        let mut tied = None;
         let per = n / uses[g].tied.max(1);
         if per < n {
+            let cost = tied.insert(cost.clone());
             // Pairs across norm groups: below every real score, so never chosen.
             let (lo, hi) = cost
                 .iter()
@@ -176,7 +191,7 @@ fn align<R: Rng + ?Sized>(
                 }
             }
         }
-        let (_, cols) = lsap::solve(n, n, &cost, true).map_err(|e| {
+        let (_, cols) = lsap::solve(n, n, tied.as_ref().unwrap_or(cost), true).map_err(|e| {
             FuseError::Solver(format!(
                 "weight matching of model.layers[{}] ({n} units): {e}",
                 uses[g].layer
@@ -205,19 +220,38 @@ fn align<R: Rng + ?Sized>(
             &mut scratch,
         )
     };
+    // A group's scores depend on the permutations of the groups its weights read and of those
+    // that write its readers' rows. When none has changed since the group was last scored,
+    // scoring it again would give the same matrix and the same assignment, which did not
+    // improve then: it is skipped, with the same result.
+    let deps: Vec<Vec<usize>> = uses.iter().map(|u| depends_on(u, &sides)).collect();
+    let mut clock = 0usize;
+    let mut changed_at = vec![0usize; uses.len()];
+    let mut scored_at: Vec<Option<usize>> = vec![None; uses.len()];
     let mut aligned = vec![false; uses.len()];
     for g in 0..uses.len() {
         let cost = score(g, &perms, Some(&aligned))?;
         perms[g] = solve(&cost, g)?;
         aligned[g] = true;
+        clock += 1;
+        changed_at[g] = clock;
     }
     let mut order: Vec<usize> = (0..uses.len()).collect();
+    let mut scored = 0;
     for _ in 0..max_iters {
         order.shuffle(rng);
         let mut improved = false;
         for &g in &order {
+            if skip_unchanged
+                && scored_at[g].is_some_and(|t| deps[g].iter().all(|&h| changed_at[h] < t))
+            {
+                continue;
+            }
+            scored += 1;
             let n = uses[g].units;
             let cost = score(g, &perms, None)?;
+            clock += 1;
+            scored_at[g] = Some(clock);
             let perm = solve(&cost, g)?;
             let total =
                 |p: &[usize]| -> f64 { p.iter().enumerate().map(|(b, &a)| cost[a * n + b]).sum() };
@@ -225,13 +259,35 @@ fn align<R: Rng + ?Sized>(
             if new > old + 1e-12 * old.abs().max(1.0) {
                 perms[g] = perm;
                 improved = true;
+                clock += 1;
+                changed_at[g] = clock;
             }
         }
         if !improved {
             break;
         }
     }
-    Ok(perms)
+    Ok((perms, scored))
+}
+
+/// The groups whose permutations enter the scores of the group with uses `u`
+/// ([`group_similarity`]): those its weights' input columns belong to, and those that write
+/// its readers' rows.
+fn depends_on(u: &UnitUses, sides: &Sides<'_>) -> Vec<usize> {
+    let mut deps: Vec<usize> = u
+        .own
+        .iter()
+        .filter(|o| o.axis == 0)
+        .filter_map(|o| sides.cols.get(o.tensor.as_str()).map(|&(h, _)| h))
+        .chain(
+            u.all()
+                .filter(|r| r.axis != 0)
+                .filter_map(|r| sides.rows.get(r.tensor.as_str()).copied()),
+        )
+        .collect();
+    deps.sort_unstable();
+    deps.dedup();
+    deps
 }
 
 /// Reusable buffers of the scores: the units' values gathered as rows, and the `n x n` sum.
@@ -366,5 +422,64 @@ fn gather_columns(data: &[f32], axis: &UnitAxis, row_perm: Option<&[usize]>, out
             let ra = row_perm.map_or(rb, |p| p[rb]);
             out.extend_from_slice(&data[axis.at(ra, a)..][..axis.span]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fedfuse_core::layers::{self, FeatureShape};
+    use fedfuse_core::{BlockNorm, LayerSpec, Params};
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+    use rand_distr::{Distribution, StandardNormal};
+
+    use super::super::lists::ListClients;
+    use super::descend;
+
+    /// Two independently drawn residual networks (not permutations of each other) take
+    /// several passes to settle; skipping groups whose inputs did not change finds the same
+    /// permutations with fewer scorings. 40 pairs: with a reader's rows left out of a
+    /// group's inputs, one pair of the first ten and more of the forty come out different.
+    #[test]
+    fn skipping_unchanged_groups_changes_no_permutation() {
+        let input = [3, 8, 8];
+        let layers = [
+            LayerSpec::conv2d(8, 3).with_padding(1),
+            LayerSpec::batch_norm2d(),
+            LayerSpec::Relu,
+            LayerSpec::residual(8, 1, BlockNorm::Batch),
+            LayerSpec::residual(8, 1, BlockNorm::Batch),
+            LayerSpec::residual(12, 2, BlockNorm::Batch),
+            LayerSpec::residual(12, 1, BlockNorm::Batch),
+            LayerSpec::GlobalAvgpool,
+            LayerSpec::Flatten,
+            LayerSpec::linear(3),
+        ];
+        let (_, layout) = layers::chain(FeatureShape::of(&input).unwrap(), &layers).unwrap();
+        let mut draw = StdRng::seed_from_u64(5);
+        let mut random = || {
+            let mut p = Params::new();
+            for s in &layout {
+                let len = s.shape.iter().product();
+                let data = (0..len).map(|_| StandardNormal.sample(&mut draw)).collect();
+                p.push(s.name.clone(), s.shape.clone(), data).unwrap();
+            }
+            p
+        };
+        let mut saved = 0;
+        for seed in 0..40 {
+            let (a, b) = (random(), random());
+            let list = ListClients::fixed(&input, &layers, &[&a, &b]).unwrap();
+            let uses = &list.uses[0];
+            let run = |skip| {
+                let mut rng = StdRng::seed_from_u64(seed);
+                descend(&list.params[0], &list.params[1], uses, 100, skip, &mut rng).unwrap()
+            };
+            let ((every, all_scored), (skipping, fewer)) = (run(false), run(true));
+            assert_eq!(skipping, every, "seed {seed}");
+            assert!(fewer <= all_scored);
+            saved += all_scored - fewer;
+        }
+        assert!(saved > 0, "no group was ever skipped");
     }
 }

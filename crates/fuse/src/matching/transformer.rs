@@ -315,6 +315,34 @@ impl VitGroups {
         self.heads.len()
     }
 
+    /// The tensors the groups `step` hold, each with every other group's permutation
+    /// applied: what a step scores, without a copy of the rest of the model.
+    fn apply_for_step(
+        &self,
+        params: &Params,
+        perms: &[Vec<usize>],
+        step: &[usize],
+    ) -> Result<Params> {
+        let mut out = Params::new();
+        for hold in step.iter().flat_map(|&g| &self.groups[g].holds) {
+            if out.get(&hold.tensor).is_none() {
+                let t = params.require(&hold.tensor)?;
+                out.push(hold.tensor.clone(), t.shape.clone(), t.data.clone())?;
+            }
+        }
+        for (g, group) in self.groups.iter().enumerate() {
+            if step.contains(&g) || is_identity(&perms[g]) {
+                continue;
+            }
+            for hold in &group.holds {
+                if let Some(t) = out.get_mut(&hold.tensor) {
+                    hold.permute(t, &perms[g])?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// `params` with every group's permutation applied but those in `skip`.
     pub(super) fn apply(
         &self,
@@ -381,7 +409,7 @@ impl VitGroups {
                     (Step::Stream, true) => &group.holds[..self.stream_inputs],
                     _ => &group.holds[..],
                 };
-                let others = self.apply(client, perms, &[g])?;
+                let others = self.apply_for_step(client, perms, &[g])?;
                 let cost = self.similarity(reference, &others, holds, group.units)?;
                 let (perm, value) = assign(&cost, group.units)?;
                 let old = total(&cost, group.units, &perms[g]);
@@ -390,7 +418,7 @@ impl VitGroups {
             Step::Attention(b) => {
                 let (qk, vo) = (1 + 3 * b, 2 + 3 * b);
                 let n = self.groups[qk].units;
-                let others = self.apply(client, perms, &[qk, vo])?;
+                let others = self.apply_for_step(client, perms, &[qk, vo])?;
                 let cost_qk = self.similarity(reference, &others, &self.groups[qk].holds, n)?;
                 let cost_vo = self.similarity(reference, &others, &self.groups[vo].holds, n)?;
                 let (perm_qk, perm_vo) = heads_assignment(&cost_qk, &cost_vo, n, self.heads[b])?;
